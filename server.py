@@ -1469,6 +1469,7 @@ def build_server(cfg: Config) -> Any:
     from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
     mcp = FastMCP("hermes", instructions=server_instructions(cfg))
+    mcp._mcp_server.version = VERSION  # serverInfo.version: ours, not the SDK's
     read_only = ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True, openWorldHint=False)
     launches = ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=True)
     destructive = ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True, openWorldHint=False)

@@ -179,3 +179,18 @@ class BridgeClient:
             result = self.call("hermes_status", job_id=job_id, wait_s=10)
             if result.field("STATUS") != "running" or time.time() > deadline:
                 return result
+
+
+E2E = REPO / ".e2e"
+REAL_HERMES = Path(os.environ.get("HERMES_E2E_EXE") or E2E / "hermes-venv" / "bin" / "hermes")
+INSPECTOR = E2E / "inspector" / "node_modules" / "@modelcontextprotocol" / "inspector" / "clients" / "launcher" / "build" / "index.js"
+
+
+def require_component(path: Path, what: str) -> Path:
+    """A real component the test needs: missing fails under CI=true, and skips with one line elsewhere."""
+    if path.exists():
+        return path
+    message = f"{what} is not installed at {path}; tests/install_e2e.sh installs it"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)

@@ -1,0 +1,143 @@
+"""A scripted OpenAI-compatible model endpoint on 127.0.0.1, for running the real Hermes CLI offline.
+
+The task text is the script. A line `RUN: <command>` in the latest user message makes the first answer a
+`terminal` tool call with that command; once the tool result is back, the answer is
+`SCRIPTED DONE: <first line of the tool output>`. Without a RUN line the answer is `SCRIPTED ANSWER`.
+Every request is appended to requests.jsonl, so tests can assert on what Hermes sent (the earlier
+conversation on resume, the skill text in the system prompt).
+
+Run as `python scripted_model.py LOG_DIR` for a manual try: it prints the base URL.
+"""
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+MODEL = "scripted"
+
+
+def text_of(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content or ""
+
+
+def next_step(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the scripted model says next, decided from the conversation since the last user message."""
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    task = text_of(messages[last_user]) if last_user >= 0 else ""
+    tool_results = [m for m in messages[last_user + 1:] if m.get("role") == "tool"]
+    command = next((line[4:].strip() for line in task.splitlines() if line.startswith("RUN:")), None)
+    if command and not tool_results:
+        return {"tool_call": {"name": "terminal", "arguments": json.dumps({"command": command})}}
+    if tool_results:
+        output = text_of(tool_results[-1]).strip().splitlines()
+        return {"content": f"SCRIPTED DONE: {output[0] if output else ''}"}
+    return {"content": "SCRIPTED ANSWER"}
+
+
+def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": MODEL, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: "ScriptedModel"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _json(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/").endswith("/models"):
+            self._json(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "tests"}]})
+        else:
+            self._json(404, {"error": {"message": "not found"}})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        request = json.loads(self.rfile.read(length) or b"{}")
+        self.server.record(self.path, request)
+        if not self.path.rstrip("/").endswith("/chat/completions"):
+            self._json(404, {"error": {"message": "not found"}})
+            return
+        step = next_step(request.get("messages", [])) if request.get("tools") else {"content": "scripted title"}
+        if step.get("tool_call"):
+            call = step["tool_call"]
+            delta = {"role": "assistant", "content": None, "tool_calls": [
+                {"index": 0, "id": f"call_{int(time.time() * 1000)}", "type": "function",
+                 "function": {"name": call["name"], "arguments": call["arguments"]}}]}
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": delta["tool_calls"][0]["id"], "type": "function", "function": call}]}
+            finish = "tool_calls"
+        else:
+            delta = {"role": "assistant", "content": step["content"]}
+            message = {"role": "assistant", "content": step["content"]}
+            finish = "stop"
+        usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+        if not request.get("stream"):
+            self._json(200, {"id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()),
+                             "model": MODEL, "usage": usage,
+                             "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        final = chunk({}, finish)
+        final["usage"] = usage
+        for event in (chunk(delta), final):
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
+
+class ScriptedModel(ThreadingHTTPServer):
+    """The endpoint, serving from a daemon thread; `requests()` reads back what Hermes sent."""
+
+    daemon_threads = True
+
+    def __init__(self, log_dir: Path):
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.log_path = Path(log_dir) / "requests.jsonl"
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+    def record(self, path: str, request: dict[str, Any]) -> None:
+        with self._lock, open(self.log_path, "a") as handle:
+            handle.write(json.dumps({"path": path, "request": request}) + "\n")
+
+    def requests(self) -> list[dict[str, Any]]:
+        if not self.log_path.exists():
+            return []
+        return [json.loads(line)["request"] for line in self.log_path.read_text().splitlines()]
+
+    def __enter__(self) -> "ScriptedModel":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+if __name__ == "__main__":
+    with ScriptedModel(Path(sys.argv[1] if len(sys.argv) > 1 else ".")) as model:
+        print(model.base_url, flush=True)
+        threading.Event().wait()

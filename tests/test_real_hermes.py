@@ -1,0 +1,147 @@
+"""The real Hermes CLI (from PyPI) behind the bridge, driven by a scripted model endpoint on 127.0.0.1."""
+import json
+import re
+import socket
+import time
+
+import psutil
+import pytest
+
+from conftest import REAL_HERMES, require_component, wait_gone
+from scripted_model import ScriptedModel
+
+SKILL_MARKER = "PROBE-SKILL-BODY-7f3a"
+
+
+def write_hermes_home(home, base_url):
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.yaml").write_text(
+        "model:\n  provider: custom\n  base_url: " + base_url + "\n  default: scripted\n  api_key: test-key\n"
+        "security:\n  tirith_enabled: false\n  allow_lazy_installs: false\n")
+
+
+@pytest.fixture
+def real(bridge):
+    exe = require_component(REAL_HERMES, "the real Hermes CLI")
+    home = bridge.tmp / "real-home"
+    with ScriptedModel(bridge.tmp) as model:
+        write_hermes_home(home, model.base_url)
+        bridge.configure(hermes_exe=str(exe), hermes_home=str(home), kill_grace_s=5)
+        with bridge.client() as client:
+            yield bridge, model, client
+
+
+def descendants(record_path):
+    record = json.loads(record_path.read_text())
+    if not record.get("hermes"):
+        return []
+    try:
+        root = psutil.Process(record["hermes"]["pid"])
+        return [root] + root.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def wait_for_command(bridge, job_id, needle, timeout=90):
+    """Every pid of the job's tree once a process running `needle` shows up in it."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        tree = descendants(bridge.jobs / f"{job_id}.json")
+        for proc in tree:
+            try:
+                if needle in " ".join(proc.cmdline()):
+                    return [p.pid for p in tree]
+            except psutil.Error:
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"no process running {needle!r} appeared in job {job_id}")
+
+
+def test_run_writes_the_file_and_captures_the_session_then_resume_continues_it(real):
+    bridge, model, client = real
+    task = "Create the file.\nRUN: printf 'real content' > made.txt && echo wrote"
+    result = client.call("hermes_run", task=task, wait_s=45)
+    if result.field("STATUS") == "running":
+        result = client.wait_final(result.field("JOB_ID"), timeout=120)
+    assert result.field("STATUS") == "ok", result.text
+    assert result.field("EXIT_CODE") == "0"
+    assert (bridge.root / "made.txt").read_text() == "real content"
+    session = result.field("SESSION_ID")
+    assert re.match(r"^\d{8}_\d{6}_[0-9a-f]+$", session), session
+    assert "SCRIPTED DONE" in result.text
+
+    resumed = client.call("hermes_resume", session_id=session, task="What did you write?", wait_s=45)
+    if resumed.field("STATUS") == "running":
+        resumed = client.wait_final(resumed.field("JOB_ID"), timeout=120)
+    assert resumed.field("STATUS") == "ok", resumed.text
+    assert resumed.field("SESSION_ID") == session
+    assert "SESSION_NOTE" not in resumed.text
+    last = [r for r in model.requests() if r.get("tools")][-1]
+    contents = [str(m.get("content")) for m in last["messages"]]
+    assert any("RUN: printf 'real content'" in c for c in contents), "the earlier conversation was not sent"
+    assert contents[-1] == "What did you write?"
+
+
+def test_cancel_during_a_tool_call_leaves_no_process(real):
+    bridge, model, client = real
+    job_id = client.call("hermes_run", task="Wait.\nRUN: sleep 61", wait_s=0).field("JOB_ID")
+    tree = wait_for_command(bridge, job_id, "sleep 61")
+    result = client.call("hermes_cancel", job_id=job_id)
+    if result.field("STATUS") == "running":
+        result = client.wait_final(job_id)
+    assert result.field("STATUS") == "cancelled", result.text
+    assert wait_gone(tree) == []
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "61"]]
+
+
+def test_timeout_during_a_tool_call_leaves_no_process(real):
+    bridge, model, client = real
+    job_id = client.call("hermes_run", task="Wait long.\nRUN: sleep 62", timeout_s=25, wait_s=0).field("JOB_ID")
+    tree = wait_for_command(bridge, job_id, "sleep 62", timeout=24)
+    result = client.wait_final(job_id, timeout=90)
+    assert result.field("STATUS") == "timeout", result.text
+    assert wait_gone(tree) == []
+
+
+def test_a_model_endpoint_that_is_down_ends_error_with_hermes_exit_code_and_message(real):
+    bridge, model, client = real
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]
+    write_hermes_home(bridge.tmp / "real-home", f"http://127.0.0.1:{closed_port}/v1")
+    result = client.call("hermes_run", task="Say hello.", wait_s=45)
+    if result.field("STATUS") == "running":
+        result = client.wait_final(result.field("JOB_ID"), timeout=180)
+    assert result.field("STATUS") == "error", result.text
+    assert result.field("EXIT_CODE") == "1"
+    output = result.text.split("--- HERMES OUTPUT ---", 1)[1].lower()
+    assert "connect" in output or "error" in output
+
+
+def test_capabilities_read_a_hermes_skills_tree_and_skills_reach_hermes(real):
+    bridge, model, client = real
+    skills = bridge.tmp / "real-home" / "skills"
+    layout = {
+        "software-development/code-review/SKILL.md": ("code-review", "Review code changes", "[review, quality]"),
+        "software-development/testing/pytest-runner/SKILL.md": ("pytest-runner", "Run pytest suites", "[pytest]"),
+        "research/probe-skill/SKILL.md": ("probe-skill", "A probe skill for tests", "[probe]"),
+        "note-taking/SKILL.md": ("note-taking", "Uncategorised notes", "[]"),
+    }
+    for rel, (name, description, tags) in layout.items():
+        path = skills / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"---\nname: {name}\ndescription: {description}\nversion: 1.0.0\nmetadata:\n  hermes:\n"
+                        f"    tags: {tags}\n    related_skills: []\n---\n# {name}\n{SKILL_MARKER} {name}\n")
+    summary = client.call("hermes_capabilities")
+    assert "SKILLS: 4" in summary.text
+    assert "software-development (2): code-review, pytest-runner" in summary.text
+    assert "uncategorised (1): note-taking" in summary.text
+    found = client.call("hermes_capabilities", query="pytest")
+    assert "- pytest-runner [software-development]" in found.text
+    result = client.call("hermes_run", task="Use the skill.", skills=["probe-skill"], wait_s=45)
+    if result.field("STATUS") == "running":
+        result = client.wait_final(result.field("JOB_ID"), timeout=120)
+    assert result.field("STATUS") == "ok", result.text
+    first = [r for r in model.requests() if r.get("tools")][0]
+    system = " ".join(str(m.get("content")) for m in first["messages"] if m.get("role") == "system")
+    assert f"{SKILL_MARKER} probe-skill" in system

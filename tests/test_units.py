@@ -1,0 +1,107 @@
+"""Plain-function tests: confinement, liveness, the store and rendering, without MCP."""
+import json
+import os
+import time
+
+import psutil
+import pytest
+
+import server
+
+
+def config_for(tmp_path, **values):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(values))
+    return server.load_config(path)
+
+
+def test_roots_compare_whole_components_and_resolved_paths(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work2").mkdir()
+    (tmp_path / "work" / "inner").mkdir()
+    (tmp_path / "work" / "loop").symlink_to(tmp_path / "work" / "loop")
+    cfg = config_for(tmp_path, allowed_roots=[str(tmp_path / "work")])
+    assert server.confine_cwd(cfg, str(tmp_path / "work" / "inner")) == str((tmp_path / "work" / "inner").resolve())
+    for bad in (str(tmp_path / "work2"), str(tmp_path / "work" / ".." / "work2"), str(tmp_path / "work" / "loop"),
+                "work/inner", str(tmp_path / "work" / "x\x00y"), "/" + "a" * 5000):
+        with pytest.raises(server.Refused):
+            server.confine_cwd(cfg, bad)
+    with pytest.raises(server.Refused, match="no allowed_roots"):
+        server.confine_cwd(config_for(tmp_path, allowed_roots=[]), str(tmp_path / "work"))
+
+
+def test_liveness_needs_pid_and_start_time():
+    me = psutil.Process()
+    assert server.alive(server.process_identity(me)) is not None
+    assert server.alive({"pid": me.pid, "create_time": me.create_time() - 100}) is None  # a reused pid
+    assert server.alive({"pid": 2**22 + 7, "create_time": 1.0}) is None
+    assert server.alive(None) is None and server.alive({"pid": "x"}) is None
+
+
+def test_observe_reports_orphaned_and_untracked_jobs(tmp_path):
+    dead = {"pid": 2**22 + 9, "create_time": 1.0}
+    record = {"id": "20261130-000000-1", "state": "running", "supervisor": dead, "hermes": dead,
+              "created_at": time.time() - 100}
+    view = server.observe(record)
+    assert view.state == "orphaned" and "Hermes is not running" in view.reason
+    record["hermes"] = server.process_identity(psutil.Process())
+    assert "still running" in server.observe(record).reason
+    assert server.observe({"id": "x", "state": "running"}).state == "running_untracked"
+    assert server.observe({"id": "x", "state": "starting", "supervisor": None, "created_at": time.time()}).running
+
+
+def test_job_ids_are_claimed_atomically_and_validated(tmp_path):
+    store = server.JobStore(tmp_path / "jobs")
+    ids = {store.claim_id(b"task") for _ in range(50)}
+    assert len(ids) == 50 and all(server.JOB_ID_RE.match(i) for i in ids)
+    for bad in ("../x", "", "20261130-000000-1/../../etc", None, 5, "a" * 10_000):
+        with pytest.raises(server.Refused):
+            server.validate_job_id(bad)
+
+
+def test_damaged_records_are_reported_not_raised(tmp_path):
+    cfg = config_for(tmp_path, jobs_dir=str(tmp_path / "jobs"), allowed_roots=[str(tmp_path)])
+    store = server.JobStore(cfg.jobs_path)
+    store.ensure()
+    for n, content in enumerate([b"", b"{trunc", b"[1, 2]", b'{"id": "other", "state": "ok"}'], start=1):
+        store.record_path(f"20261130-000000-{n}").write_bytes(content)
+    listing = server.list_jobs(cfg, None, None)
+    assert listing.count("damaged") == 4
+    with pytest.raises(server.Refused, match="damaged"):
+        server.job_view(cfg, "20261130-000000-1")
+
+
+def test_log_excerpt_is_bounded_and_says_how_much_was_cut(tmp_path):
+    log = tmp_path / "job.log"
+    log.write_bytes(b"\x1b[31m" + b"a" * 50_000 + b"\xff\xfe\n" + b"tail line\n")
+    text = server.log_excerpt(log, 1000)
+    assert "[cut: the first" in text and "hermes_read" in text
+    body = text.split("\n...", 1)[1]
+    assert len(body) <= 1000 and body.endswith("tail line\n") and "\x1b" not in text
+
+
+def test_config_problems_name_the_spot_and_keep_defaults(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"allowed_roots": [1], "max_running_jobs": true, "kill_grace_s": -1}')
+    cfg = server.load_config(path)
+    joined = "\n".join(cfg.problems)
+    assert "allowed_roots must be a list of folder paths" in joined
+    assert "max_running_jobs must be a whole number" in joined
+    assert cfg.kill_grace_s == 5 and cfg.max_running_jobs == 4
+    assert "no config file" in server.load_config(tmp_path / "missing.json").problems[0]
+
+
+def test_command_lines_for_both_forms():
+    cfg = server.Config(path=server.SERVER_DIR / "config.json", yolo=True, extra_args=["--source", "tool"])
+    record = {"cwd": "/w", "max_turns": 5, "session_requested": "S", "skills": ["a", "b"], "toolsets": ["t"]}
+    assert server.hermes_command("query-arg", "hermes", record, "do it", cfg) == [
+        "hermes", "chat", "-q", "do it", "-Q", "--max-turns", "5", "--resume", "S", "--no-restore-cwd",
+        "-s", "a,b", "-t", "t", "--yolo", "--source", "tool"]
+    assert server.hermes_command("query-file", "hermes", record, "do it", cfg) == [
+        "hermes", "chat", "--query-file", "-", "-Q", "--oneshot", "--in", "/w", "--max-turns", "5",
+        "--resume", "S", "--skills", "a,b", "--toolsets", "t", "--yolo", "--source", "tool"]
+
+
+def test_describe_exit_names_signals():
+    assert "SIGKILL" in server.describe_exit(-9)
+    assert "unrecognized arguments" in server.describe_exit(2)
