@@ -119,6 +119,7 @@ class Config:
     kill_grace_s: float = 5
     retention_days: float = 30
     retention_max_jobs: int = 1000
+    audit_max_bytes: int = 1_000_000
     problems: list[str] = dataclasses.field(default_factory=list)
 
     def _dir(self, value: str | None, default: str) -> Path:
@@ -176,6 +177,7 @@ CONFIG_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
     "kill_grace_s": ("a number of seconds", (int, float)),
     "retention_days": ("a number of days", (int, float)),
     "retention_max_jobs": ("a whole number", (int,)),
+    "audit_max_bytes": ("a whole number of bytes", (int,)),
 }
 
 
@@ -242,7 +244,7 @@ def validate_config(cfg: Config) -> None:
         cfg.max_wait_s = min(max(cfg.max_wait_s, 1), MAX_WAIT_CEILING_S)
     for key, low in (("default_timeout_s", 1), ("max_timeout_s", 1), ("max_output_chars", 200),
                      ("max_running_jobs", 1), ("kill_grace_s", 0), ("retention_days", 0),
-                     ("retention_max_jobs", 1)):
+                     ("retention_max_jobs", 1), ("audit_max_bytes", 10_000)):
         value = getattr(cfg, key)
         if not math.isfinite(value) or value < low:
             default = getattr(Config(path=cfg.path), key)
@@ -317,6 +319,36 @@ def confine_read(cfg: Config, path: str) -> str:
         raise Refused(f"path {path!r} resolves to {resolved}, outside the allowed roots and the job files "
                       f"({', '.join(readable)}). Set read_anywhere in {cfg.path} to widen hermes_read")
     return resolved
+
+
+# ------------------------------------------------------------------------------------------- audit log
+AUDIT_HANDLERS: dict[str, Any] = {}
+
+
+def first_words(text: Any, count: int = 8) -> str:
+    """Enough of a task to recognise it in a log, never the whole (it may hold what the user typed)."""
+    words = str(text or "").split()
+    shown = " ".join(words[:count])[:80]
+    return shown + (" ..." if len(words) > count or len(shown) == 80 else "")
+
+
+def audit(cfg: Config, **fields: Any) -> None:
+    """One JSON line per tool call or job state change in logs/audit.log, rotated by size. Never raises:
+    a full disk must not turn into a failed tool call. No outputs and no secrets are written."""
+    import logging.handlers
+
+    path = str(cfg.logs_path / "audit.log")
+    try:
+        handler = AUDIT_HANDLERS.get(path)
+        if handler is None:
+            cfg.logs_path.mkdir(parents=True, exist_ok=True)
+            handler = logging.handlers.RotatingFileHandler(path, maxBytes=cfg.audit_max_bytes, backupCount=3,
+                                                           encoding="utf-8", delay=True)
+            AUDIT_HANDLERS[path] = handler
+        line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(), **fields})
+        handler.handle(logging.makeLogRecord({"msg": line, "levelno": logging.INFO, "levelname": "INFO"}))
+    except Exception:  # noqa: BLE001
+        pass
 
 
 # -------------------------------------------------------------------------------------------- job store
@@ -423,7 +455,7 @@ class JobStore:
         try:
             with os.scandir(self.root) as entries:
                 ids = [e.name[:-5] for e in entries if e.name.endswith(".json") and JOB_ID_RE.match(e.name[:-5])]
-        except FileNotFoundError:
+        except OSError:  # no folder yet, or not a folder: hermes_health names the problem
             return []
         return sorted(ids, key=job_sort_key)
 
@@ -431,7 +463,7 @@ class JobStore:
         try:
             with os.scandir(self.active) as entries:
                 return sorted((e.name for e in entries if JOB_ID_RE.match(e.name)), key=job_sort_key)
-        except FileNotFoundError:
+        except OSError:
             return []
 
     def mark_active(self, job_id: str) -> None:
@@ -792,6 +824,8 @@ class Supervisor:
         record["hermes"] = process_identity(hermes)
         record["started_at"] = time.time()
         self.store.write(record)
+        audit(cfg, event="job", job_id=self.job_id, state="running", hermes_pid=proc.pid, cwd=record["cwd"],
+              cli_form=form)
         deadline = record["started_at"] + float(record["timeout_s"])
         outcome: tuple[str, str] | None = None
         while True:
@@ -852,6 +886,7 @@ class Supervisor:
                 time.sleep(0.5)
         self.store.clear_active(self.job_id)
         with_missing_ok(self.store.cancel_path(self.job_id).unlink)
+        audit(self.cfg, event="job", job_id=self.job_id, state=state, exit_code=exit_code, reason=reason)
 
 
 def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
@@ -864,6 +899,7 @@ def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
                   + (f" except pids {left}" if left else ""))
     store.write(record)
     store.clear_active(record["id"])
+    audit(cfg, event="job", job_id=record["id"], state="cancelled", reason=record["reason"])
     return record["reason"]
 
 
@@ -973,24 +1009,18 @@ def record_detach_mode(store: JobStore, survives_host: bool) -> None:
 
 
 def prune_jobs(store: JobStore, cfg: Config) -> int:
-    """Remove finished jobs past retention_days or beyond retention_max_jobs; never a running one."""
+    """Remove finished jobs past retention_days or beyond retention_max_jobs; never a running one.
+
+    Runs under the launch lock, where every unfinished job has its active marker, so no record is read.
+    """
     active = set(store.active_ids())
     finished = [job_id for job_id in store.list_ids() if job_id not in active]
     cutoff = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() - cfg.retention_days * 86400))
     excess = max(0, len(finished) - cfg.retention_max_jobs)
     doomed = [job_id for i, job_id in enumerate(finished) if i < excess or job_id < cutoff]
-    removed = 0
     for job_id in doomed:
-        try:
-            if store.read(job_id).get("state") not in FINAL_STATES:
-                continue
-        except Refused:
-            continue
-        except DamagedRecord:
-            pass
         store.remove(job_id)
-        removed += 1
-    return removed
+    return len(doomed)
 
 
 # -------------------------------------------------------------------------------------------- rendering
@@ -1477,19 +1507,28 @@ def build_server(cfg: Config) -> Any:
     def result(text: str, is_error: bool = False) -> CallToolResult:
         return CallToolResult(content=[TextContent(type="text", text=text)], isError=is_error)
 
-    async def answer(tool: str, body: Callable[[Config], Any]) -> CallToolResult:
-        """Run a tool body with a fresh config; a refusal or a bug becomes an isError result, never a crash."""
+    async def answer(tool: str, body: Callable[[Config], Any], task: Any = None) -> CallToolResult:
+        """Run a tool body with a fresh config; a refusal or a bug becomes an isError result, never a crash.
+        Every call leaves one audit line: the tool, the job, the resolved cwd, the outcome."""
+        cfg = load_config()
         try:
-            text = body(load_config())
+            text = body(cfg)
             if hasattr(text, "__await__"):
                 text = await text
-            return result(text)
+            outcome = result(text)
         except Refused as exc:
-            return result(render_refused(str(exc)), is_error=True)
+            text = render_refused(str(exc))
+            outcome = result(text, is_error=True)
         except Exception as exc:
             traceback.print_exc()
-            return result(f"STATUS: error\nREASON: internal error in {tool}: {type(exc).__name__}: {exc}. "
-                          "The server keeps running; hermes_health may show why.", is_error=True)
+            text = (f"STATUS: error\nREASON: internal error in {tool}: {type(exc).__name__}: {exc}. "
+                    "The server keeps running; hermes_health may show why.")
+            outcome = result(text, is_error=True)
+        fields = dict(line.split(": ", 1) for line in text.splitlines()[:12] if re.match(r"^[A-Z_]+: ", line))
+        audit(cfg, event="tool", tool=tool, job_id=fields.get("JOB_ID"), cwd=fields.get("CWD"),
+              outcome=fields.get("STATUS", "ok"), reason=fields.get("REASON"),
+              task=first_words(task) if task is not None else None)
+        return outcome
 
     async def launch_and_wait(cfg: Config, request: JobRequest, wait_s: float | None, notes: list[str],
                               ctx: Context) -> str:
@@ -1512,7 +1551,7 @@ def build_server(cfg: Config) -> Any:
             notes: list[str] = []
             request = job_request(cfg, "run", task, cwd, max_turns, timeout_s, skills, toolsets, None, notes)
             return await launch_and_wait(cfg, request, wait_s, notes, ctx)
-        return await answer("hermes_run", body)
+        return await answer("hermes_run", body, task)
 
     @mcp.tool(annotations=launches, title="Continue a Hermes session")
     async def hermes_resume(session_id: str, task: str, ctx: Context, cwd: str | None = None,
@@ -1525,7 +1564,7 @@ def build_server(cfg: Config) -> Any:
             session = resolve_session(cfg, session_id)
             request = job_request(cfg, "resume", task, cwd, max_turns, timeout_s, None, None, session, notes)
             return await launch_and_wait(cfg, request, wait_s, notes, ctx)
-        return await answer("hermes_resume", body)
+        return await answer("hermes_resume", body, task)
 
     @mcp.tool(annotations=read_only, title="Wait for a Hermes job")
     async def hermes_status(job_id: str, ctx: Context, wait_s: float | None = None) -> CallToolResult:
