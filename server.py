@@ -352,7 +352,7 @@ def audit(cfg: Config, **fields: Any) -> None:
 
 
 # -------------------------------------------------------------------------------------------- job store
-JOB_ID_RE = re.compile(r"^\d{8}-\d{6}-\d{1,6}$")
+JOB_ID_RE = re.compile(r"\d{8}-\d{6}-\d{1,6}")
 FINAL_STATES = ("ok", "error", "timeout", "cancelled")
 
 
@@ -361,7 +361,7 @@ class DamagedRecord(Exception):
 
 
 def validate_job_id(job_id: Any) -> str:
-    if not isinstance(job_id, str) or not JOB_ID_RE.match(job_id):
+    if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id):
         shown = repr(job_id)[:60]
         raise Refused(f"job_id {shown} is not a job id: ids look like 20261106-101500-1 (see hermes_jobs)")
     return job_id
@@ -454,7 +454,7 @@ class JobStore:
         """Every job id on disk, oldest first, without opening a record."""
         try:
             with os.scandir(self.root) as entries:
-                ids = [e.name[:-5] for e in entries if e.name.endswith(".json") and JOB_ID_RE.match(e.name[:-5])]
+                ids = [e.name[:-5] for e in entries if e.name.endswith(".json") and JOB_ID_RE.fullmatch(e.name[:-5])]
         except OSError:  # no folder yet, or not a folder: hermes_health names the problem
             return []
         return sorted(ids, key=job_sort_key)
@@ -462,7 +462,7 @@ class JobStore:
     def active_ids(self) -> list[str]:
         try:
             with os.scandir(self.active) as entries:
-                return sorted((e.name for e in entries if JOB_ID_RE.match(e.name)), key=job_sort_key)
+                return sorted((e.name for e in entries if JOB_ID_RE.fullmatch(e.name)), key=job_sort_key)
         except OSError:
             return []
 
@@ -547,7 +547,7 @@ def observe(record: dict[str, Any]) -> JobView:
 # ------------------------------------------------------------------------------------------- Hermes CLI
 ARGV_TASK_LIMIT = 131072 - 1  # Linux MAX_ARG_STRLEN counts the terminating NUL
 SESSION_ID_RE = re.compile(r"^session_id:\s*(\S+)\s*$", re.MULTILINE)
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
 CLI_FORMS = ("query-file", "query-arg")
 
 
@@ -1015,9 +1015,12 @@ def prune_jobs(store: JobStore, cfg: Config) -> int:
     """
     active = set(store.active_ids())
     finished = [job_id for job_id in store.list_ids() if job_id not in active]
-    cutoff = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() - cfg.retention_days * 86400))
+    def stamp(seconds_ago: float) -> str:
+        return time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() - seconds_ago))
+    cutoff, recent = stamp(cfg.retention_days * 86400), stamp(60)
     excess = max(0, len(finished) - cfg.retention_max_jobs)
-    doomed = [job_id for i, job_id in enumerate(finished) if i < excess or job_id < cutoff]
+    # A job of the last minute is kept whatever the count: its id could otherwise be claimed again.
+    doomed = [job_id for i, job_id in enumerate(finished) if (i < excess or job_id < cutoff) and job_id < recent]
     for job_id in doomed:
         store.remove(job_id)
     return len(doomed)
@@ -1115,7 +1118,7 @@ def names_argument(name: str, value: list[str] | str | None) -> list[str]:
     if not isinstance(items, list):
         raise Refused(f"{name} must be a list of names or a comma-separated string")
     names = [item.strip() if isinstance(item, str) else item for item in items]
-    bad = [repr(n)[:40] for n in names if not isinstance(n, str) or not NAME_RE.match(n)]
+    bad = [repr(n)[:40] for n in names if not isinstance(n, str) or not NAME_RE.fullmatch(n)]
     if bad:
         raise Refused(f"{name} has names that are not valid: {', '.join(bad)}; use names like "
                       "'github-pr-workflow' (see hermes_capabilities)")
@@ -1130,7 +1133,10 @@ def check_task(task: Any, cfg: Config) -> str:
     try:
         size = len(task.encode("utf-8"))
     except UnicodeEncodeError:
-        raise Refused("task contains invalid Unicode (a lone surrogate); send plain UTF-8 text") from None
+        size = -1
+    if size < 0 or "\ufffd" in task:
+        raise Refused("task contains invalid Unicode (a lone surrogate, or U+FFFD where text was lost in "
+                      "decoding); send plain UTF-8 text")
     form, _ = known_cli_form(cfg, find_hermes(cfg))
     if form == "query-arg" and size > ARGV_TASK_LIMIT:
         raise Refused(f"task is {size} bytes; this Hermes takes the task as one command-line argument, "
@@ -1165,7 +1171,7 @@ def resolve_session(cfg: Config, session_id: Any) -> str:
         if not found:
             raise Refused('session_id "latest": no job of this bridge has captured a session id yet')
         return found
-    if not re.match(r"^[A-Za-z0-9_.:-]{1,128}$", session_id):
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,128}", session_id):
         raise Refused(f"session_id {session_id[:60]!r} is not a session id (they look like "
                       "20261130_104857_89284b)")
     return session_id
@@ -1616,6 +1622,39 @@ def build_server(cfg: Config) -> Any:
     return mcp
 
 
+LONE_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def replace_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in value)
+    if isinstance(value, list):
+        return [replace_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {replace_surrogates(k): replace_surrogates(v) for k, v in value.items()}
+    return value
+
+
+class ProtocolLines:
+    """The client's input, line by line, with lone UTF-16 surrogates replaced by U+FFFD.
+
+    The SDK cannot parse a request holding a lone surrogate and then never answers it, so the host would
+    wait for its timeout; replaced, the request is answered (and a task holding U+FFFD is refused)."""
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+
+    def readline(self) -> str:
+        line = self.stream.readline()
+        if not LONE_SURROGATE_ESCAPE.search(line):
+            return line
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return line
+        return json.dumps(replace_surrogates(message), ensure_ascii=False) + "\n"
+
+
 async def serve(protocol_fds: tuple[int, int]) -> None:
     """Serve MCP over the client's pipes kept by the stdio guard."""
     from io import TextIOWrapper
@@ -1628,7 +1667,8 @@ async def serve(protocol_fds: tuple[int, int]) -> None:
                      f"mcp {dependency_version('mcp')}, config {cfg.path} ({len(cfg.problems)} problems)\n")
     sys.stderr.flush()
     server = build_server(cfg)
-    stdin = anyio.wrap_file(TextIOWrapper(os.fdopen(protocol_fds[0], "rb"), encoding="utf-8", errors="replace"))
+    stdin = anyio.wrap_file(ProtocolLines(TextIOWrapper(os.fdopen(protocol_fds[0], "rb"), encoding="utf-8",
+                                                        errors="replace")))
     stdout = anyio.wrap_file(TextIOWrapper(os.fdopen(protocol_fds[1], "wb"), encoding="utf-8"))
     async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
         await server._mcp_server.run(read_stream, write_stream, server._mcp_server.create_initialization_options())

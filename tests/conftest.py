@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import select
+import subprocess
 import sys
 import tempfile
 import time
@@ -194,3 +196,35 @@ def require_component(path: Path, what: str) -> Path:
     if IN_CI:
         pytest.fail(message)
     pytest.skip(message)
+
+
+def raw_exchange(env: dict[str, str], calls: list[str], timeout: float = 20) -> list[dict[str, Any]]:
+    """Speak JSON-RPC to a real server by hand, for bytes the official client refuses to send (NaN, lone
+    surrogates). Each entry of calls is the raw JSON of one tools/call `params`; returns the responses, {} for
+    a request the server did not answer within timeout."""
+    init = ('{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18",'
+            '"capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}')
+    requests = [(0, init), (None, '{"jsonrpc":"2.0","method":"notifications/initialized"}')]
+    requests += [(n, f'{{"jsonrpc":"2.0","id":{n},"method":"tools/call","params":{params}}}')
+                 for n, params in enumerate(calls, start=1)]
+    proc = subprocess.Popen([sys.executable, str(SERVER)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    responses: dict[int, dict[str, Any]] = {}
+    pending = b""
+    try:
+        for request_id, line in requests:
+            proc.stdin.write(line.encode() + b"\n")
+            proc.stdin.flush()
+            deadline = time.time() + timeout
+            while request_id is not None and request_id not in responses and time.time() < deadline:
+                if select.select([proc.stdout], [], [], 0.2)[0]:
+                    pending += os.read(proc.stdout.fileno(), 65536)
+                    *complete, pending = pending.split(b"\n")
+                    for raw in complete:
+                        reply = json.loads(raw)
+                        if "id" in reply:
+                            responses[reply["id"]] = reply
+    finally:
+        proc.kill()
+        proc.wait()
+    return [responses.get(n, {}) for n in range(1, len(calls) + 1)]

@@ -53,7 +53,7 @@ def test_observe_reports_orphaned_and_untracked_jobs(tmp_path):
 def test_job_ids_are_claimed_atomically_and_validated(tmp_path):
     store = server.JobStore(tmp_path / "jobs")
     ids = {store.claim_id(b"task") for _ in range(50)}
-    assert len(ids) == 50 and all(server.JOB_ID_RE.match(i) for i in ids)
+    assert len(ids) == 50 and all(server.JOB_ID_RE.fullmatch(i) for i in ids)
     for bad in ("../x", "", "20261130-000000-1/../../etc", None, 5, "a" * 10_000):
         with pytest.raises(server.Refused):
             server.validate_job_id(bad)
