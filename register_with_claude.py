@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""Register claude-hermes-bridge with Claude Desktop (and Claude Code, Codex, Cursor) in one step.
+
+Standard library only, so it runs before anything is installed. It first runs `server.py --check` with the
+interpreter that will run the server and refuses to write when that fails. Every write keeps the rest of
+the file as it was, leaves a timestamped backup beside it, and is atomic; a file that is not valid JSON is
+refused with its line and column and left untouched; a second run changes nothing and says so.
+
+    python register_with_claude.py                  # Claude Desktop, this interpreter
+    python register_with_claude.py --print          # show the change, write nothing
+    python register_with_claude.py --host all       # every host found on this machine
+    python register_with_claude.py --remove         # take the entry out again
+"""
+import argparse
+import difflib
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+SERVER = Path(__file__).resolve().parent / "server.py"
+HOSTS = ("claude-desktop", "claude-code", "codex", "cursor")
+NEXT_STEPS = {
+    "claude-desktop": "Quit and restart Claude Desktop: it reads its config only at start.",
+    "claude-code": "In Claude Code, run /mcp (or start a new session) to see the server.",
+    "codex": "Start a new Codex session to load the server.",
+    "cursor": "Reload Cursor's window (or restart Cursor) to load the server.",
+}
+
+
+class Refusal(Exception):
+    """Something the user must fix; printed as one message, nothing written."""
+
+
+# ------------------------------------------------------------------------------------- where configs live
+def this_platform() -> str:
+    return {"win32": "windows", "darwin": "macos"}.get(sys.platform, "linux")
+
+
+def home() -> Path:
+    return Path(os.environ.get("HOME") or os.environ.get("USERPROFILE") or Path.home())
+
+
+def desktop_configs(platform: str) -> tuple[list[Path], Path]:
+    """Claude Desktop configs of installs that exist (both Windows layouts can), and this OS's usual one."""
+    name = "claude_desktop_config.json"
+    if platform == "windows":
+        appdata = Path(os.environ.get("APPDATA") or home() / "AppData" / "Roaming")
+        localappdata = Path(os.environ.get("LOCALAPPDATA") or home() / "AppData" / "Local")
+        classic = appdata / "Claude" / name
+        store = [Path(p) / name for p in sorted(glob.glob(
+            str(localappdata / "Packages" / "Claude_*" / "LocalCache" / "Roaming" / "Claude")))]
+        candidates, usual = [classic, *store], classic
+    elif platform == "macos":
+        usual = home() / "Library" / "Application Support" / "Claude" / name
+        candidates = [usual]
+    else:
+        usual = Path(os.environ.get("XDG_CONFIG_HOME") or home() / ".config") / "Claude" / name
+        candidates = [usual]
+    return [p for p in candidates if p.exists() or p.parent.is_dir()], usual
+
+
+def host_configs(host: str, platform: str) -> tuple[list[Path], Path]:
+    """The config files of one host that exist, and the one to create when none does."""
+    if host == "claude-desktop":
+        return desktop_configs(platform)
+    usual = {
+        "claude-code": home() / ".claude.json",
+        "codex": Path(os.environ.get("CODEX_HOME") or home() / ".codex") / "config.toml",
+        "cursor": home() / ".cursor" / "mcp.json",
+    }[host]
+    return ([usual] if usual.exists() else []), usual
+
+
+# --------------------------------------------------------------------------------------------- editing
+def server_entry(host: str, python: str) -> dict[str, Any]:
+    entry: dict[str, Any] = {"command": python, "args": [str(SERVER)]}
+    return {"type": "stdio", **entry} if host == "claude-code" else entry
+
+
+def edit_json(text: str | None, path: Path, name: str, entry: dict[str, Any] | None) -> str | None:
+    """The new file text with mcpServers.<name> set (or removed when entry is None); None when unchanged."""
+    try:
+        data = json.loads(text) if text and text.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise Refusal(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+                      "fix it by hand first, it was left untouched") from None
+    if not isinstance(data, dict) or not isinstance(data.get("mcpServers", {}), dict):
+        raise Refusal(f"{path} does not hold a JSON object with an mcpServers object; left untouched")
+    servers = data.setdefault("mcpServers", {})
+    if entry is None:
+        if name not in servers:
+            return None
+        del servers[name]
+    else:
+        if servers.get(name) == entry:
+            return None
+        servers[name] = entry
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def toml_string(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False)  # a JSON string is a valid TOML basic string
+
+
+def check_toml(text: str, path: Path) -> None:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: no parser in the standard library, so no check
+        return
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise Refusal(f"{path} is not valid TOML ({exc}); fix it by hand first, it was left untouched") from None
+
+
+def edit_toml(text: str | None, path: Path, name: str, entry: dict[str, Any] | None) -> str | None:
+    """Codex's config.toml with [mcp_servers.<name>] replaced, added or removed; every other line kept."""
+    text = text or ""
+    check_toml(text, path)
+    lines = text.splitlines(keepends=True)
+    header = re.compile(r"^\s*\[\s*mcp_servers\.(\"?)" + re.escape(name) + r"\1\s*(\]|\.)")
+    start = next((i for i, line in enumerate(lines) if header.match(line)), None)
+    end = start
+    if start is not None:
+        end = start + 1
+        while end < len(lines) and not (lines[end].lstrip().startswith("[") and not header.match(lines[end])):
+            end += 1
+    block = ""
+    if entry is not None:
+        args = ", ".join(toml_string(a) for a in entry["args"])
+        block = f"[mcp_servers.{name}]\ncommand = {toml_string(entry['command'])}\nargs = [{args}]\n"
+    if start is None:
+        if entry is None:
+            return None
+        prefix = text if not text or text.endswith("\n") else text + "\n"
+        new = prefix + ("\n" if prefix.strip() else "") + block
+    else:
+        old_block = "".join(lines[start:end])
+        core = old_block.rstrip("\n") + "\n"
+        if core == block:
+            return None
+        blank_lines_after = old_block[len(core):] if block else ""
+        new = "".join(lines[:start]) + block + blank_lines_after + "".join(lines[end:])
+    check_toml(new, path)
+    return new
+
+
+def write_safely(path: Path, new_text: str) -> Path | None:
+    """A timestamped backup of the old file beside it, then an atomic replace. Returns the backup path."""
+    backup = None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        backup = path.with_name(f"{path.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}")
+        n = 1
+        while backup.exists():
+            backup = path.with_name(f"{path.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
+            n += 1
+        backup.write_bytes(path.read_bytes())
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(new_text, encoding="utf-8")
+    os.replace(tmp, path)
+    return backup
+
+
+# ----------------------------------------------------------------------------------------------- main
+def run_check(python: str) -> None:
+    """The server's own self-check with the interpreter the host will use; refuse to register on failure."""
+    try:
+        done = subprocess.run([python, str(SERVER), "--check"], capture_output=True, text=True, timeout=180,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise Refusal(f"could not run {python} {SERVER} --check: {exc}") from None
+    if done.returncode != 0:
+        raise Refusal(f"`{python} {SERVER} --check` failed (exit {done.returncode}), so nothing was written.\n"
+                      + (done.stdout + done.stderr).strip()
+                      + "\nFix: install the requirements into that interpreter "
+                      f"(\"{python}\" -m pip install -r \"{SERVER.parent / 'requirements.txt'}\") or choose "
+                      "another with --python")
+    print(f"check passed: {python} runs the server")
+
+
+def plan(args: argparse.Namespace) -> list[tuple[str, Path, bool]]:
+    """(host, config path, created) for every file this run touches."""
+    hosts = list(HOSTS) if args.host == "all" else [args.host]
+    targets = []
+    for host in hosts:
+        found, usual = host_configs(host, args.platform)
+        if found:
+            targets += [(host, path, False) for path in found]
+        elif args.host != "all" and not args.remove:
+            targets.append((host, usual, True))
+    return targets
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", choices=HOSTS + ("all",), default="claude-desktop",
+                        help="which MCP host to register with (default: claude-desktop; all = every host found)")
+    parser.add_argument("--name", default="hermes", help="the server's entry name (default: hermes)")
+    parser.add_argument("--python", default=sys.executable,
+                        help="the interpreter that will run the server (default: the one running this script)")
+    parser.add_argument("--print", action="store_true", help="show each file and the exact change; write nothing")
+    parser.add_argument("--remove", action="store_true", help="take the entry out instead")
+    parser.add_argument("--platform", choices=("windows", "macos", "linux"), default=this_platform(),
+                        help="which OS's config locations to use (default: this one)")
+    args = parser.parse_args(argv)
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", args.name):
+        print(f"--name {args.name!r}: use letters, digits, - and _ only")
+        return 2
+    python = str(Path(args.python).absolute()) if os.sep in args.python else args.python
+    try:
+        targets = plan(args)
+        if not targets:
+            print(f"no config of {args.host} found on this machine; nothing to do")
+            return 0
+        if not args.remove:
+            run_check(python)
+        for host, path, created in targets:
+            editor: Callable[..., str | None] = edit_toml if host == "codex" else edit_json
+            old = path.read_text(encoding="utf-8") if path.exists() else None
+            entry = None if args.remove else server_entry(host, python)
+            new = editor(old, path, args.name, entry)
+            label = f"{host}: {path}"
+            if new is None:
+                state = "not registered" if args.remove else "already registered"
+                print(f"{label}: {args.name} is {state}; nothing changed")
+                continue
+            if args.print:
+                print(f"{label}: would {'create it' if created else 'change it'}; nothing written:")
+                sys.stdout.writelines(difflib.unified_diff(
+                    (old or "").splitlines(keepends=True), new.splitlines(keepends=True),
+                    fromfile=str(path), tofile=f"{path} (new)"))
+                continue
+            backup = write_safely(path, new)
+            verb = "removed" if args.remove else ("created the file and added" if created else "registered")
+            print(f"{label}: {verb} {args.name}" + (f" (backup: {backup.name})" if backup else "")
+                  + (" -- no config existed, so this platform's usual one was created" if created else ""))
+            print(f"  next: {NEXT_STEPS[host]}")
+    except Refusal as exc:
+        print(f"refused: {exc}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

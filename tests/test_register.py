@@ -1,0 +1,178 @@
+"""register_with_claude.py against fake home folders laid out like each OS and host."""
+import json
+import subprocess
+import sys
+import tomllib
+
+from conftest import REPO, SERVER, BridgeClient
+
+SCRIPT = REPO / "register_with_claude.py"
+MSIX = "Packages/Claude_pzs8sxrjxfjjc/LocalCache/Roaming/Claude"
+
+
+def register(home, *args, python=None):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "APPDATA": str(home / "AppData" / "Roaming"),
+           "LOCALAPPDATA": str(home / "AppData" / "Local")}
+    argv = [sys.executable, str(SCRIPT), *args] + (["--python", str(python)] if python else [])
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+
+
+def backups(folder):
+    return sorted(p.name for p in folder.glob("*.bak-*"))
+
+
+def write_json(path, data):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=4))
+    return path
+
+
+EXISTING = {"globalShortcut": "Ctrl+Space", "someFutureKey": {"nested": [1, 2]},
+            "mcpServers": {"filesystem": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem"],
+                                          "env": {"X": "1"}}}}
+ENTRY = {"command": sys.executable, "args": [str(SERVER)]}
+
+
+def test_windows_classic_and_msix_are_both_written_keeping_everything_else(tmp_path):
+    classic = write_json(tmp_path / "AppData/Roaming/Claude/claude_desktop_config.json", EXISTING)
+    store_dir = tmp_path / "AppData/Local" / MSIX
+    store_dir.mkdir(parents=True)
+    done = register(tmp_path, "--platform", "windows")
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(classic.read_text())
+    assert data["mcpServers"]["hermes"] == ENTRY
+    assert {k: v for k, v in data.items() if k != "mcpServers"} == {k: v for k, v in EXISTING.items() if k != "mcpServers"}
+    assert data["mcpServers"]["filesystem"] == EXISTING["mcpServers"]["filesystem"]
+    assert len(backups(classic.parent)) == 1
+    assert json.loads((classic.parent / backups(classic.parent)[0]).read_text()) == EXISTING
+    assert json.loads((store_dir / "claude_desktop_config.json").read_text())["mcpServers"]["hermes"] == ENTRY
+    assert "Restart Claude Desktop" in done.stdout or "restart Claude Desktop" in done.stdout
+
+    again = register(tmp_path, "--platform", "windows")
+    assert again.returncode == 0 and again.stdout.count("nothing changed") == 2
+    assert len(backups(classic.parent)) == 1
+
+    removed = register(tmp_path, "--platform", "windows", "--remove")
+    assert removed.returncode == 0
+    assert json.loads(classic.read_text()) == EXISTING
+
+
+def test_macos_and_linux_locations_and_creating_the_usual_one(tmp_path):
+    mac = tmp_path / "mac"
+    (mac / "Library/Application Support/Claude").mkdir(parents=True)
+    assert register(mac, "--platform", "macos").returncode == 0
+    mac_config = mac / "Library/Application Support/Claude/claude_desktop_config.json"
+    assert json.loads(mac_config.read_text()) == {"mcpServers": {"hermes": ENTRY}}
+    linux = tmp_path / "linux"
+    linux.mkdir()
+    done = register(linux, "--platform", "linux", "--name", "hermes-work")
+    assert done.returncode == 0 and "usual one was created" in done.stdout
+    data = json.loads((linux / ".config/Claude/claude_desktop_config.json").read_text())
+    assert data == {"mcpServers": {"hermes-work": ENTRY}}
+
+
+def test_invalid_json_is_refused_with_line_and_column_and_left_untouched(tmp_path):
+    config = tmp_path / ".config/Claude/claude_desktop_config.json"
+    config.parent.mkdir(parents=True)
+    broken = '{\n  "mcpServers": {\n    "x": {"command": "a",}\n  }\n}\n'
+    config.write_text(broken)
+    done = register(tmp_path, "--platform", "linux")
+    assert done.returncode == 1
+    assert "line 3 column" in done.stdout and "left untouched" in done.stdout
+    assert config.read_text() == broken and backups(config.parent) == []
+
+
+def test_an_existing_entry_is_updated_and_print_writes_nothing(tmp_path):
+    config = write_json(tmp_path / ".config/Claude/claude_desktop_config.json",
+                        {"mcpServers": {"hermes": {"command": "/old/python", "args": ["/old/server.py"]}}})
+    before = config.read_bytes()
+    shown = register(tmp_path, "--platform", "linux", "--print")
+    assert shown.returncode == 0
+    diff = shown.stdout.splitlines()
+    assert any(line.startswith("-") and '"/old/python"' in line for line in diff)
+    assert any(line.startswith("+") and f'"{SERVER}"' in line for line in diff)
+    assert "nothing written" in shown.stdout
+    assert config.read_bytes() == before and backups(config.parent) == []
+    assert register(tmp_path, "--platform", "linux").returncode == 0
+    assert json.loads(config.read_text())["mcpServers"]["hermes"] == ENTRY
+    assert len(backups(config.parent)) == 1
+
+
+def test_a_failing_check_refuses_and_shows_why(tmp_path):
+    shadow = tmp_path / "shadow" / "mcp-2.3.0.dist-info"
+    shadow.mkdir(parents=True)
+    (shadow / "METADATA").write_text("Metadata-Version: 2.1\nName: mcp\nVersion: 2.3.0\n")
+    wrong = tmp_path / "python-with-mcp2"
+    wrong.write_text(f'#!/bin/sh\nPYTHONPATH="{shadow.parent}" exec "{sys.executable}" "$@"\n')
+    wrong.chmod(0o755)
+    config = write_json(tmp_path / ".config/Claude/claude_desktop_config.json", EXISTING)
+    before = config.read_bytes()
+    done = register(tmp_path, "--platform", "linux", python=wrong)
+    assert done.returncode == 1
+    assert "--check` failed" in done.stdout and "mcp 2.3.0" in done.stdout
+    assert config.read_bytes() == before and backups(config.parent) == []
+
+
+CODEX = """# my codex settings
+model = "o4-mini"
+
+[mcp_servers.other]
+command = "other-server"
+args = ["--flag"]
+
+[mcp_servers.hermes]
+command = "/old/python"
+args = ["/old/server.py"]
+
+[mcp_servers.hermes.env]
+OLD = "1"
+
+[profiles.fast]
+model = "o4-mini" # keep this comment
+"""
+
+
+def test_claude_code_codex_and_cursor_keep_the_rest_of_their_files(tmp_path):
+    claude_code = write_json(tmp_path / ".claude.json", {"numStartups": 3, "projects": {"/p": {"x": 1}},
+                                                          "mcpServers": {"other": {"command": "o"}}})
+    codex = tmp_path / ".codex/config.toml"
+    codex.parent.mkdir()
+    codex.write_text(CODEX)
+    cursor = write_json(tmp_path / ".cursor/mcp.json", {"mcpServers": {}})
+    done = register(tmp_path, "--host", "all", "--platform", "linux")
+    assert done.returncode == 0, done.stdout
+    assert "/mcp" in done.stdout and "new Codex session" in done.stdout
+    code_data = json.loads(claude_code.read_text())
+    assert code_data["mcpServers"]["hermes"] == {"type": "stdio", **ENTRY}
+    assert code_data["numStartups"] == 3 and code_data["mcpServers"]["other"] == {"command": "o"}
+    parsed = tomllib.loads(codex.read_text())
+    assert parsed["mcp_servers"]["hermes"] == ENTRY
+    assert parsed["mcp_servers"]["other"] == {"command": "other-server", "args": ["--flag"]}
+    assert parsed["profiles"]["fast"] == {"model": "o4-mini"} and parsed["model"] == "o4-mini"
+    text = codex.read_text()
+    assert text.startswith("# my codex settings\n") and 'model = "o4-mini" # keep this comment' in text
+    assert json.loads(cursor.read_text())["mcpServers"]["hermes"] == ENTRY
+    assert not (tmp_path / ".config/Claude").exists()  # --host all touches only hosts it finds
+
+    assert "nothing changed" in register(tmp_path, "--host", "codex").stdout
+    assert register(tmp_path, "--host", "codex", "--remove").returncode == 0
+    parsed = tomllib.loads(codex.read_text())
+    assert "hermes" not in parsed["mcp_servers"] and parsed["mcp_servers"]["other"]["command"] == "other-server"
+
+    codex.write_text("[mcp_servers\nbroken")
+    refused = register(tmp_path, "--host", "codex")
+    assert refused.returncode == 1 and "not valid TOML" in refused.stdout
+    assert codex.read_text() == "[mcp_servers\nbroken"
+
+
+def test_the_server_starts_from_the_entry_the_script_wrote(tmp_path, bridge):
+    assert register(tmp_path, "--platform", "linux").returncode == 0
+    entry = json.loads((tmp_path / ".config/Claude/claude_desktop_config.json").read_text())["mcpServers"]["hermes"]
+    with BridgeClient(bridge.env, command=[entry["command"], *entry["args"]]) as client:
+        assert client.init.serverInfo.name == "hermes"
+        assert client.call("hermes_health").field("CONFIG").startswith(str(bridge.config))
+
+
+def test_the_posix_launcher_serves_mcp(bridge):
+    with BridgeClient(bridge.env, command=[str(REPO / "run_server.sh")]) as client:
+        assert client.call("hermes_health").field("BRIDGE").startswith("claude-hermes-bridge")
