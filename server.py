@@ -1307,7 +1307,7 @@ def parse_skill(path: Path) -> dict[str, Any] | None:
     if not match:
         return None
     try:
-        front = yaml.safe_load(match.group(1))
+        front = yaml.load(match.group(1), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError:
         return None
     if not isinstance(front, dict) or not isinstance(front.get("name", path.parent.name), str):

@@ -5,10 +5,9 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
-from conftest import REPO, SERVER, BridgeClient, live_pids, make_fake_hermes, wait_gone
+from harness import SERVER, BridgeClient, make_fake_hermes, wait_gone
 
 EXPECTED_ARGS = {
     "hermes_run": ({"task"}, {"task", "cwd", "max_turns", "timeout_s", "wait_s", "skills", "toolsets"}),

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from conftest import INSPECTOR, SERVER, BridgeClient, require_component
+from conftest import require_component
+from harness import INSPECTOR, SERVER, BridgeClient
 from test_bridge import EXPECTED_ARGS, READ_ONLY
 
 

@@ -2,7 +2,6 @@
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -10,8 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 
-import server
-from conftest import SERVER, BridgeClient, live_pids, wait_gone
+from harness import SERVER, BridgeClient, live_pids, wait_gone
 
 
 def record(bridge, job_id):
@@ -106,7 +104,7 @@ def test_two_servers_racing_the_identical_run_start_exactly_one_hermes(bridge):
                 return client.call("hermes_run", task=f"race {round_number} !sleep=4", wait_s=0)
             first, second = pool.map(launch, (one, two))
             assert first.field("JOB_ID") == second.field("JOB_ID"), round_number
-        runs = bridge.wait_for_runs(20)
+        bridge.wait_for_runs(20)
         time.sleep(1)
         tasks = [run["task"] for run in bridge.runs()]
         assert sorted(tasks) == sorted(f"race {n} !sleep=4" for n in range(20))

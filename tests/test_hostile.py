@@ -1,5 +1,4 @@
 """Hostile input: every trick is refused with a clear reason, and nothing starts and nothing is read."""
-import json
 import os
 import socket
 import time
@@ -8,7 +7,7 @@ import psutil
 import pytest
 
 import server
-from conftest import make_fake_hermes, raw_exchange
+from harness import make_fake_hermes, raw_exchange
 
 
 def refused(result, *words):

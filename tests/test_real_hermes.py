@@ -7,7 +7,8 @@ import time
 import psutil
 import pytest
 
-from conftest import REAL_HERMES, require_component, wait_gone
+from conftest import require_component
+from harness import REAL_HERMES, wait_gone
 from scripted_model import ScriptedModel
 
 SKILL_MARKER = "PROBE-SKILL-BODY-7f3a"

@@ -4,7 +4,7 @@ import subprocess
 import sys
 import tomllib
 
-from conftest import REPO, SERVER, BridgeClient
+from harness import REPO, SERVER, BridgeClient
 
 SCRIPT = REPO / "register_with_claude.py"
 MSIX = "Packages/Claude_pzs8sxrjxfjjc/LocalCache/Roaming/Claude"

@@ -1,6 +1,5 @@
 """Plain-function tests: confinement, liveness, the store and rendering, without MCP."""
 import json
-import os
 import time
 
 import psutil

@@ -1,0 +1,224 @@
+"""Test harness shared by the tests and the benchmark: a throwaway bridge (roots, jobs folder, config, fake
+hermes) and the official MCP client driving a real server process over stdio, callable from sync code."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psutil
+from anyio.from_thread import start_blocking_portal
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+REPO = Path(__file__).resolve().parent.parent
+SERVER = REPO / "server.py"
+FAKE_HERMES = Path(__file__).resolve().parent / "fake_hermes.py"
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def make_fake_hermes(prefix: Path, form: str = "query-arg", version: str | None = "0.19.0") -> Path:
+    """A fake install laid out like a venv: bin/hermes, and a hermes_agent dist-info when version is set."""
+    bin_dir = prefix / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    exe = bin_dir / "hermes"
+    exe.write_text(f'#!/bin/sh\nFAKE_HERMES_FORM={form} exec "{sys.executable}" "{FAKE_HERMES}" "$@"\n')
+    exe.chmod(0o755)
+    if version:
+        (prefix / "lib" / "python3.11" / "site-packages" / f"hermes_agent-{version}.dist-info").mkdir(parents=True)
+    return exe
+
+
+@dataclasses.dataclass
+class Bridge:
+    """One isolated bridge installation for a test: its config, folders and environment."""
+
+    tmp: Path
+    root: Path
+    jobs: Path
+    trace: Path
+    config: Path
+    hermes: Path
+    settings: dict[str, Any]
+
+    @classmethod
+    def create(cls, tmp_path: Path) -> "Bridge":
+        """A bridge with one allowed root, its own jobs and logs folders, and the fake hermes."""
+        root = tmp_path / "roots" / "a"
+        root.mkdir(parents=True)
+        (tmp_path / "home").mkdir()
+        trace = tmp_path / "trace"
+        trace.mkdir()
+        hermes = make_fake_hermes(tmp_path / "hermes-venv")
+        bridge = cls(tmp=tmp_path, root=root, jobs=tmp_path / "jobs", trace=trace, config=tmp_path / "config.json",
+                     hermes=hermes, settings={})
+        bridge.configure(hermes_exe=str(hermes), hermes_home=str(tmp_path / "hermes-home"),
+                         allowed_roots=[str(root)], jobs_dir=str(bridge.jobs), logs_dir=str(tmp_path / "logs"),
+                         kill_grace_s=1, default_timeout_s=120)
+        return bridge
+
+    def kill_leftovers(self) -> None:
+        """Never leave a fake's tree behind, whatever a test did."""
+        for pid in live_pids(self.traced_pids()):
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HERMES_", "FAKE_HERMES"))}
+        env.update(HERMES_BRIDGE_CONFIG=str(self.config), FAKE_HERMES_TRACE=str(self.trace),
+                   HOME=str(self.tmp / "home"))
+        return env
+
+    def configure(self, **changes: Any) -> None:
+        self.settings.update(changes)
+        self.config.write_text(json.dumps(self.settings, indent=1))
+
+    def client(self, **kwargs: Any) -> "BridgeClient":
+        return BridgeClient(self.env, **kwargs)
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every fake Hermes run so far, from its trace file."""
+        return [json.loads(p.read_text()) for p in sorted(self.trace.glob("*.json"))]
+
+    def traced_pids(self) -> list[int]:
+        pids = [run["pid"] for run in self.runs()]
+        return pids + [int(p.stem) for p in self.trace.glob("*.child")]
+
+    def wait_for_runs(self, count: int, timeout: float = 30) -> list[dict[str, Any]]:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            runs = self.runs()
+            if len(runs) >= count:
+                return runs
+            time.sleep(0.1)
+        raise AssertionError(f"expected {count} Hermes runs, saw {len(self.runs())}")
+
+
+def live_pids(pids: list[int]) -> list[int]:
+    """Which of these pids still run (a zombie waiting for its reaper does not count)."""
+    found = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                found.append(pid)
+        except psutil.Error:
+            pass
+    return found
+
+
+def wait_gone(pids: list[int], timeout: float = 10) -> list[int]:
+    deadline = time.time() + timeout
+    while time.time() < deadline and live_pids(pids):
+        time.sleep(0.1)
+    return live_pids(pids)
+
+
+@dataclasses.dataclass
+class Result:
+    text: str
+    is_error: bool
+
+    def field(self, name: str) -> str:
+        for line in self.text.splitlines():
+            if line.startswith(name + ": "):
+                return line[len(name) + 2:]
+        raise AssertionError(f"no {name} line in:\n{self.text}")
+
+
+@asynccontextmanager
+async def open_session(params: StdioServerParameters, errlog: Any):
+    async with stdio_client(params, errlog=errlog) as (read, write):
+        async with ClientSession(read, write, read_timeout_seconds=timedelta(seconds=90)) as session:
+            init = await session.initialize()
+            yield session, init
+
+
+class BridgeClient:
+    """The official MCP client driving a real `server.py` process over stdio, callable from sync tests."""
+
+    def __init__(self, env: dict[str, str], command: list[str] | None = None):
+        command = command or [sys.executable, str(SERVER)]
+        self.params = StdioServerParameters(command=command[0], args=command[1:], env=env)
+        self.errlog = tempfile.TemporaryFile("w+")
+        self.server_pid: int | None = None
+
+    def __enter__(self) -> "BridgeClient":
+        before = {p.pid for p in psutil.Process().children()}
+        self._portal_cm = start_blocking_portal()
+        self.portal = self._portal_cm.__enter__()
+        self._session_cm = self.portal.wrap_async_context_manager(open_session(self.params, self.errlog))
+        self.session, self.init = self._session_cm.__enter__()
+        new = [p for p in psutil.Process().children() if p.pid not in before]
+        self.server_pid = new[0].pid if len(new) == 1 else None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self._session_cm.__exit__(None, None, None)
+        except Exception:
+            pass  # the server may have been killed on purpose
+        self._portal_cm.__exit__(None, None, None)
+
+    def stderr(self) -> str:
+        self.errlog.seek(0)
+        return self.errlog.read()
+
+    def call(self, tool: str, **arguments: Any) -> Result:
+        result = self.portal.call(self.session.call_tool, tool, arguments)
+        return Result("\n".join(c.text for c in result.content if c.type == "text"), bool(result.isError))
+
+    def wait_final(self, job_id: str, timeout: float = 60) -> Result:
+        deadline = time.time() + timeout
+        while True:
+            result = self.call("hermes_status", job_id=job_id, wait_s=10)
+            if result.field("STATUS") != "running" or time.time() > deadline:
+                return result
+
+
+E2E = REPO / ".e2e"
+REAL_HERMES = Path(os.environ.get("HERMES_E2E_EXE") or E2E / "hermes-venv" / "bin" / "hermes")
+INSPECTOR = E2E / "inspector" / "node_modules" / "@modelcontextprotocol" / "inspector" / "clients" / "launcher" / "build" / "index.js"
+
+
+def raw_exchange(env: dict[str, str], calls: list[str], timeout: float = 20) -> list[dict[str, Any]]:
+    """Speak JSON-RPC to a real server by hand, for bytes the official client refuses to send (NaN, lone
+    surrogates). Each entry of calls is the raw JSON of one tools/call `params`; returns the responses, {} for
+    a request the server did not answer within timeout."""
+    init = ('{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18",'
+            '"capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}')
+    requests = [(0, init), (None, '{"jsonrpc":"2.0","method":"notifications/initialized"}')]
+    requests += [(n, f'{{"jsonrpc":"2.0","id":{n},"method":"tools/call","params":{params}}}')
+                 for n, params in enumerate(calls, start=1)]
+    proc = subprocess.Popen([sys.executable, str(SERVER)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    responses: dict[int, dict[str, Any]] = {}
+    pending = b""
+    try:
+        for request_id, line in requests:
+            proc.stdin.write(line.encode() + b"\n")
+            proc.stdin.flush()
+            deadline = time.time() + timeout
+            while request_id is not None and request_id not in responses and time.time() < deadline:
+                if select.select([proc.stdout], [], [], 0.2)[0]:
+                    pending += os.read(proc.stdout.fileno(), 65536)
+                    *complete, pending = pending.split(b"\n")
+                    for raw in complete:
+                        reply = json.loads(raw)
+                        if "id" in reply:
+                            responses[reply["id"]] = reply
+    finally:
+        proc.kill()
+        proc.wait()
+    return [responses.get(n, {}) for n in range(1, len(calls) + 1)]
