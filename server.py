@@ -37,7 +37,7 @@ PROTOCOL_FDS = guard_stdio() if __name__ == "__main__" and sys.argv[1:] == [] el
 
 import dataclasses  # noqa: E402  (the guard must run before anything else can print)
 import hashlib  # noqa: E402
-import importlib.metadata  # noqa: E402
+import importlib.util  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import re  # noqa: E402
@@ -65,22 +65,20 @@ TOOL_NAMES = (
 
 
 def missing_dependencies(need_mcp: bool) -> str | None:
-    """One line naming the interpreter, what is wrong and the command that fixes it; None when all is well."""
+    """One line naming the interpreter, what is wrong and the command that fixes it; None when all is well.
+
+    The supervisor (need_mcp=False) only looks for modules: importlib.metadata costs it 30 ms and 4 MB."""
     fix = f'"{sys.executable}" -m pip install -r "{SERVER_DIR / "requirements.txt"}"'
     if need_mcp:
-        try:
-            found = importlib.metadata.version("mcp")
-        except importlib.metadata.PackageNotFoundError:
-            found = None
+        found = dependency_version("mcp")
+        found = None if found == "not installed" else found
         major_minor = tuple(int(p) for p in re.findall(r"\d+", found or "0")[:2])
         if found is None or major_minor < (1, 24) or major_minor >= (2, 0):
             return (f"claude-hermes-bridge needs the MCP Python SDK 1.x (mcp>=1.24,<2); interpreter "
                     f"{sys.executable} has {'no mcp' if found is None else 'mcp ' + found}. "
                     f"Fix: \"{sys.executable}\" -m pip install \"mcp>=1.24,<2\"")
     for module, package in (("psutil", "psutil"), ("yaml", "PyYAML"), ("filelock", "filelock")):
-        try:
-            importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
+        if importlib.util.find_spec(module) is None:
             return (f"claude-hermes-bridge needs {package}; interpreter {sys.executable} does not have it. "
                     f"Fix: {fix}")
     return None
@@ -545,7 +543,9 @@ def observe(record: dict[str, Any]) -> JobView:
 
 
 # ------------------------------------------------------------------------------------------- Hermes CLI
-ARGV_TASK_LIMIT = 131072 - 1  # Linux MAX_ARG_STRLEN counts the terminating NUL
+# Linux caps one argument at 128 KiB (MAX_ARG_STRLEN counts the terminating NUL); Windows caps a whole
+# command line at 32,767 characters, so leave room there for the executable and the other flags.
+ARGV_TASK_LIMIT = 30_000 if IS_WINDOWS else 131072 - 1
 SESSION_ID_RE = re.compile(r"^session_id:\s*(\S+)\s*$", re.MULTILINE)
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
 CLI_FORMS = ("query-file", "query-arg")
@@ -905,6 +905,10 @@ def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
 
 # ------------------------------------------------------------------------------------------ job launch
 RUNNING_SUPERVISORS: list[subprocess.Popen] = []
+# Runs this same file as `server.py --supervise ID`, but imported, so from its cached bytecode: the
+# supervisor starts about 15 ms faster and 5 MB smaller than compiling the source again.
+SUPERVISOR_BOOT = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
+                   f"runpy.run_module({SERVER_FILE.stem!r}, run_name='__main__', alter_sys=True)")
 
 
 def reap_supervisors() -> None:
@@ -984,7 +988,7 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest, key: str) -> di
         store.remove(job_id)
         raise Refused(f"cannot write the job record in {store.root}: {exc.strerror or exc}; nothing started") from None
     env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path))
-    argv = [sys.executable, str(SERVER_FILE), "--supervise", job_id]
+    argv = [sys.executable, "-c", SUPERVISOR_BOOT, str(SERVER_DIR), "--supervise", job_id]
     with log:
         for attempt, kwargs in enumerate(detached_popen_kwargs()):
             try:
@@ -1292,15 +1296,17 @@ def list_jobs(cfg: Config, limit: int | None, state: str | None) -> str:
     return "\n".join(header + rows)
 
 
-SKILL_CACHE: dict[str, tuple[int, int, dict[str, Any] | None]] = {}
+SKILL_CACHE: dict[str, tuple[tuple[int, int], dict[str, Any] | None]] = {}  # SKILL.md -> (stat, skill)
+TREE_CACHE: dict[str, tuple[dict[str, int], list[str]]] = {}  # skills dir -> (folder mtimes, SKILL.md paths)
 
 
-def parse_skill(path: Path) -> dict[str, Any] | None:
-    """A SKILL.md's YAML front matter as a dict, or None when it is malformed."""
+def parse_skill(path: str, skills_dir: str) -> dict[str, Any] | None:
+    """A skill from its SKILL.md's YAML front matter, or None when it is malformed."""
     import yaml
 
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
     except (OSError, UnicodeDecodeError):
         return None
     match = re.match(r"^---\s*\n(.*?)\n---\s*(?:\n|$)", text, re.DOTALL)
@@ -1310,41 +1316,63 @@ def parse_skill(path: Path) -> dict[str, Any] | None:
         front = yaml.load(match.group(1), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError:
         return None
-    if not isinstance(front, dict) or not isinstance(front.get("name", path.parent.name), str):
+    folder = os.path.dirname(path)
+    if not isinstance(front, dict) or not isinstance(front.get("name", ""), str):
         return None
-    return front
+    parts = os.path.relpath(path, skills_dir).split(os.sep)
+    meta = front.get("metadata")
+    hermes_meta = meta.get("hermes") if isinstance(meta, dict) else None
+    tags = hermes_meta.get("tags") if isinstance(hermes_meta, dict) else None
+    return {
+        "name": front.get("name") or os.path.basename(folder),
+        "category": parts[0] if len(parts) > 2 else "uncategorised",
+        "description": " ".join(str(front.get("description") or "").split()),
+        "tags": [str(t) for t in tags] if isinstance(tags, list) else [],
+        "path": path,
+    }
+
+
+def skill_files(skills_dir: str) -> list[str]:
+    """Every SKILL.md under skills_dir. The walk is redone only when a folder's mtime changed (a file or
+    folder added, removed or renamed), so a repeated call costs one stat per folder."""
+    cached = TREE_CACHE.get(skills_dir)
+    if cached and all(folder_mtime(folder) == mtime for folder, mtime in cached[0].items()):
+        return cached[1]
+    folders: dict[str, int] = {}
+    files: list[str] = []
+    for folder, dirs, names in os.walk(skills_dir):
+        dirs.sort()
+        folders[folder] = folder_mtime(folder)
+        if "SKILL.md" in names:
+            files.append(os.path.join(folder, "SKILL.md"))
+    TREE_CACHE[skills_dir] = (folders, files)
+    return files
+
+
+def folder_mtime(folder: str) -> int:
+    try:
+        return os.stat(folder).st_mtime_ns
+    except OSError:
+        return -1
 
 
 def skill_index(skills_dir: Path) -> tuple[list[dict[str, Any]], int]:
-    """Every skill under skills_dir (parsed once per file version) and the count of malformed ones."""
+    """Every skill under skills_dir (each file parsed once per version) and the count of malformed ones."""
     skills, malformed = [], 0
-    for folder, dirs, files in os.walk(skills_dir):
-        dirs.sort()
-        if "SKILL.md" not in files:
-            continue
-        path = Path(folder) / "SKILL.md"
+    for path in skill_files(str(skills_dir)):
         try:
-            info = path.stat()
+            info = os.stat(path)
         except OSError:
             continue
-        cached = SKILL_CACHE.get(str(path))
-        if not cached or cached[:2] != (info.st_mtime_ns, info.st_size):
-            cached = (info.st_mtime_ns, info.st_size, parse_skill(path))
-            SKILL_CACHE[str(path)] = cached
-        front = cached[2]
-        if front is None:
+        key = (info.st_mtime_ns, info.st_size)
+        cached = SKILL_CACHE.get(path)
+        if not cached or cached[0] != key:
+            cached = (key, parse_skill(path, str(skills_dir)))
+            SKILL_CACHE[path] = cached
+        if cached[1] is None:
             malformed += 1
-            continue
-        parts = path.relative_to(skills_dir).parts
-        hermes_meta = (front.get("metadata") or {}).get("hermes") if isinstance(front.get("metadata"), dict) else None
-        tags = hermes_meta.get("tags") if isinstance(hermes_meta, dict) else None
-        skills.append({
-            "name": str(front.get("name") or path.parent.name),
-            "category": parts[0] if len(parts) > 2 else "uncategorised",
-            "description": " ".join(str(front.get("description") or "").split()),
-            "tags": [str(t) for t in tags] if isinstance(tags, list) else [],
-            "path": str(path),
-        })
+        else:
+            skills.append(cached[1])
     return skills, malformed
 
 
@@ -1452,6 +1480,8 @@ def health(cfg: Config) -> str:
 
 
 def dependency_version(package: str) -> str:
+    import importlib.metadata
+
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
@@ -1482,11 +1512,10 @@ async def wait_for_end(cfg: Config, job_id: str, wait_s: float, ctx: Any) -> Job
     """Poll the record on disk until the job ends or wait_s passes; sends progress while it waits."""
     import anyio
 
-    store = JobStore(cfg.jobs_path)
     deadline = time.monotonic() + wait_s
     next_progress = time.monotonic() + 5
     while True:
-        view = observe(store.read(job_id))
+        view = job_view(cfg, job_id)
         now = time.monotonic()
         if not view.running or now >= deadline:
             return view

@@ -104,3 +104,25 @@ def test_command_lines_for_both_forms():
 def test_describe_exit_names_signals():
     assert "SIGKILL" in server.describe_exit(-9)
     assert "unrecognized arguments" in server.describe_exit(2)
+
+
+def test_skill_index_cache_sees_added_edited_and_removed_skills(tmp_path):
+    skills = tmp_path / "skills"
+
+    def write(rel, name, description):
+        path = skills / rel / "SKILL.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"---\nname: {name}\ndescription: {description}\n---\n")
+        return path
+    first = write("cat/one", "one", "first")
+    assert [s["name"] for s in server.skill_index(skills)[0]] == ["one"]
+    write("cat/two", "two", "second")
+    write("other/deep/three", "three", "third")
+    assert sorted(s["name"] for s in server.skill_index(skills)[0]) == ["one", "three", "two"]
+    write("cat/one", "one", "edited description, longer")
+    assert {s["name"]: s["description"] for s in server.skill_index(skills)[0]}["one"].startswith("edited")
+    first.unlink()
+    first.parent.rmdir()
+    skills_now, malformed = server.skill_index(skills)
+    assert sorted(s["name"] for s in skills_now) == ["three", "two"] and malformed == 0
+    assert {s["name"]: s["category"] for s in skills_now} == {"two": "cat", "three": "other"}

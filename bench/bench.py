@@ -1,0 +1,270 @@
+"""How close the bridge runs to its floor, and how its cost grows: one table, measured side by side.
+
+    python bench/bench.py            # the full run (about two minutes on two cores)
+    python bench/bench.py --tiny     # a few seconds, small sizes: checks that every row is produced
+
+Each figure is the median of several runs, with its spread (min-max), next to a floor measured in the same
+run: the same SDK with a minimal one-tool server, a bare Popen, a seek, a folder listing, a bare
+interpreter. Timings on shared machines are noisy, so only ratios measured together mean anything.
+Uses the fake hermes from the tests; needs no other service.
+"""
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
+
+import psutil  # noqa: E402
+
+from harness import Bridge, BridgeClient  # noqa: E402
+
+MINIMAL = [sys.executable, str(Path(__file__).resolve().parent / "minimal_server.py")]
+MB = 2**20
+
+
+@dataclasses.dataclass
+class Row:
+    figure: str
+    ours: list[float]
+    floor: list[float]
+    unit: str
+    verdict: str
+    target: str
+
+    def cells(self) -> list[str]:
+        def fmt(values: list[float]) -> str:
+            return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+        return [self.figure, f"{fmt(self.ours)} {self.unit}", f"{fmt(self.floor)} {self.unit}", self.verdict,
+                self.target]
+
+
+def ms_since(start: float) -> float:
+    return (time.perf_counter() - start) * 1000
+
+
+def ratio_row(figure: str, ours: list[float], floor: list[float], unit: str, limit: float) -> Row:
+    ratio = statistics.median(ours) / statistics.median(floor)
+    return Row(figure, ours, floor, unit, f"ratio {ratio:.2f} {'PASS' if ratio <= limit else 'MISS'}",
+               f"ratio <= {limit}")
+
+
+def cold_start(bridge: Bridge, runs: int) -> tuple[Row, Row]:
+    """spawn -> initialize -> tools/list, and the server's RSS right after, alternating with the floor."""
+    times: dict[str, list[float]] = {"ours": [], "floor": []}
+    rss: dict[str, list[float]] = {"ours": [], "floor": []}
+    for _ in range(runs):
+        for side, command in (("ours", None), ("floor", MINIMAL)):
+            started = time.perf_counter()
+            with BridgeClient(bridge.env, command=command) as client:
+                client.portal.call(client.session.list_tools)
+                times[side].append(ms_since(started))
+                rss[side].append(psutil.Process(client.server_pid).memory_info().rss / MB)
+    return (ratio_row("cold start: spawn, initialize, tools/list", times["ours"], times["floor"], "ms", 1.15),
+            ratio_row("server RSS after start", rss["ours"], rss["floor"], "MB", 1.2))
+
+
+def warm_calls(ours: BridgeClient, floor: BridgeClient, calls: int) -> Row:
+    times: dict[str, list[float]] = {"ours": [], "floor": []}
+    for _ in range(calls):
+        for side, call in (("ours", lambda: ours.call("hermes_health")), ("floor", lambda: floor.call("tail"))):
+            started = time.perf_counter()
+            call()
+            times[side].append(ms_since(started))
+    return ratio_row("one hermes_health call, warm (floor: trivial tool)", times["ours"], times["floor"], "ms", 1.5)
+
+
+def run_until_pid(bridge: Bridge, client: BridgeClient, runs: int) -> tuple[Row, Row]:
+    """hermes_run(wait_s=0) until the record shows Hermes' pid, against Popen of the same fake command."""
+    ours, floor, supervisor_rss, bare_rss, job_ids = [], [], [], [], []
+    for n in range(runs):
+        started = time.perf_counter()
+        job_id = client.call("hermes_run", task=f"bench run {n} !sleep=3", wait_s=0).field("JOB_ID")
+        record_path = bridge.jobs / f"{job_id}.json"
+        while True:
+            record = json.loads(record_path.read_text())
+            if record.get("hermes"):
+                break
+            time.sleep(0.001)
+        ours.append(ms_since(started))
+        job_ids.append(job_id)
+        supervisor_rss.append(psutil.Process(record["supervisor"]["pid"]).memory_info().rss / MB)
+        started = time.perf_counter()
+        proc = subprocess.Popen([str(bridge.hermes), "chat", "-q", f"floor {n} !sleep=3", "-Q"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        floor.append(ms_since(started))
+        proc.kill()
+        proc.wait()
+        bare = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+        time.sleep(0.3)
+        bare_rss.append(psutil.Process(bare.pid).memory_info().rss / MB)
+        bare.kill()
+        bare.wait()
+    for job_id in job_ids:
+        client.wait_final(job_id)
+    overhead = statistics.median(ours) - statistics.median(floor)
+    median_rss = statistics.median(supervisor_rss)
+    return (Row("hermes_run(wait_s=0) until the record shows Hermes' pid (floor: Popen)", ours, floor, "ms",
+                f"overhead {overhead:.0f} ms {'PASS' if overhead <= 150 else 'MISS'}", "overhead <= 150 ms"),
+            Row("supervisor RSS (floor: bare interpreter)", supervisor_rss, bare_rss, "MB",
+                f"{median_rss:.1f} MB {'PASS' if median_rss <= 25 else 'MISS'}", "<= 25 MB"))
+
+
+def status_of_big_log(bridge: Bridge, ours: BridgeClient, floor: BridgeClient, log_mb: int, calls: int) -> Row:
+    job_id = "20261201-000000-1"
+    log = bridge.jobs / f"{job_id}.log"
+    line = b"a line of Hermes output, as a long job would print it, again and again.\n" * 1024
+    with open(log, "wb") as handle:
+        for _ in range(log_mb * MB // len(line)):
+            handle.write(line)
+    (bridge.jobs / f"{job_id}.json").write_text(json.dumps({
+        "id": job_id, "state": "ok", "exit_code": 0, "created_at": time.time(), "ended_at": time.time(),
+        "cwd": str(bridge.root), "supervisor": None, "log": str(log)}))
+    rss_before = psutil.Process(ours.server_pid).memory_info().rss / MB
+    times: dict[str, list[float]] = {"ours": [], "floor": []}
+    for _ in range(calls):
+        for side, call in (("ours", lambda: ours.call("hermes_status", job_id=job_id, wait_s=0)),
+                           ("floor", lambda: floor.call("tail", path=str(log)))):
+            started = time.perf_counter()
+            call()
+            times[side].append(ms_since(started))
+    growth = psutil.Process(ours.server_pid).memory_info().rss / MB - rss_before
+    row = ratio_row(f"hermes_status of a job with a {log_mb} MiB log (floor: seek + 64 KiB read)",
+                    times["ours"], times["floor"], "ms", 2)
+    row.verdict += f"; RSS growth {growth:.1f} MB {'PASS' if growth <= 5 else 'MISS'}"
+    row.target += "; RSS growth <= 5 MB"
+    log.unlink()
+    return row
+
+
+def fill_records(jobs: Path, count: int) -> None:
+    existing = len([e for e in os.scandir(jobs) if e.name.endswith(".json")])
+    day = time.strftime("%Y%m%d")
+    for n in range(existing, count):
+        job_id = f"{day}-{n // 1000:06d}-{n % 1000 + 1}"
+        (jobs / f"{job_id}.json").write_text(json.dumps({
+            "id": job_id, "state": "ok", "exit_code": 0, "created_at": 1.0, "ended_at": 2.0, "cwd": "/w",
+            "supervisor": None, "task_preview": f"finished job {n}"}))
+
+
+def jobs_listing(sizes: list[int], runs: int) -> list[Row]:
+    """hermes_jobs over many records, against listing the same folder with os.scandir."""
+    rows, baseline = [], None
+    with tempfile.TemporaryDirectory() as tmp:
+        bridge = Bridge.create(Path(tmp))
+        bridge.configure(retention_max_jobs=10**9)
+        bridge.jobs.mkdir()
+        with BridgeClient(bridge.env) as client:
+            for size in sizes:
+                fill_records(bridge.jobs, size)
+                ours, floor = [], []
+                for _ in range(runs):
+                    started = time.perf_counter()
+                    client.call("hermes_jobs")
+                    ours.append(ms_since(started))
+                    started = time.perf_counter()
+                    with os.scandir(bridge.jobs) as entries:
+                        [entry.name for entry in entries]
+                    floor.append(ms_since(started))
+                if baseline is None:
+                    baseline = (statistics.median(ours), statistics.median(floor))
+                    verdict, target = "baseline for growth", "-"
+                else:
+                    grow_ours = statistics.median(ours) / baseline[0]
+                    grow_floor = statistics.median(floor) / baseline[1]
+                    verdict = (f"grew x{grow_ours:.1f} vs listing x{grow_floor:.1f} "
+                               f"{'PASS' if grow_ours <= grow_floor else 'MISS'}")
+                    target = "grows no faster than the listing"
+                if size == 10_000:
+                    fine = statistics.median(ours) <= 300
+                    verdict += f"; {statistics.median(ours):.0f} ms {'PASS' if fine else 'MISS'}"
+                    target += "; <= 300 ms"
+                rows.append(Row(f"hermes_jobs with {size:,} records (floor: os.scandir)", ours, floor, "ms",
+                                verdict, target))
+    return rows
+
+
+def capabilities(bridge: Bridge, skills: int, repeats: int) -> Row:
+    import yaml
+
+    root = Path(bridge.settings["hermes_home"]) / "skills"
+    for n in range(skills):
+        path = root / f"category-{n % 25}" / f"skill-{n}" / "SKILL.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"---\nname: skill-{n}\ndescription: Skill number {n} does a thing well\nversion: 1.0.0\n"
+                        f"metadata:\n  hermes:\n    tags: [tag-{n % 7}, bench]\n    related_skills: []\n---\n"
+                        f"# skill {n}\n" + "body text\n" * 40)
+    started = time.perf_counter()
+    for path in root.rglob("SKILL.md"):
+        yaml.load(path.read_text().split("---")[1], Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    parse_once = [ms_since(started)]
+    with BridgeClient(bridge.env) as client:
+        started = time.perf_counter()
+        client.call("hermes_capabilities", query="thing")
+        first = ms_since(started)
+        repeated = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            client.call("hermes_capabilities", query="thing")
+            repeated.append(ms_since(started))
+    share = statistics.median(repeated) / first
+    return Row(f"hermes_capabilities over {skills:,} skills, repeated (floor: parsing them once)", repeated,
+               parse_once, "ms", f"repeated = {share:.0%} of first ({first:.0f} ms) "
+               f"{'PASS' if share <= 0.10 else 'MISS'}", "repeated <= 10 % of first")
+
+
+def machine() -> str:
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor() or "unknown CPU"
+    import importlib.metadata
+    return (f"{platform.system()} {platform.release()}, {cpu}, {os.cpu_count()} cores, "
+            f"{psutil.virtual_memory().total / 2**30:.0f} GiB; Python {platform.python_version()}, "
+            f"mcp {importlib.metadata.version('mcp')}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description="Benchmark the bridge against its floors.")
+    parser.add_argument("--tiny", action="store_true", help="small sizes and few runs, to check every row")
+    args = parser.parse_args(argv)
+    runs, calls, log_mb = (2, 5, 8) if args.tiny else (7, 40, 1024)
+    sizes = [100, 1000] if args.tiny else [1000, 10_000, 100_000]
+    skills = 50 if args.tiny else 1000
+    started = time.time()
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        bridge = Bridge.create(Path(tmp))
+        bridge.configure(max_running_jobs=100)
+        try:
+            rows += cold_start(bridge, runs)
+            with BridgeClient(bridge.env) as ours, BridgeClient(bridge.env, command=MINIMAL) as floor:
+                rows.append(warm_calls(ours, floor, calls))
+                rows += run_until_pid(bridge, ours, runs)
+                rows.append(status_of_big_log(bridge, ours, floor, log_mb, calls))
+            rows.append(capabilities(bridge, skills, max(3, runs)))
+        finally:
+            bridge.kill_leftovers()
+    rows += jobs_listing(sizes, runs)
+    print(f"machine: {machine()}")
+    print(f"runs: {runs} per figure ({calls} for single calls); total {time.time() - started:.0f} s\n")
+    header = ["figure", "bridge: median (min-max)", "floor: median (min-max)", "result", "target"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + " --- |" * len(header))
+    for row in rows:
+        print("| " + " | ".join(row.cells()) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

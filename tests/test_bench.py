@@ -1,0 +1,21 @@
+"""The benchmark starts and produces every row on a tiny configuration (its numbers are not judged here)."""
+import subprocess
+import sys
+
+from harness import REPO
+
+ROWS = ["cold start: spawn, initialize, tools/list", "server RSS after start", "one hermes_health call, warm",
+        "hermes_run(wait_s=0) until the record shows Hermes' pid", "supervisor RSS",
+        "hermes_status of a job with a 8 MiB log", "hermes_capabilities over 50 skills",
+        "hermes_jobs with 100 records", "hermes_jobs with 1,000 records"]
+
+
+def test_bench_runs_tiny_and_prints_every_row():
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "bench.py"), "--tiny"], capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    table = [line for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(table) == len(ROWS) + 1
+    for row, line in zip(ROWS, table[1:]):
+        assert line.startswith(f"| {row}"), line
+        assert "PASS" in line or "MISS" in line or "baseline" in line
