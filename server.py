@@ -64,6 +64,15 @@ TOOL_NAMES = (
 )
 
 
+def dependency_version(package: str) -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def missing_dependencies(need_mcp: bool) -> str | None:
     """One line naming the interpreter, what is wrong and the command that fixes it; None when all is well.
 
@@ -715,6 +724,28 @@ def tree_of(root: "psutil.Process | None", known: dict[int, float]) -> list["psu
     return list(procs.values())
 
 
+def still_running(procs: list["psutil.Process"], timeout_s: float) -> list["psutil.Process"]:
+    """Wait until these processes are gone (zombies count as gone), returning those still running.
+
+    Polls instead of waiting on them: waiting would reap the supervisor's own child, Hermes, before
+    subprocess does, and then Popen reports exit code 0 for a Hermes that was killed."""
+    identities = [(proc, identity) for proc in procs
+                  if (identity := process_identity_safe(proc)) and alive(identity)]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        running = [proc for proc, identity in identities if alive(identity)]
+        if not running or time.monotonic() >= deadline:
+            return running
+        time.sleep(0.05)
+
+
+def process_identity_safe(proc: "psutil.Process") -> dict[str, float] | None:
+    try:
+        return process_identity(proc)
+    except psutil.Error:
+        return None
+
+
 def stop_tree(root: "psutil.Process | None", known: dict[int, float], grace_s: float) -> list[int]:
     """Interrupt the root, wait the grace period, then kill every survivor of the tree; returns survivors.
 
@@ -724,27 +755,18 @@ def stop_tree(root: "psutil.Process | None", known: dict[int, float], grace_s: f
     snapshot = tree_of(root, known)
     if root is not None:
         interrupt(root)
-        try:
-            root.wait(grace_s)
-        except (psutil.TimeoutExpired, psutil.Error):
-            pass
-    survivors = [p for p in snapshot + tree_of(root, known) if alive(process_identity_safe(p))]
+        still_running([root], grace_s)
+    survivors = still_running(snapshot + tree_of(root, known), 0)
     for proc in survivors:
         try:
             proc.kill()
         except psutil.Error:
             pass
-    gone, still = psutil.wait_procs(survivors, timeout=3)
-    if still and IS_WINDOWS and root is not None:
+    left = still_running(survivors, 3)
+    if left and IS_WINDOWS and root is not None:
         subprocess.run(["taskkill", "/PID", str(root.pid), "/T", "/F"], capture_output=True, timeout=30)
-    return [p.pid for p in still if alive(process_identity_safe(p))]
-
-
-def process_identity_safe(proc: "psutil.Process") -> dict[str, float] | None:
-    try:
-        return process_identity(proc)
-    except psutil.Error:
-        return None
+        left = still_running(left, 3)
+    return [proc.pid for proc in left]
 
 
 def describe_exit(code: int) -> str:
@@ -1477,15 +1499,6 @@ def health(cfg: Config) -> str:
     ]
     lines += [f"  - {problem}" for problem in cfg.problems]
     return "\n".join(lines)
-
-
-def dependency_version(package: str) -> str:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def server_instructions(cfg: Config) -> str:

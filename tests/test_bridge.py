@@ -76,6 +76,7 @@ def test_timeout_stops_the_whole_tree_grandchildren_included(bridge):
         bridge.wait_for_runs(1)
         final = client.wait_final(job_id)
         assert final.field("STATUS") == "timeout"
+        assert final.field("EXIT_CODE") == "130"  # the fake exits 130 on SIGTERM, as Hermes does
         assert "timeout_s=2" in final.field("REASON")
         pids = bridge.traced_pids()
         assert len(pids) == 3  # hermes, its tool process, and that one's child

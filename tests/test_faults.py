@@ -88,8 +88,10 @@ def test_a_tree_that_ignores_sigterm_and_forks_new_sessions_is_gone_after_timeou
         assert len(pids) == 6
         sessions = {os.getsid(pid) for pid in live_pids(pids)}
         assert len(sessions) == 6  # every process in a session of its own
-        assert client.call("hermes_cancel", job_id=cancelled).field("STATUS") == "cancelled"
-        assert client.wait_final(timed).field("STATUS") == "timeout"
+        result = client.call("hermes_cancel", job_id=cancelled)
+        assert result.field("STATUS") == "cancelled" and result.field("EXIT_CODE") == "-9"
+        result = client.wait_final(timed)
+        assert result.field("STATUS") == "timeout" and result.field("EXIT_CODE") == "-9"
         assert wait_gone(pids) == []
 
 
