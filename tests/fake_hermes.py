@@ -8,8 +8,9 @@ Directives (words in the task): !sleep=S  !exit=N  !print=BYTES  !longline=BYTES
 !write=REL:TEXT  !grandchild=S (a tool process in its own session that starts one more of its own)
 !ignore-term (this process and its descendants ignore SIGTERM)  !session=ID  !fresh-session  !stdout-noise
 
-With FAKE_HERMES_TRACE set, every run writes TRACE/<pid>.json (argv, cwd, task, env) and every process
-it spawns writes TRACE/<pid>.child, so tests can count runs and check that no process is left.
+With FAKE_HERMES_TRACE set, every invocation writes TRACE/<pid>.invoked (its argv), every run writes
+TRACE/<pid>.json (argv, cwd, task, env) and every process it spawns writes TRACE/<pid>.child, so tests can
+count runs and probes and check that no process is left.
 """
 from __future__ import annotations
 
@@ -65,6 +66,10 @@ def parser_for(form: str) -> argparse.ArgumentParser:
 def main() -> int:
     form = os.environ.get("FAKE_HERMES_FORM", "query-arg")
     argv = sys.argv[1:]
+    trace = os.environ.get("FAKE_HERMES_TRACE", "")
+    if trace:
+        with open(os.path.join(trace, f"{os.getpid()}.invoked"), "w") as handle:
+            json.dump(argv, handle)
     if argv == ["--version"]:
         print("Hermes Agent v0.19.0 (fake)")
         return 0
@@ -82,7 +87,6 @@ def main() -> int:
     if form == "query-file" and args.in_dir:
         os.chdir(args.in_dir)
     todo = directives(task)
-    trace = os.environ.get("FAKE_HERMES_TRACE", "")
     if trace:
         with open(os.path.join(trace, f"{os.getpid()}.json"), "w") as handle:
             json.dump({"argv": argv, "cwd": os.getcwd(), "task": task, "pid": os.getpid(),

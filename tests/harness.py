@@ -92,6 +92,10 @@ class Bridge:
         """Every fake Hermes run so far, from its trace file."""
         return [json.loads(p.read_text()) for p in sorted(self.trace.glob("*.json"))]
 
+    def invocations(self) -> list[list[str]]:
+        """The argv of every fake Hermes process started so far, runs and probes alike."""
+        return [json.loads(p.read_text()) for p in sorted(self.trace.glob("*.invoked"))]
+
     def traced_pids(self) -> list[int]:
         pids = [run["pid"] for run in self.runs()]
         return pids + [int(p.stem) for p in self.trace.glob("*.child")]

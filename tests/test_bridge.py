@@ -211,6 +211,7 @@ def test_query_file_form_sends_the_task_on_stdin_chosen_from_disk_or_by_probe(br
     with bridge.client() as client:
         health = client.call("hermes_health").field("CLI_FORM")
         assert health.startswith("query-file" if version else "auto")
+        assert bridge.invocations() == []  # hermes_health never starts Hermes, not even to probe it
         result = client.call("hermes_run", task=task, wait_s=30)
         assert result.field("STATUS") == "ok", result.text
         run = bridge.runs()[0]
@@ -218,6 +219,9 @@ def test_query_file_form_sends_the_task_on_stdin_chosen_from_disk_or_by_probe(br
         assert run["argv"][:8] == ["chat", "--query-file", "-", "-Q", "--oneshot", "--in",
                                    str(bridge.root.resolve())][:8]
         assert client.call("hermes_health").field("CLI_FORM").startswith("query-file")
+        client.call("hermes_run", task="second run", wait_s=30)
+    probes = [argv for argv in bridge.invocations() if argv == ["chat", "--help"]]
+    assert len(probes) == (0 if version else 1)  # probed once, then cached
 
 
 def test_resume_latest_passes_no_restore_cwd_and_reports_a_fresh_session(bridge):

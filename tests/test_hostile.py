@@ -119,12 +119,14 @@ def test_lone_surrogates_and_nan_never_hang_the_server(bridge):
         '{"name":"hermes_run","arguments":{"task":"\\udfff"}}',
         '{"name":"hermes_read","arguments":{"path":"%s","max_bytes":NaN}}' % (bridge.root / "f.txt"),
         '{"name":"hermes_health","arguments":{}}',
+        '{"name":"hermes_read","arguments":{"path":"/nowhere/\\ud83d\\ude80"}}',
     ])
     for reply in replies[:2]:
         assert reply["result"]["isError"] and "invalid Unicode" in reply["result"]["content"][0]["text"]
     # The SDK turns NaN into null before any tool sees it, so NaN acts as "not given": the default applies.
     assert "CUT: no" in replies[2]["result"]["content"][0]["text"]
     assert "BRIDGE: claude-hermes-bridge" in replies[3]["result"]["content"][0]["text"]
+    assert "/nowhere/\U0001f680" in replies[4]["result"]["content"][0]["text"]  # an escaped pair is kept
     nothing_started(bridge)
     with pytest.raises(server.Refused, match="must be a number"):
         server.clamp_number("wait_s", float("nan"), 5, 0, 45, [])
