@@ -367,6 +367,15 @@ class DamagedRecord(Exception):
     """A job record that cannot be read as one: listed as damaged, never fatal."""
 
 
+NUMBER_OR_NONE = (int, float, type(None))
+RECORD_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "created_at": NUMBER_OR_NONE, "started_at": NUMBER_OR_NONE, "ended_at": NUMBER_OR_NONE,
+    "timeout_s": NUMBER_OR_NONE, "exit_code": (int, type(None)), "cwd": (str, type(None)),
+    "log": (str, type(None)), "task_preview": (str,), "session_id": (str, type(None)),
+    "supervisor": (dict, type(None)), "hermes": (dict, type(None)), "tree": (list,),
+}
+
+
 def validate_job_id(job_id: Any) -> str:
     if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id):
         shown = repr(job_id)[:60]
@@ -455,6 +464,9 @@ class JobStore:
             raise DamagedRecord(f"not JSON ({len(data)} bytes)") from None
         if not isinstance(record, dict) or record.get("id") != job_id or not isinstance(record.get("state"), str):
             raise DamagedRecord("not a job record (wrong shape)")
+        for field, types in RECORD_FIELD_TYPES.items():
+            if field in record and not (isinstance(record[field], types) and not isinstance(record[field], bool)):
+                raise DamagedRecord(f"field {field} has the wrong type")
         return record
 
     def list_ids(self) -> list[str]:
@@ -899,13 +911,15 @@ class Supervisor:
         if requested and record["session_id"] and record["session_id"] != requested:
             record["session_note"] = (f"asked to resume session {requested}, but Hermes reported session "
                                       f"{record['session_id']}: it started a fresh session")
-        for attempt in range(20):  # a full disk may free up; the outcome is worth a few seconds
+        for _ in range(20):  # a full disk may free up; the outcome is worth a few seconds
             try:
                 self.store.write(record)
                 break
             except OSError as exc:
                 self.note(f"cannot write the outcome ({exc}); retrying")
                 time.sleep(0.5)
+        else:
+            return  # the record still says running with a dead supervisor: readers report it orphaned
         self.store.clear_active(self.job_id)
         with_missing_ok(self.store.cancel_path(self.job_id).unlink)
         audit(self.cfg, event="job", job_id=self.job_id, state=state, exit_code=exit_code, reason=reason)
@@ -1028,10 +1042,18 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest, key: str) -> di
 
 
 def record_detach_mode(store: JobStore, survives_host: bool) -> None:
-    """Remember whether jobs outlive the host (Windows job objects may forbid breakaway) for hermes_health."""
+    """Remember whether jobs outlive the host (Windows job objects may forbid breakaway) for hermes_health.
+    Best effort: the job has started by now, and a failure here must not make the launch look failed."""
     path = store.root / "detach.json"
-    if not path.exists() or json.loads(path.read_text() or "{}").get("survives_host") != survives_host:
+    try:
+        if json.loads(path.read_text()).get("survives_host") == survives_host:
+            return
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
         write_atomic(path, json.dumps({"survives_host": survives_host}).encode())
+    except OSError:
+        pass
 
 
 def prune_jobs(store: JobStore, cfg: Config) -> int:
@@ -1041,15 +1063,21 @@ def prune_jobs(store: JobStore, cfg: Config) -> int:
     """
     active = set(store.active_ids())
     finished = [job_id for job_id in store.list_ids() if job_id not in active]
+
     def stamp(seconds_ago: float) -> str:
         return time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() - seconds_ago))
     cutoff, recent = stamp(cfg.retention_days * 86400), stamp(60)
     excess = max(0, len(finished) - cfg.retention_max_jobs)
     # A job of the last minute is kept whatever the count: its id could otherwise be claimed again.
     doomed = [job_id for i, job_id in enumerate(finished) if (i < excess or job_id < cutoff) and job_id < recent]
+    removed = 0
     for job_id in doomed:
-        store.remove(job_id)
-    return len(doomed)
+        try:
+            store.remove(job_id)
+            removed += 1
+        except OSError:  # left for a later launch; pruning must never block one
+            continue
+    return removed
 
 
 # -------------------------------------------------------------------------------------------- rendering

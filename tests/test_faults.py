@@ -116,7 +116,9 @@ def test_two_servers_racing_the_identical_run_start_exactly_one_hermes(bridge):
 def test_damaged_records_and_a_deleted_log_do_not_stop_the_server(bridge):
     bridge.jobs.mkdir()
     damaged = {"20261101-000000-1": b"", "20261101-000000-2": b'{"id": "20261101-000000-2", "sta',
-               "20261101-000000-3": b"not json at all", "20261101-000000-4": b'{"id": 5, "state": []}'}
+               "20261101-000000-3": b"not json at all", "20261101-000000-4": b'{"id": 5, "state": []}',
+               "20261101-000000-5": b'{"id": "20261101-000000-5", "state": "ok", "created_at": "yesterday"}',
+               "20261101-000000-6": b'{"id": "20261101-000000-6", "state": "running", "supervisor": [1, 2]}'}
     for job_id, content in damaged.items():
         (bridge.jobs / f"{job_id}.json").write_bytes(content)
     with bridge.client() as client:
@@ -124,7 +126,7 @@ def test_damaged_records_and_a_deleted_log_do_not_stop_the_server(bridge):
         assert not listing.is_error
         for job_id in damaged:
             assert f"{job_id}  damaged" in listing.text
-        assert client.call("hermes_jobs", state="damaged").text.count("damaged ") == 4
+        assert client.call("hermes_jobs", state="damaged").text.count("damaged ") == 6
         status = client.call("hermes_status", job_id="20261101-000000-3")
         assert status.is_error and "damaged" in status.text
         job_id = client.call("hermes_run", task="lose my log !sleep=2", wait_s=0).field("JOB_ID")
