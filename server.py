@@ -1476,18 +1476,26 @@ def describe_skill(skill: dict[str, Any]) -> str:
     return f"- {skill['name']} [{skill['category']}]: {skill['description'][:200]}{tags}"
 
 
+HEALTH_RECENT_JOBS = 200
+
+
 def job_counts(store: JobStore) -> str:
-    """Live states from the active markers (few), plus the total on disk: instant whatever the disk holds."""
+    """Counts by state over every unfinished job (the active markers) and the newest finished ones, plus
+    the total on disk: bounded, so hermes_health stays instant whatever the disk holds."""
+    ids = store.list_ids()
+    active = store.active_ids()
+    counted = dict.fromkeys(active + ids[-HEALTH_RECENT_JOBS:])
     counts: dict[str, int] = {}
-    for job_id in store.active_ids():
+    for job_id in counted:
         try:
-            state = observe(store.read(job_id)).state
+            view = observe(store.read(job_id))
+            state = "running" if view.running else view.state
         except (Refused, DamagedRecord):
             state = "damaged"
         counts[state] = counts.get(state, 0) + 1
-    total = len(store.list_ids())
-    live = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none running"
-    return f"{live}; {total - sum(counts.values())} finished; {total} on disk"
+    by_state = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
+    scope = "all" if len(counted) >= len(ids) else f"unfinished and newest {HEALTH_RECENT_JOBS}"
+    return f"{len(ids)} on disk; by state ({scope}): {by_state}"
 
 
 def health(cfg: Config) -> str:
@@ -1571,6 +1579,8 @@ async def wait_for_end(cfg: Config, job_id: str, wait_s: float, ctx: Any) -> Job
 
 def build_server(cfg: Config) -> Any:
     """The FastMCP server: thin tools over the plain functions above. The only place MCP is imported."""
+    import inspect
+
     from mcp.server.fastmcp import Context, FastMCP
     from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
@@ -1579,6 +1589,12 @@ def build_server(cfg: Config) -> Any:
     read_only = ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True, openWorldHint=False)
     launches = ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=True)
     destructive = ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True, openWorldHint=False)
+
+    def tool(annotations: ToolAnnotations, title: str) -> Callable[[Callable[..., Any]], Any]:
+        """Register a tool; its docstring, without the source's indentation, is the description."""
+        def register(fn: Callable[..., Any]) -> Any:
+            return mcp.tool(annotations=annotations, title=title, description=inspect.cleandoc(fn.__doc__))(fn)
+        return register
 
     def result(text: str, is_error: bool = False) -> CallToolResult:
         return CallToolResult(content=[TextContent(type="text", text=text)], isError=is_error)
@@ -1615,7 +1631,7 @@ def build_server(cfg: Config) -> Any:
         view = await wait_for_end(cfg, record["id"], wait, ctx)
         return render_status(view, cfg, notes)
 
-    @mcp.tool(annotations=launches, title="Run a task with Hermes")
+    @tool(launches, "Run a task with Hermes")
     async def hermes_run(task: str, ctx: Context, cwd: str | None = None, max_turns: int | None = None,
                          timeout_s: float | None = None, wait_s: float | None = None,
                          skills: list[str] | str | None = None,
@@ -1629,7 +1645,7 @@ def build_server(cfg: Config) -> Any:
             return await launch_and_wait(cfg, request, wait_s, notes, ctx)
         return await answer("hermes_run", body, task)
 
-    @mcp.tool(annotations=launches, title="Continue a Hermes session")
+    @tool(launches, "Continue a Hermes session")
     async def hermes_resume(session_id: str, task: str, ctx: Context, cwd: str | None = None,
                             max_turns: int | None = None, timeout_s: float | None = None,
                             wait_s: float | None = None) -> CallToolResult:
@@ -1642,7 +1658,7 @@ def build_server(cfg: Config) -> Any:
             return await launch_and_wait(cfg, request, wait_s, notes, ctx)
         return await answer("hermes_resume", body, task)
 
-    @mcp.tool(annotations=read_only, title="Wait for a Hermes job")
+    @tool(read_only, "Wait for a Hermes job")
     async def hermes_status(job_id: str, ctx: Context, wait_s: float | None = None) -> CallToolResult:
         """Wait up to wait_s (default 30) for a job to end, then return its final block, or STATUS: running
         again. It waits for you: do not call it in a tight loop. Reads only the disk."""
@@ -1653,33 +1669,33 @@ def build_server(cfg: Config) -> Any:
             return render_status(await wait_for_end(cfg, view.record["id"], wait, ctx), cfg, notes)
         return await answer("hermes_status", body)
 
-    @mcp.tool(annotations=read_only, title="List Hermes jobs")
+    @tool(read_only, "List Hermes jobs")
     async def hermes_jobs(limit: int | None = None, state: str | None = None) -> CallToolResult:
         """Jobs on disk, newest first (default limit 50): id, state, duration, cwd, first words of the task.
         state filters: running, ok, error, timeout, cancelled, orphaned, damaged."""
         return await answer("hermes_jobs", lambda cfg: list_jobs(cfg, limit, state))
 
-    @mcp.tool(annotations=read_only, title="Read a file or folder")
+    @tool(read_only, "Read a file or folder")
     async def hermes_read(path: str, max_bytes: int | None = None, offset: int | None = None) -> CallToolResult:
         """Read a file (a byte range: offset, negative = from the end, to page a job log; max_bytes, default
         20000) or list a folder, to verify Hermes' work without waking an agent. Confined to the allowed
         roots and the job files."""
         return await answer("hermes_read", lambda cfg: read_path(cfg, path, max_bytes, offset))
 
-    @mcp.tool(annotations=read_only, title="Hermes skills")
+    @tool(read_only, "Hermes skills")
     async def hermes_capabilities(query: str | None = None, category: str | None = None,
                                   limit: int | None = None) -> CallToolResult:
         """Hermes' installed skills, read from disk. No arguments: categories with counts. query: ranked
         matches over name, description and tags. category: the skills of one category."""
         return await answer("hermes_capabilities", lambda cfg: capabilities(cfg, query, category, limit))
 
-    @mcp.tool(annotations=read_only, title="Bridge health")
+    @tool(read_only, "Bridge health")
     async def hermes_health() -> CallToolResult:
         """Is Hermes found, which version and command-line form, config problems, allowed roots, job counts.
         Instant: starts no process."""
         return await answer("hermes_health", health)
 
-    @mcp.tool(annotations=destructive, title="Cancel a Hermes job")
+    @tool(destructive, "Cancel a Hermes job")
     async def hermes_cancel(job_id: str, ctx: Context) -> CallToolResult:
         """Stop a running job and its whole process tree; the job ends as cancelled. Work may be part-done."""
         async def body(cfg: Config) -> str:

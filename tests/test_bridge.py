@@ -30,6 +30,7 @@ def test_tools_list_exactly_the_eight_tools_with_arguments_annotations_and_instr
             schema = tools[name].inputSchema
             assert set(schema.get("required", [])) == required, name
             assert set(schema["properties"]) == allowed, name
+            assert tools[name].description and "\n " not in tools[name].description, name
             hints = tools[name].annotations
             assert hints.readOnlyHint is (name in READ_ONLY), name
         assert tools["hermes_cancel"].annotations.destructiveHint is True
