@@ -347,3 +347,20 @@ def test_health_lists_every_config_problem_and_tools_refuse_with_the_fix(bridge)
                         "max_wait_s 500"):
             assert problem in text
         assert "CONFIG:" in text and "(4 problems)" in text
+
+
+def test_a_waiting_status_call_sends_progress_and_returns_within_its_wait(bridge):
+    with bridge.client() as client:
+        job_id = client.call("hermes_run", task="slow !sleep=30", wait_s=0).field("JOB_ID")
+        progress = []
+
+        async def on_progress(done, total, message):
+            progress.append((done, total, message))
+        started = time.monotonic()
+        result = client.portal.call(lambda: client.session.call_tool(
+            "hermes_status", {"job_id": job_id, "wait_s": 6}, progress_callback=on_progress))
+        took = time.monotonic() - started
+        assert "STATUS: running" in result.content[0].text
+        assert 5.5 <= took < 6 + 1  # waits its wait_s, and no longer
+        assert progress and progress[0][1] == 6 and job_id in progress[0][2]
+        client.call("hermes_cancel", job_id=job_id)
