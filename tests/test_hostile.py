@@ -94,14 +94,14 @@ def test_job_id_tricks_are_refused(bridge):
 
 
 def test_task_tricks_reach_hermes_byte_for_byte_or_are_refused(bridge):
-    hostile = "it's \"quoted\" $HOME $(id) `id` ; rm -rf / | cat & > /tmp/x \\ ' \n\t émoji 🚀"
+    hostile = "it's \"quoted\" $HOME $(id) `id` ; rm -rf / | cat & > /tmp/bridge-hostile-marker \\ ' \n\t émoji 🚀"
     with bridge.client() as client:
         for task, word in (("", "empty"), ("  \n ", "empty"), ("a\x00b", "NUL"), ("x" * 2**20, "capped")):
             refused(client.call("hermes_run", task=task), word)
         result = client.call("hermes_run", task=hostile, wait_s=20)
         assert result.field("STATUS") == "ok"
     assert bridge.runs()[0]["task"] == hostile
-    assert not os.path.exists("/tmp/x")
+    assert not os.path.exists("/tmp/bridge-hostile-marker")
     big = "y" * 2**20 + " !exit=0"
     bridge.configure(hermes_exe=str(make_fake_hermes(bridge.tmp / "new", form="query-file", version="0.21.0")))
     with bridge.client() as client:
