@@ -241,3 +241,18 @@ def test_huge_invalid_and_escaped_output_stays_bounded_and_pages(bridge):
         middle = client.call("hermes_read", path=log, offset=100_000_000 + 5000, max_bytes=262144)
         assert set(middle.text.split("---\n", 1)[1]) == {"y"}
         assert "bad utf-8: \ufffd" in client.call("hermes_read", path=log, offset=-600).text
+
+
+def test_sigterm_to_the_supervisor_cancels_the_job_cleanly(bridge):
+    with bridge.client() as client:
+        job_id = client.call("hermes_run", task="shut down politely !grandchild=120 !sleep=120",
+                             wait_s=0).field("JOB_ID")
+        supervisor = wait_record(bridge, job_id, "supervisor")
+        deadline = time.time() + 10
+        while len(bridge.traced_pids()) < 3 and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        os.kill(supervisor["pid"], signal.SIGTERM)
+        final = client.wait_final(job_id)
+        assert final.field("STATUS") == "cancelled" and final.field("EXIT_CODE") == "130"
+        assert wait_gone(bridge.traced_pids()) == []
