@@ -64,13 +64,13 @@ TOOL_NAMES = (
 )
 
 
-def dependency_version(package: str) -> str:
+def dependency_version(package: str) -> str | None:
     import importlib.metadata
 
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+        return None
 
 
 def missing_dependencies(need_mcp: bool) -> str | None:
@@ -80,7 +80,6 @@ def missing_dependencies(need_mcp: bool) -> str | None:
     fix = f'"{sys.executable}" -m pip install -r "{SERVER_DIR / "requirements.txt"}"'
     if need_mcp:
         found = dependency_version("mcp")
-        found = None if found == "not installed" else found
         major_minor = tuple(int(p) for p in re.findall(r"\d+", found or "0")[:2])
         if found is None or major_minor < (1, 24) or major_minor >= (2, 0):
             return (f"claude-hermes-bridge needs the MCP Python SDK 1.x (mcp>=1.24,<2); interpreter "
@@ -1519,7 +1518,7 @@ def health(cfg: Config) -> str:
     lines = [
         f"BRIDGE: claude-hermes-bridge {VERSION}",
         f"PYTHON: {sys.version.split()[0]} at {sys.executable}",
-        f"MCP_SDK: {dependency_version('mcp')}",
+        f"MCP_SDK: {dependency_version('mcp') or 'not installed'}",
         f"HERMES_EXE: {exe or 'NOT FOUND: set hermes_exe in config or put hermes on PATH'}",
         f"HERMES_VERSION: {version or 'unknown (no hermes_agent dist-info beside the executable)'}",
         f"CLI_FORM: {form or 'auto'} ({form_source})",
@@ -1750,7 +1749,7 @@ async def serve(protocol_fds: tuple[int, int]) -> None:
 
     cfg = load_config()
     sys.stderr.write(f"claude-hermes-bridge {VERSION}: python {sys.version.split()[0]} ({sys.executable}), "
-                     f"mcp {dependency_version('mcp')}, config {cfg.path} ({len(cfg.problems)} problems)\n")
+                     f"mcp {dependency_version('mcp') or 'not installed'}, config {cfg.path} ({len(cfg.problems)} problems)\n")
     sys.stderr.flush()
     server = build_server(cfg)
     stdin = anyio.wrap_file(ProtocolLines(TextIOWrapper(os.fdopen(protocol_fds[0], "rb"), encoding="utf-8",
@@ -1770,7 +1769,7 @@ async def check_server(command: list[str], env: dict[str, str] | None = None, ti
     from mcp.client.stdio import stdio_client
 
     report: list[str] = [f"interpreter: {sys.executable} (python {sys.version.split()[0]})",
-                         f"mcp: {dependency_version('mcp')}", f"server command: {' '.join(command)}"]
+                         f"mcp: {dependency_version('mcp') or 'not installed'}", f"server command: {' '.join(command)}"]
     params = StdioServerParameters(command=command[0], args=command[1:], env=env or dict(os.environ))
     with tempfile.TemporaryFile("w+") as errlog:
         try:

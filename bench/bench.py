@@ -20,10 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO))
 
 import psutil  # noqa: E402
 
