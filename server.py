@@ -36,6 +36,7 @@ def guard_stdio() -> tuple[int, int]:
 PROTOCOL_FDS = guard_stdio() if __name__ == "__main__" and sys.argv[1:] == [] else None
 
 import dataclasses  # noqa: E402  (the guard must run before anything else can print)
+import errno  # noqa: E402
 import hashlib  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
@@ -44,16 +45,18 @@ import re  # noqa: E402
 import signal  # noqa: E402
 import stat  # noqa: E402
 import subprocess  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+from typing import Any, Awaitable, Callable, Iterator, TypeVar  # noqa: E402
 
 try:
     import psutil
 except ImportError:  # reported with its fix by missing_dependencies()
     psutil = None  # type: ignore[assignment]
 
+T = TypeVar("T")
 VERSION = "0.1.0"
 SERVER_FILE = Path(__file__).resolve()
 SERVER_DIR = SERVER_FILE.parent
@@ -144,13 +147,27 @@ class Config:
 
     @property
     def roots(self) -> list[str]:
-        """The allowed roots that exist, resolved: the only places a job may start."""
+        """The allowed roots that are absolute and exist, resolved: the only places a job may start.
+
+        A relative entry ("." or "") would resolve against the server's own folder, which the host picks,
+        so it is ignored, never resolved."""
         resolved = []
         for root in self.allowed_roots:
-            real = os.path.realpath(os.path.expanduser(root))
+            expanded = os.path.expanduser(root)
+            if not os.path.isabs(expanded):
+                continue
+            real = os.path.realpath(expanded)
             if os.path.isdir(real):
                 resolved.append(real)
         return resolved
+
+    @property
+    def hermes_exe_path(self) -> str | None:
+        """hermes_exe as configured; a relative path is taken from the config file's folder, never the job's."""
+        if not self.hermes_exe:
+            return None
+        expanded = os.path.expanduser(self.hermes_exe)
+        return expanded if os.path.isabs(expanded) else str(self.path.parent / expanded)
 
     @property
     def hermes_home_path(self) -> Path:
@@ -240,6 +257,9 @@ def validate_config(cfg: Config) -> None:
             cfg.problems.append(f"allowed root {root!r} is not an absolute path (ignored)")
         elif not os.path.isdir(expanded):
             cfg.problems.append(f"allowed root {root!r} does not exist or is not a folder (ignored)")
+        elif broad_root(os.path.realpath(expanded)):
+            cfg.problems.append(f"allowed root {root!r} is {broad_root(os.path.realpath(expanded))}: every "
+                                "folder under it is open to jobs and hermes_read; list project folders instead")
     if cfg.hermes_cli_form not in ("auto", "query-file", "query-arg"):
         cfg.problems.append(f"hermes_cli_form {cfg.hermes_cli_form!r} is not auto, query-file or query-arg "
                             "(auto used)")
@@ -259,16 +279,37 @@ def validate_config(cfg: Config) -> None:
     if cfg.default_max_turns is not None and cfg.default_max_turns < 1:
         cfg.problems.append("default_max_turns must be at least 1 (Hermes' own default used)")
         cfg.default_max_turns = None
-    if cfg.hermes_exe and not os.path.exists(os.path.expanduser(cfg.hermes_exe)):
-        cfg.problems.append(f"hermes_exe {cfg.hermes_exe!r} does not exist")
+    if cfg.hermes_exe_path and not os.path.exists(cfg.hermes_exe_path):
+        cfg.problems.append(f"hermes_exe {cfg.hermes_exe!r} does not exist (looked at {cfg.hermes_exe_path})")
     if cfg.default_cwd and not within_any(os.path.realpath(os.path.expanduser(cfg.default_cwd)), cfg.roots):
         cfg.problems.append(f"default_cwd {cfg.default_cwd!r} is not an existing folder inside allowed_roots")
+
+
+def broad_root(resolved: str) -> str | None:
+    """Why a root opens far more than a project (the file system root, a drive root, the home folder)."""
+    if os.path.dirname(resolved) == resolved:
+        return "the root of a drive or of the file system"
+    if same_case(resolved) == same_case(os.path.realpath(os.path.expanduser("~"))):
+        return "your home folder itself"
+    return None
 
 
 # ------------------------------------------------------------------------------------------ confinement
 def same_case(path: str) -> str:
     """Windows paths compare case-insensitively; elsewhere case matters."""
     return os.path.normcase(path)
+
+
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+
+
+def shown(value: Any, limit: int = 200) -> str:
+    """A value quoted back to the model: at most `limit` characters, control characters escaped, so an
+    argument or a folder name can neither flood a reply nor forge a line of it."""
+    text = value if isinstance(value, str) else repr(value)
+    cut = len(text) > limit
+    text = CONTROL_RE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text[:limit])
+    return text + (f"... ({len(value) if isinstance(value, str) else '?'} chars)" if cut else "")
 
 
 def within_any(resolved: str, roots: list[str]) -> bool:
@@ -290,13 +331,13 @@ def resolve_path(path: str, what: str) -> str:
         raise Refused(f"{what} contains a NUL byte: give a plain absolute path")
     expanded = os.path.expanduser(path)
     if not os.path.isabs(expanded):
-        raise Refused(f"{what} {path!r} is relative: give an absolute path")
+        raise Refused(f"{what} '{shown(path)}' is relative: give an absolute path")
     try:
         return os.path.realpath(expanded, strict=True)
     except FileNotFoundError:
-        raise Refused(f"{what} {path!r} does not exist") from None
+        raise Refused(f"{what} '{shown(path)}' does not exist") from None
     except OSError as exc:  # symlink loop, name too long, permission
-        raise Refused(f"{what} {path!r} cannot be resolved: {exc.strerror or exc}") from None
+        raise Refused(f"{what} '{shown(path)}' cannot be resolved: {exc.strerror or exc}") from None
 
 
 def confine_cwd(cfg: Config, cwd: str | None) -> str:
@@ -308,10 +349,10 @@ def confine_cwd(cfg: Config, cwd: str | None) -> str:
     chosen = cwd if cwd not in (None, "") else (cfg.default_cwd or roots[0])
     resolved = resolve_path(chosen, "cwd")
     if not within_any(resolved, roots):
-        raise Refused(f"cwd {chosen!r} resolves to {resolved}, which is outside the allowed roots "
+        raise Refused(f"cwd '{shown(chosen)}' resolves to {shown(resolved)}, which is outside the allowed roots "
                       f"({', '.join(roots)}). Use a folder inside one of them, or add a root in {cfg.path}")
     if not os.path.isdir(resolved):
-        raise Refused(f"cwd {chosen!r} is not a folder")
+        raise Refused(f"cwd '{shown(chosen)}' is not a folder")
     return resolved
 
 
@@ -322,13 +363,14 @@ def confine_read(cfg: Config, path: str) -> str:
         return resolved
     readable = cfg.roots + [os.path.realpath(cfg.jobs_path)]
     if not within_any(resolved, readable):
-        raise Refused(f"path {path!r} resolves to {resolved}, outside the allowed roots and the job files "
+        raise Refused(f"path '{shown(path)}' resolves to {shown(resolved)}, outside the allowed roots and the job files "
                       f"({', '.join(readable)}). Set read_anywhere in {cfg.path} to widen hermes_read")
     return resolved
 
 
 # ------------------------------------------------------------------------------------------- audit log
 AUDIT_HANDLERS: dict[str, Any] = {}
+AUDIT_FIELD_CHARS = 300
 
 
 def first_words(text: Any, count: int = 8) -> str:
@@ -351,7 +393,9 @@ def audit(cfg: Config, **fields: Any) -> None:
             handler = logging.handlers.RotatingFileHandler(path, maxBytes=cfg.audit_max_bytes, backupCount=3,
                                                            encoding="utf-8", delay=True)
             AUDIT_HANDLERS[path] = handler
-        line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(), **fields})
+        capped = {key: shown(value, AUDIT_FIELD_CHARS) if isinstance(value, str) else value
+                  for key, value in fields.items()}
+        line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(), **capped})
         handler.handle(logging.makeLogRecord({"msg": line, "levelno": logging.INFO, "levelname": "INFO"}))
     except Exception:  # noqa: BLE001
         pass
@@ -359,6 +403,8 @@ def audit(cfg: Config, **fields: Any) -> None:
 
 # -------------------------------------------------------------------------------------------- job store
 JOB_ID_RE = re.compile(r"\d{8}-\d{6}-\d{1,6}")
+RECORD_MAX_BYTES = 4 << 20  # a record holds the pids Hermes started; far below this
+MAX_TASK_BYTES = 4 << 20
 FINAL_STATES = ("ok", "error", "timeout", "cancelled")
 
 
@@ -408,6 +454,47 @@ def write_atomic(path: Path, data: bytes) -> None:
             tmp.unlink()
 
 
+class NotRegularFile(OSError):
+    """A path the bridge reads that is a symlink, FIFO, device or folder where a file should be."""
+
+
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+
+
+def open_regular(path: Path | str, follow: bool = False) -> Any:
+    """A binary handle on a regular file, opened without blocking (a FIFO would wait for a writer) and,
+    unless follow, without following a final symlink. Everything on disk the bridge reads goes through here:
+    Hermes' shell can write the jobs folder and its skills come from hubs."""
+    try:
+        fd = os.open(path, READ_FLAGS | (0 if follow else NOFOLLOW))
+    except OSError as exc:
+        if NOFOLLOW and exc.errno == errno.ELOOP:
+            raise NotRegularFile(exc.errno, "a symlink, not a regular file", str(path)) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode) or (not follow and not NOFOLLOW and os.path.islink(path)):
+        os.close(fd)
+        raise NotRegularFile(0, "not a regular file", str(path))
+    return os.fdopen(fd, "rb")
+
+
+def read_capped(path: Path | str, cap: int, follow: bool = False) -> bytes:
+    """A regular file's first `cap` bytes (see open_regular); a longer file raises, it is never half-read."""
+    with open_regular(path, follow) as handle:
+        data = handle.read(cap + 1)
+    if len(data) > cap:
+        raise NotRegularFile(0, f"larger than {cap} bytes", str(path))
+    return data
+
+
+def read_json(path: Path | str, cap: int = 1 << 20) -> Any:
+    """A small JSON file the bridge wrote itself, or None when it is missing, too big, or not JSON."""
+    try:
+        return json.loads(read_capped(path, cap))
+    except (OSError, ValueError):
+        return None
+
+
 class JobStore:
     """The jobs folder: <id>.json record, <id>.log output, <id>.task text, active/<id> while unfinished."""
 
@@ -429,6 +516,11 @@ class JobStore:
 
     def cancel_path(self, job_id: str) -> Path:
         return self.root / f"{job_id}.cancel"
+
+    @property
+    def detach_path(self) -> Path:
+        """Whether jobs outlive the host, as the last launch found it (Windows job objects may forbid it)."""
+        return self.root / "detach.json"
 
     def claim_id(self, task: bytes) -> str:
         """A new id, claimed by creating its task file exclusively so two processes never share one."""
@@ -452,7 +544,7 @@ class JobStore:
 
     def read(self, job_id: str) -> dict[str, Any]:
         try:
-            data = self.record_path(job_id).read_bytes()
+            data = read_capped(self.record_path(job_id), RECORD_MAX_BYTES)
         except FileNotFoundError:
             raise Refused(f"no job {job_id} in {self.root} (it may have been pruned; see hermes_jobs)") from None
         except OSError as exc:
@@ -495,15 +587,27 @@ class JobStore:
                      self.cancel_path(job_id)):
             with_missing_ok(path.unlink)
 
-    def latest_session_id(self, scan_limit: int = 5000) -> str | None:
+    def captured_sessions(self, scan_limit: int = 5000) -> Iterator[str]:
+        """Session ids captured by jobs of this bridge, newest first, each once; bounded by scan_limit."""
+        for _, session_id in self._captures(scan_limit):
+            yield session_id
+
+    def captured_session_folder(self, session_id: str, scan_limit: int = 5000) -> str | None:
+        """The folder of the newest bridge job that captured this session."""
+        return next((record["cwd"] for record, sid in self._captures(scan_limit) if sid == session_id), None)
+
+    def _captures(self, scan_limit: int) -> Iterator[tuple[dict[str, Any], str]]:
+        seen: set[str] = set()
         for job_id in reversed(self.list_ids()[-scan_limit:]):
             try:
-                session_id = self.read(job_id).get("session_id")
+                record = self.read(job_id)
             except (Refused, DamagedRecord):
                 continue
-            if session_id:
-                return session_id
-        return None
+            session_id = record.get("session_id")
+            if (isinstance(session_id, str) and SESSION_NAME_RE.fullmatch(session_id) and session_id not in seen
+                    and isinstance(record.get("cwd"), str)):
+                seen.add(session_id)
+                yield record, session_id
 
 
 def with_missing_ok(action: Callable[[], Any]) -> None:
@@ -542,15 +646,16 @@ class JobView:
     def running(self) -> bool:
         return self.state in ("starting", "running")
 
+    @property
+    def shown_state(self) -> str:
+        return "running" if self.running else self.state
+
 
 def observe(record: dict[str, Any]) -> JobView:
     """The job's state as a reader should report it: a dead supervisor without an outcome is orphaned."""
     state = record.get("state")
     if state in FINAL_STATES:
         return JobView(record, state, record.get("reason"))
-    if "supervisor" not in record:
-        return JobView(record, "running_untracked", "this record has no supervisor pid (written by an older "
-                       "bridge), so whether it still runs cannot be told")
     if alive(record.get("supervisor")):
         return JobView(record, "running" if state == "running" else "starting")
     if record.get("supervisor") is None and time.time() - float(record.get("created_at", 0)) < START_GRACE_S:
@@ -566,114 +671,154 @@ def observe(record: dict[str, Any]) -> JobView:
 # Linux caps one argument at 128 KiB (MAX_ARG_STRLEN counts the terminating NUL); Windows caps a whole
 # command line at 32,767 characters, so leave room there for the executable and the other flags.
 ARGV_TASK_LIMIT = 30_000 if IS_WINDOWS else 131072 - 1
+QUERY_OPTION = "--query="
 SESSION_ID_RE = re.compile(r"^session_id:\s*(\S+)\s*$", re.MULTILINE)
+SESSION_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
-CLI_FORMS = ("query-file", "query-arg")
+# What each hermes_cli_form override declares; "auto" asks the installed Hermes (`hermes chat --help`).
+FORM_FLAGS = {
+    "query-arg": frozenset({"--query", "--quiet", "--resume", "--max-turns", "--skills", "--toolsets", "--yolo"}),
+    "query-file": frozenset({"--query", "--quiet", "--resume", "--max-turns", "--skills", "--toolsets", "--yolo",
+                             "--query-file", "--in", "--oneshot"}),
+}
+LONG_FLAG_RE = re.compile(rb"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
 def find_hermes(cfg: Config) -> str | None:
     import shutil
 
-    if cfg.hermes_exe:
-        exe = os.path.expanduser(cfg.hermes_exe)
-        return exe if os.path.isfile(exe) else None
+    if cfg.hermes_exe_path:
+        return cfg.hermes_exe_path if os.path.isfile(cfg.hermes_exe_path) else None
     return shutil.which("hermes")
 
 
 def hermes_version_on_disk(exe: str) -> str | None:
-    """Hermes' version from the dist-info beside its install; reading it costs no process."""
+    """Hermes' version from the dist-info beside its install, for display only: the command line is decided
+    by the flags Hermes declares, never by its version (no 0.20.x has --query-file, though 0.20 has --in)."""
     prefix = Path(os.path.realpath(exe)).parent.parent
-    patterns = ("Lib/site-packages/hermes_agent-*.dist-info",) if IS_WINDOWS else (
-        "lib/python*/site-packages/hermes_agent-*.dist-info",)
-    for pattern in patterns:
-        for dist_info in sorted(prefix.glob(pattern)):
-            return dist_info.name[len("hermes_agent-"):-len(".dist-info")]
+    pattern = "Lib/site-packages/hermes_agent*.dist-info" if IS_WINDOWS else "lib/python*/site-packages/hermes_agent*.dist-info"
+    for dist_info in sorted(prefix.glob(pattern)):
+        match = re.fullmatch(r"hermes_agent(?:_\w+)?-(.+)\.dist-info", dist_info.name)
+        if match:
+            return match.group(1)
     return None
 
 
-def version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
-
-
-def form_cache_path(cfg: Config) -> Path:
-    return cfg.jobs_path / "cli_form_cache.json"
+def flags_cache_path(cfg: Config) -> Path:
+    return cfg.jobs_path / "cli_flags_cache.json"
 
 
 def exe_fingerprint(exe: str) -> str:
+    """Path, mtime and size: an upgraded Hermes at the same path is probed again."""
     real = os.path.realpath(exe)
     try:
-        return f"{real}|{os.stat(real).st_mtime_ns}"
+        info = os.stat(real)
+        return f"{real}|{info.st_mtime_ns}|{info.st_size}"
     except OSError:
         return real
 
 
-def known_cli_form(cfg: Config, exe: str | None) -> tuple[str | None, str]:
-    """The command-line form without starting a process: config, version on disk, or an earlier probe."""
+@dataclasses.dataclass(frozen=True)
+class HermesCli:
+    """The options the installed Hermes declares, and where that knowledge came from."""
+
+    flags: frozenset[str]
+    source: str
+
+    @property
+    def task_on_stdin(self) -> bool:
+        return "--query-file" in self.flags
+
+    def describe(self) -> str:
+        used = [flag for flag in ("--query-file", "--in", "--oneshot") if flag in self.flags]
+        return f"{', '.join(used) or 'only the basic options (task as --query)'} ({self.source})"
+
+
+def known_cli(cfg: Config, exe: str | None) -> HermesCli | None:
+    """The command line's options without starting a process: the config override or an earlier probe."""
     if cfg.hermes_cli_form != "auto":
-        return cfg.hermes_cli_form, "set in config"
+        return HermesCli(FORM_FLAGS[cfg.hermes_cli_form], f"hermes_cli_form {cfg.hermes_cli_form} set in config")
     if not exe:
-        return None, "unknown: Hermes not found"
-    version = hermes_version_on_disk(exe)
-    if version:
-        form = "query-file" if version_tuple(version) >= (0, 20) else "query-arg"
-        return form, f"from version {version} on disk"
-    try:
-        cached = json.loads(form_cache_path(cfg).read_text()).get(exe_fingerprint(exe))
-    except (OSError, ValueError, AttributeError):
-        cached = None
-    if cached in CLI_FORMS:
-        return cached, "probed earlier with `hermes chat --help`"
-    return None, "not known yet: the first job probes `hermes chat --help`"
+        return None
+    cache = read_json(flags_cache_path(cfg))
+    flags = cache.get(exe_fingerprint(exe)) if isinstance(cache, dict) else None
+    if isinstance(flags, list) and all(isinstance(flag, str) for flag in flags):
+        return HermesCli(frozenset(flags), "declared by `hermes chat --help`, probed once and cached")
+    return None
 
 
-def probe_cli_form(cfg: Config, exe: str) -> str:
-    """Ask `hermes chat --help` once per executable and remember the answer (about 0.7 s)."""
+def probe_cli(cfg: Config, exe: str) -> HermesCli:
+    """Ask `hermes chat --help` once per executable (about 0.5 s) and cache the options it declares."""
     result = subprocess.run([exe, "chat", "--help"], stdin=subprocess.DEVNULL, capture_output=True,
                             timeout=60, env=hermes_env(cfg))
-    form = "query-file" if b"--query-file" in result.stdout + result.stderr else "query-arg"
-    path = form_cache_path(cfg)
+    flags = sorted({flag.decode() for flag in LONG_FLAG_RE.findall(result.stdout + result.stderr)})
+    path = flags_cache_path(cfg)
+    cache = read_json(path)
+    cache = cache if isinstance(cache, dict) else {}
+    cache[exe_fingerprint(exe)] = flags
     try:
-        cache = json.loads(path.read_text())
-        cache = cache if isinstance(cache, dict) else {}
-    except (OSError, ValueError):
-        cache = {}
-    cache[exe_fingerprint(exe)] = form
-    write_atomic(path, json.dumps(cache, indent=1).encode())
-    return form
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(cache, indent=1).encode())
+    except OSError:
+        pass  # asked again next time; the answer is still right for this job
+    return HermesCli(frozenset(flags), "declared by `hermes chat --help`, probed just now")
 
 
-def hermes_env(cfg: Config) -> dict[str, str]:
+def argv_task_problem(task_bytes: int) -> str | None:
+    """Why a task cannot travel as one command-line argument, or None when it fits."""
+    if task_bytes + len(QUERY_OPTION) <= ARGV_TASK_LIMIT:
+        return None
+    return (f"the task is {task_bytes} bytes; this Hermes takes the task as one command-line argument, capped "
+            f"at {ARGV_TASK_LIMIT} bytes. Shorten it, or write the details to a file under cwd and tell Hermes "
+            "to read it")
+
+
+def hermes_env(cfg: Config, job_id: str | None = None) -> dict[str, str]:
+    """Hermes inherits the server's environment; a job's processes also carry its id, the proof that lets
+    the bridge signal them (see owned_by_job)."""
     env = dict(os.environ)
     if cfg.hermes_home:
         env["HERMES_HOME"] = str(cfg.hermes_home_path)
+    if job_id:
+        env[JOB_MARKER] = job_id
     return env
 
 
-def hermes_command(form: str, exe: str, record: dict[str, Any], task: str, cfg: Config) -> list[str]:
-    """The argv for one job. The task is one argv element or stdin, never passed through a shell."""
-    if form == "query-file":
-        argv = [exe, "chat", "--query-file", "-", "-Q", "--oneshot", "--in", record["cwd"]]
-    else:
-        argv = [exe, "chat", "-q", task, "-Q"]
+def hermes_command(cli: HermesCli, exe: str, record: dict[str, Any], task: str, cfg: Config) -> list[str]:
+    """The argv for one job, from the options this Hermes declares. Every value is joined to its option
+    with '=' so a task or id that starts with '-' can never be read as an option; no shell is involved."""
+    argv = [exe, "chat"]
+    argv += ["--query-file", "-"] if cli.task_on_stdin else [QUERY_OPTION + task]
+    argv.append("-Q")
+    if "--oneshot" in cli.flags:
+        argv.append("--oneshot")
+    if "--in" in cli.flags:
+        argv.append(f"--in={record['cwd']}")
     if record.get("max_turns"):
-        argv += ["--max-turns", str(record["max_turns"])]
+        argv.append(f"--max-turns={record['max_turns']}")
     if record.get("session_requested"):
-        argv += ["--resume", record["session_requested"]]
-        if form == "query-arg":
-            argv.append("--no-restore-cwd")
+        argv.append(f"--resume={record['session_requested']}")
     if record.get("skills"):
-        argv += ["--skills" if form == "query-file" else "-s", ",".join(record["skills"])]
+        argv.append("--skills=" + ",".join(record["skills"]))
     if record.get("toolsets"):
-        argv += ["--toolsets" if form == "query-file" else "-t", ",".join(record["toolsets"])]
+        argv.append("--toolsets=" + ",".join(record["toolsets"]))
     if cfg.yolo:
         argv.append("--yolo")
     return argv + list(cfg.extra_args)
 
 
+def command_preview(cli: HermesCli, exe: str, cfg: Config) -> str:
+    """The command line a job would use, task and folder elided, for hermes_health and --check."""
+    record = {"cwd": "<cwd>", "max_turns": cfg.default_max_turns}
+    argv = hermes_command(cli, exe, record, "<task>", cfg)
+    return " ".join(argv) + (" (stdin: <task>)" if cli.task_on_stdin else "")
+
+
 def read_tail(path: Path, max_bytes: int) -> tuple[bytes, int]:
-    """The last max_bytes of a file by seek, and its size: a log's size never costs memory."""
+    """The last max_bytes of a regular file by seek, and its size: a log's size never costs memory.
+    A symlink, FIFO or device reads as empty."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             size = os.fstat(handle.fileno()).st_size
             handle.seek(max(0, size - max_bytes))
             return handle.read(max_bytes), size
@@ -682,13 +827,81 @@ def read_tail(path: Path, max_bytes: int) -> tuple[bytes, int]:
 
 
 def session_id_from_log(path: Path) -> str | None:
+    """The last `session_id:` line Hermes printed (a compressed session continues under a new id)."""
     tail, _ = read_tail(path, 65536)
-    found = SESSION_ID_RE.findall(tail.decode("utf-8", "replace"))
+    found = [sid for sid in SESSION_ID_RE.findall(tail.decode("utf-8", "replace")) if SESSION_NAME_RE.fullmatch(sid)]
     return found[-1] if found else None
+
+
+# Hermes 0.19-0.20 print these when a resumed session moves to its recorded folder (cli.py, hermes_cli/main.py).
+FOLDER_MOVE_RE = re.compile(r"^(?:↻ Working directory|↪ restored workspace dir): (.+?)\s*$", re.MULTILINE)
+
+
+class StoreUnavailable(Exception):
+    """Hermes' session store could not answer: missing, locked, another schema, or no such session."""
+
+
+def session_store_path(cfg: Config) -> Path:
+    return cfg.hermes_home_path / "state.db"
+
+
+def query_session_store(cfg: Config, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """Rows from Hermes' SQLite store: one short-lived read-only connection with a short busy timeout, so
+    Hermes writing (WAL, short BEGIN IMMEDIATE transactions) never blocks us for long, nor we it."""
+    import sqlite3
+
+    path = session_store_path(cfg)
+    try:
+        info = os.stat(path)
+    except OSError:
+        raise StoreUnavailable(f"no session store at {path}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise StoreUnavailable(f"{path} is not a regular file")
+    try:
+        connection = sqlite3.connect(path.absolute().as_uri() + "?mode=ro", uri=True, timeout=1)
+    except sqlite3.Error as exc:
+        raise StoreUnavailable(f"cannot open the session store {path}: {exc}") from None
+    try:
+        return connection.execute(sql, params).fetchall()
+    except sqlite3.Error as exc:
+        raise StoreUnavailable(f"the session store {path} cannot answer: {exc}") from None
+    finally:
+        connection.close()
+
+
+def session_folder(cfg: Config, session_id: str) -> str:
+    """The folder Hermes recorded for a session: where a resume of it runs, whatever we ask."""
+    rows = query_session_store(cfg, "SELECT cwd FROM sessions WHERE id = ?", (session_id,))
+    if not rows:
+        raise StoreUnavailable(f"the session store holds no session {session_id}")
+    if not isinstance(rows[0][0], str) or not rows[0][0].strip():
+        raise StoreUnavailable(f"the session store records no folder for session {session_id}")
+    return rows[0][0]
+
+
+def session_started_in(cfg: Config, folder: str, since: float) -> tuple[str | None, str]:
+    """The one session recorded in `folder` that started at or after `since`, for a Hermes that prints no
+    session line; with none or several, None and why."""
+    try:
+        rows = query_session_store(cfg, "SELECT id, cwd FROM sessions WHERE started_at >= ? ORDER BY started_at",
+                                   (since - 1,))
+    except StoreUnavailable as exc:
+        return None, str(exc)
+    ids = [sid for sid, cwd in rows if isinstance(cwd, str) and same_folder(cwd, folder)
+           and isinstance(sid, str) and SESSION_NAME_RE.fullmatch(sid)]
+    if len(ids) == 1:
+        return ids[0], "found in the session store"
+    return None, (f"{len(ids)} sessions in the store started in {folder} during the job" if ids
+                  else f"no session in the store started in {folder} during the job")
+
+
+def same_folder(a: str, b: str) -> bool:
+    return same_case(os.path.realpath(a)) == same_case(os.path.realpath(b))
 
 
 # ------------------------------------------------------------------------ supervisor and process control
 POLL_S = 0.2
+JOB_MARKER = "HERMES_BRIDGE_JOB"  # set in the supervisor's and Hermes' environment: the proof of ownership
 
 
 def detached_popen_kwargs() -> list[dict[str, Any]]:
@@ -717,7 +930,40 @@ def interrupt(proc: "psutil.Process") -> None:
         pass
 
 
-def tree_of(root: "psutil.Process | None", known: dict[int, float]) -> list["psutil.Process"]:
+def protected_pids() -> set[int]:
+    """Processes the bridge never signals, whatever a record says: pid 1, this process and its ancestors."""
+    pids = {0, 1, os.getpid()}
+    try:
+        pids.update(parent.pid for parent in psutil.Process().parents())
+    except psutil.Error:
+        pass
+    return pids
+
+
+def carries_marker(proc: "psutil.Process", job_id: str) -> bool:
+    try:
+        return proc.environ().get(JOB_MARKER) == job_id
+    except (psutil.Error, OSError):  # another user's process, or gone
+        return False
+
+
+def owned_by_job(proc: "psutil.Process", job_id: str) -> bool:
+    """Proof that a process belongs to this job before any signal: it carries the job's marker in its
+    environment, or descends from a process that does (a tool that scrubbed its environment). A record on
+    disk is only a claim: Hermes' shell, or any local process, can write one naming any pid.
+    psutil reads the environment the same way on Linux, macOS and Windows."""
+    if proc.pid in protected_pids():
+        return False
+    if carries_marker(proc, job_id):
+        return True
+    try:
+        return any(carries_marker(parent, job_id) and parent.pid not in protected_pids()
+                   for parent in proc.parents())
+    except psutil.Error:
+        return False
+
+
+def tree_of(root: "psutil.Process | None", seen: dict[int, float]) -> list["psutil.Process"]:
     """The root, its descendants now, and every earlier-seen descendant that is still the same process."""
     procs: dict[int, psutil.Process] = {}
     if root is not None:
@@ -727,7 +973,7 @@ def tree_of(root: "psutil.Process | None", known: dict[int, float]) -> list["psu
                 procs[child.pid] = child
         except psutil.Error:
             pass
-    for pid, create_time in known.items():
+    for pid, create_time in seen.items():
         if pid not in procs:
             proc = alive({"pid": pid, "create_time": create_time})
             if proc:
@@ -757,24 +1003,29 @@ def process_identity_safe(proc: "psutil.Process") -> dict[str, float] | None:
         return None
 
 
-def stop_tree(root: "psutil.Process | None", known: dict[int, float], grace_s: float) -> list[int]:
+def stop_tree(job_id: str, root: "psutil.Process | None", seen: dict[int, float], grace_s: float) -> list[int]:
     """Interrupt the root, wait the grace period, then kill every survivor of the tree; returns survivors.
 
     Hermes starts each tool command in its own session, so a process-group kill would miss them: the
-    snapshot by parentage (plus the pids seen earlier) is what gets killed.
+    snapshot by parentage (plus the pids seen earlier) is what gets killed, and only what proves to be
+    this job's (owned_by_job).
     """
-    snapshot = tree_of(root, known)
+    def owned(procs: list["psutil.Process"]) -> list["psutil.Process"]:
+        return [proc for proc in procs if owned_by_job(proc, job_id)]
+
+    root = root if root is not None and owned_by_job(root, job_id) else None
+    snapshot = owned(tree_of(root, seen))
     if root is not None:
         interrupt(root)
         still_running([root], grace_s)
-    survivors = still_running(snapshot + tree_of(root, known), 0)
+    survivors = still_running(snapshot + owned(tree_of(root, seen)), 0)
     for proc in survivors:
         try:
             proc.kill()
         except psutil.Error:
             pass
     left = still_running(survivors, 3)
-    if left and IS_WINDOWS and root is not None:
+    if left and IS_WINDOWS and root is not None and alive(process_identity_safe(root)):
         subprocess.run(["taskkill", "/PID", str(root.pid), "/T", "/F"], capture_output=True, timeout=30)
         left = still_running(left, 3)
     return [proc.pid for proc in left]
@@ -788,8 +1039,8 @@ def describe_exit(code: int) -> str:
             name = f"signal {-code}"
         return f"Hermes was killed by {name} ({-code}) from outside the bridge"
     if code == 2:
-        return ("Hermes exited 2: it rejected its command line (see the output); if it says 'unrecognized "
-                "arguments', set hermes_cli_form in config to the form this Hermes accepts")
+        return ("Hermes exited 2: it rejected its command line (see the output); hermes_health shows the options "
+                "this Hermes declared and the command line the bridge built from them")
     if code == 130:
         return "Hermes exited 130: interrupted"
     return f"Hermes exited with code {code}"
@@ -803,8 +1054,9 @@ class Supervisor:
         self.store = JobStore(self.cfg.jobs_path)
         self.job_id = job_id
         self.record = self.store.read(job_id)
-        self.known: dict[int, float] = {}
+        self.seen: dict[int, float] = {}  # every descendant of Hermes seen so far: pid -> start time
         self.stop_signal = False
+        self.log_offset = 0
 
     def note(self, text: str) -> None:
         sys.stderr.write(f"[bridge] {text}\n")
@@ -830,6 +1082,15 @@ class Supervisor:
     def _cancel_requested(self) -> bool:
         return self.stop_signal or self.store.cancel_path(self.job_id).exists()
 
+    def _confined_folder(self) -> str | None:
+        """Check, then use the very thing checked: the folder is re-resolved and re-confined right before
+        Hermes starts, so a folder swapped for a symlink out after the launch check is not followed."""
+        folder = self.record["cwd"]
+        real = os.path.realpath(folder)
+        if real != folder or not within_any(real, self.cfg.roots) or not os.path.isdir(real):
+            return None
+        return real
+
     def _run_hermes(self) -> tuple[str, int | None, str | None]:
         record, cfg = self.record, self.cfg
         if self._cancel_requested():
@@ -838,27 +1099,28 @@ class Supervisor:
         if not exe:
             return "error", None, ("Hermes executable not found (hermes_exe in config, or `hermes` on PATH); "
                                    "see hermes_health")
-        form, _ = known_cli_form(cfg, exe)
-        form = form or probe_cli_form(cfg, exe)
+        cli = known_cli(cfg, exe) or probe_cli(cfg, exe)
         task_path = self.store.task_path(self.job_id)
-        task = task_path.read_bytes().decode("utf-8")
-        if form == "query-arg" and len(task.encode()) > ARGV_TASK_LIMIT:
-            return "error", None, (f"the task is {len(task.encode())} bytes; this Hermes takes the task as one "
-                                   f"argument, capped at {ARGV_TASK_LIMIT} bytes. Shorten it, or put the "
-                                   "details in a file under cwd and refer to it")
-        argv = hermes_command(form, exe, record, task, cfg)
-        record["cli_form"] = form
-        record["argv"] = ["<task>" if part == task else part for part in argv]
-        with open(task_path if form == "query-file" else os.devnull, "rb") as stdin:
-            proc = subprocess.Popen(argv, cwd=record["cwd"], stdin=stdin, stdout=sys.stderr.fileno(),
-                                    stderr=subprocess.STDOUT, env=hermes_env(cfg), close_fds=True,
+        task = read_capped(task_path, MAX_TASK_BYTES).decode("utf-8")
+        if not cli.task_on_stdin and (problem := argv_task_problem(len(task.encode()))):
+            return "error", None, problem
+        folder = self._confined_folder()
+        if folder is None:
+            return "error", None, (f"the job's folder {shown(record['cwd'])} no longer resolves to itself inside "
+                                   "the allowed roots (moved, removed or replaced by a symlink); Hermes was not started")
+        argv = hermes_command(cli, exe, record, task, cfg)
+        record["cli_flags"] = sorted(cli.flags & {"--query-file", "--in", "--oneshot"})
+        record["argv"] = [QUERY_OPTION + "<task>" if part == QUERY_OPTION + task else part for part in argv]
+        with open_regular(task_path) if cli.task_on_stdin else open(os.devnull, "rb") as stdin:
+            proc = subprocess.Popen(argv, cwd=folder, stdin=stdin, stdout=sys.stderr.fileno(),
+                                    stderr=subprocess.STDOUT, env=hermes_env(cfg, self.job_id), close_fds=True,
                                     **own_group_popen_kwargs())
         hermes = psutil.Process(proc.pid)
         record["hermes"] = process_identity(hermes)
         record["started_at"] = time.time()
         self.store.write(record)
         audit(cfg, event="job", job_id=self.job_id, state="running", hermes_pid=proc.pid, cwd=record["cwd"],
-              cli_form=form)
+              cli_flags=record["cli_flags"])
         deadline = record["started_at"] + float(record["timeout_s"])
         outcome: tuple[str, str] | None = None
         while True:
@@ -875,15 +1137,34 @@ class Supervisor:
             elif time.time() > deadline:
                 outcome = ("timeout", f"hit timeout_s={record['timeout_s']:g}; the whole process tree was "
                            "stopped. Work may be part-done: inspect before re-running")
+            elif moved := self._moved_outside_roots():
+                outcome = ("error", f"Hermes moved to {shown(moved)}, outside the allowed roots (a resumed "
+                           "session runs in its recorded folder); the job was stopped at once")
             if outcome:
                 self.note(f"{outcome[0]}: stopping Hermes (pid {proc.pid}) and its tree")
-                left = stop_tree(hermes, self.known, self.cfg.kill_grace_s)
+                left = stop_tree(self.job_id, hermes, self.seen, self.cfg.kill_grace_s)
                 if left:
                     self.note(f"could not stop pids {left}")
         if outcome:
-            stop_tree(None, self.known, 0)  # tool processes Hermes left behind when it was stopped
+            stop_tree(self.job_id, None, self.seen, 0)  # tool processes Hermes left behind when it was stopped
             return outcome[0], exit_code, outcome[1]
         return ("ok", exit_code, None) if exit_code == 0 else ("error", exit_code, describe_exit(exit_code))
+
+    def _moved_outside_roots(self) -> str | None:
+        """The backstop: a folder Hermes announced moving to that lies outside the roots, read from the new
+        part of its log."""
+        try:
+            with open_regular(self.store.log_path(self.job_id)) as log:
+                log.seek(self.log_offset)
+                data = log.read(1 << 20)
+        except OSError:
+            return None
+        cut = data.rfind(b"\n") + 1  # a line still being written is read on the next poll
+        self.log_offset += cut
+        for folder in FOLDER_MOVE_RE.findall(clean_text(data[:cut])):
+            if not within_any(os.path.realpath(folder), self.cfg.roots):
+                return folder
+        return None
 
     def _remember_tree(self, hermes: "psutil.Process") -> None:
         try:
@@ -893,23 +1174,27 @@ class Supervisor:
         changed = False
         for child in children:
             try:
-                if child.pid not in self.known:
-                    self.known[child.pid] = child.create_time()
+                if child.pid not in self.seen:
+                    self.seen[child.pid] = child.create_time()
                     changed = True
             except psutil.Error:
                 continue
         if changed:
-            self.record["tree"] = [[pid, ctime] for pid, ctime in self.known.items()]
+            self.record["tree"] = [[pid, ctime] for pid, ctime in self.seen.items()]
             self.store.write(self.record)
 
     def _finish(self, state: str, exit_code: int | None, reason: str | None) -> None:
         record = self.record
-        record.update(state=state, exit_code=exit_code, reason=reason, ended_at=time.time(),
-                      session_id=session_id_from_log(self.store.log_path(self.job_id)))
+        session_id = session_id_from_log(self.store.log_path(self.job_id))
+        if session_id is None and record.get("started_at"):
+            session_id, how = session_started_in(self.cfg, record["cwd"], float(record["started_at"]))
+            record["session_source"] = how
+        record.update(state=state, exit_code=exit_code, reason=reason, ended_at=time.time(), session_id=session_id)
         requested = record.get("session_requested")
         if requested and record["session_id"] and record["session_id"] != requested:
             record["session_note"] = (f"asked to resume session {requested}, but Hermes reported session "
-                                      f"{record['session_id']}: it started a fresh session")
+                                      f"{record['session_id']}: it started a fresh session or continued a "
+                                      "compressed one under a new id")
         for _ in range(20):  # a full disk may free up; the outcome is worth a few seconds
             try:
                 self.store.write(record)
@@ -925,17 +1210,26 @@ class Supervisor:
 
 
 def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
-    """Stop what is left of a job whose supervisor died, and write the outcome it could not."""
+    """Stop what is left of a job whose supervisor died, and write the outcome it could not. The pids come
+    from the record, so only processes that prove to be this job's are signalled."""
     record = view.record
-    known = {int(pid): float(ctime) for pid, ctime in record.get("tree", [])}
-    left = stop_tree(alive(record.get("hermes")), known, cfg.kill_grace_s)
-    record.update(state="cancelled", ended_at=time.time(),
-                  reason="cancelled after its supervisor had died; the bridge stopped what was left of the tree"
-                  + (f" except pids {left}" if left else ""))
+    seen = {entry[0]: float(entry[1]) for entry in record.get("tree", []) if isinstance(entry, list)
+            and len(entry) == 2 and isinstance(entry[0], int) and isinstance(entry[1], (int, float))}
+    job_id = record["id"]
+    candidates = tree_of(alive(record.get("hermes")), seen)
+    unproven = [proc.pid for proc in candidates if not owned_by_job(proc, job_id)]
+    left = stop_tree(job_id, alive(record.get("hermes")), seen, cfg.kill_grace_s)
+    reason = "cancelled after its supervisor had died; the bridge stopped what was left of the tree"
+    if left:
+        reason += f" except pids {left}"
+    if unproven:
+        reason += (f"; pids {unproven[:20]} named by the record do not carry this job's marker and were not "
+                   "signalled")
+    record.update(state="cancelled", ended_at=time.time(), reason=reason)
     store.write(record)
-    store.clear_active(record["id"])
-    audit(cfg, event="job", job_id=record["id"], state="cancelled", reason=record["reason"])
-    return record["reason"]
+    store.clear_active(job_id)
+    audit(cfg, event="job", job_id=job_id, state="cancelled", reason=reason)
+    return reason
 
 
 # ------------------------------------------------------------------------------------------ job launch
@@ -961,6 +1255,7 @@ class JobRequest:
     skills: list[str]
     toolsets: list[str]
     session_requested: str | None = None
+    cwd_note: str | None = None
 
     def dedupe_key(self) -> str:
         identity = [self.kind, self.task, self.cwd, self.session_requested, self.skills, self.toolsets]
@@ -1014,6 +1309,8 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest, key: str) -> di
         "dedupe_key": key, "supervisor": None, "hermes": None, "exit_code": None, "session_id": None,
         "reason": None, "log": str(store.log_path(job_id)),
     }
+    if request.cwd_note:
+        record["cwd_note"] = request.cwd_note
     try:
         store.write(record)
         store.mark_active(job_id)
@@ -1022,7 +1319,7 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest, key: str) -> di
         store.clear_active(job_id)
         store.remove(job_id)
         raise Refused(f"cannot write the job record in {store.root}: {exc.strerror or exc}; nothing started") from None
-    env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path))
+    env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path), **{JOB_MARKER: job_id})
     argv = [sys.executable, "-c", SUPERVISOR_BOOT, str(SERVER_DIR), "--supervise", job_id]
     with log:
         for attempt, kwargs in enumerate(detached_popen_kwargs()):
@@ -1043,14 +1340,11 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest, key: str) -> di
 def record_detach_mode(store: JobStore, survives_host: bool) -> None:
     """Remember whether jobs outlive the host (Windows job objects may forbid breakaway) for hermes_health.
     Best effort: the job has started by now, and a failure here must not make the launch look failed."""
-    path = store.root / "detach.json"
+    known = read_json(store.detach_path)
+    if isinstance(known, dict) and known.get("survives_host") == survives_host:
+        return
     try:
-        if json.loads(path.read_text()).get("survives_host") == survives_host:
-            return
-    except (OSError, ValueError, AttributeError):
-        pass
-    try:
-        write_atomic(path, json.dumps({"survives_host": survives_host}).encode())
+        write_atomic(store.detach_path, json.dumps({"survives_host": survives_host}).encode())
     except OSError:
         pass
 
@@ -1085,21 +1379,35 @@ RUNNING_TAIL_CHARS = 2000
 
 
 def clean_text(data: bytes) -> str:
-    return ANSI_RE.sub("", data.decode("utf-8", "replace").replace("\r\n", "\n"))
+    return clean_str(data.decode("utf-8", "replace"))
+
+
+def clean_str(text: str) -> str:
+    """Output as the model should read it: no terminal escapes, no control characters but newline and tab."""
+    return ANSI_RE.sub("", text.replace("\r\n", "\n"))
 
 
 def log_excerpt(path: Path, max_chars: int) -> str:
     """The end of a log, bounded by max_chars, saying how much was cut and how to read the rest."""
     tail, size = read_tail(path, max_chars * 4)
-    text = clean_text(tail)
-    if len(text) > max_chars:
-        text = text[-max_chars:]
-    shown_bytes = len(text.encode("utf-8", "replace"))
-    if size <= shown_bytes:
+    raw = tail.decode("utf-8", "replace")
+    start = 0
+    if len(clean_text(tail)) > max_chars:  # keep the longest end of the raw text whose clean form fits
+        low, high = 0, len(raw)
+        while low < high:
+            middle = (low + high) // 2
+            if len(clean_str(raw[middle:])) <= max_chars:
+                high = middle
+            else:
+                low = middle + 1
+        start = low
+    text = clean_str(raw[start:])
+    kept_bytes = len(tail) if start == 0 else len(raw[start:].encode("utf-8", "replace"))
+    hidden = size - kept_bytes
+    if hidden <= 0:
         return text if text else "(no output)"
-    hidden = size - shown_bytes
     return (f"[cut: the first {hidden} of {size} bytes are not shown; read them with "
-            f"hermes_read(path=\"{path}\", offset=0, max_bytes=...)]\n...{text}")
+            f"hermes_read(path=\"{shown(str(path))}\", offset=0, max_bytes=...)]\n...{text}")
 
 
 def elapsed_s(record: dict[str, Any]) -> int:
@@ -1108,29 +1416,37 @@ def elapsed_s(record: dict[str, Any]) -> int:
     return max(0, int(end - float(start)))
 
 
-def render_status(view: JobView, cfg: Config, notes: list[str] = ()) -> str:
+def render_status(view: JobView, cfg: Config, notes: list[str] | None = None) -> str:
+    """The status block. The log shown is always the job's own <id>.log in the store, never a path taken
+    from the record, and every value that came from disk is shown escaped."""
     record = view.record
     job_id = record["id"]
-    log = Path(record.get("log") or JobStore(cfg.jobs_path).log_path(job_id))
-    lines = [f"STATUS: {'running' if view.running else view.state}", f"JOB_ID: {job_id}"]
+    log = JobStore(cfg.jobs_path).log_path(job_id)
+    notes = list(notes or [])
+    if isinstance(record.get("cwd_note"), str):
+        notes.insert(0, record["cwd_note"])
+    lines = [f"STATUS: {view.shown_state}", f"JOB_ID: {job_id}"]
     if view.running:
-        lines += [f"CWD: {record.get('cwd')}", f"ELAPSED_S: {elapsed_s(record)}",
-                  f"TIMEOUT_S: {record.get('timeout_s', 0):g} (hard cap we enforce)", f"FULL_LOG: {log}"]
-        lines += [f"NOTE: {note}" for note in notes]
+        lines += [f"CWD: {shown(record.get('cwd'), 1000)}", f"ELAPSED_S: {elapsed_s(record)}",
+                  f"TIMEOUT_S: {record.get('timeout_s', 0):g} (hard cap we enforce)", f"FULL_LOG: {shown(str(log))}"]
+        lines += [f"NOTE: {shown(note, 1000)}" for note in notes]
         lines += ["Still running. This is NOT a failure and NOT a timeout.",
                   f'Collect the result with hermes_status(job_id="{job_id}").',
                   "Do not re-run the task -- it is already executing.",
                   "--- OUTPUT SO FAR (tail) ---", log_excerpt(log, RUNNING_TAIL_CHARS)]
         return "\n".join(lines)
     exit_code = record.get("exit_code")
+    session = record.get("session_id")
     lines += [f"EXIT_CODE: {'none' if exit_code is None else exit_code}",
-              f"SESSION_ID: {record.get('session_id') or 'none captured'}",
-              f"CWD: {record.get('cwd')}", f"ELAPSED_S: {elapsed_s(record)}", f"FULL_LOG: {log}"]
+              f"SESSION_ID: {shown(session) if session else 'none captured'}",
+              f"CWD: {shown(record.get('cwd'), 1000)}", f"ELAPSED_S: {elapsed_s(record)}", f"FULL_LOG: {shown(str(log))}"]
     if view.reason and view.state != "ok":
-        lines.append(f"REASON: {view.reason}")
+        lines.append(f"REASON: {shown(view.reason, 2000)}")
+    if not session and record.get("session_source"):
+        lines.append(f"SESSION_NOTE: none captured: {shown(record['session_source'], 1000)}")
     if record.get("session_note"):
-        lines.append(f"SESSION_NOTE: {record['session_note']}")
-    lines += [f"NOTE: {note}" for note in notes]
+        lines.append(f"SESSION_NOTE: {shown(record['session_note'], 1000)}")
+    lines += [f"NOTE: {shown(note, 1000)}" for note in notes]
     if view.state == "orphaned":
         lines.append(f'Stop what is left with hermes_cancel(job_id="{job_id}").')
     if view.state in ("timeout", "cancelled", "orphaned"):
@@ -1139,8 +1455,30 @@ def render_status(view: JobView, cfg: Config, notes: list[str] = ()) -> str:
     return "\n".join(lines)
 
 
-def render_refused(reason: str) -> str:
-    return f"STATUS: refused\nREASON: {reason}\nNothing was started."
+@dataclasses.dataclass
+class ToolResult:
+    """What a tool answers, and what its audit line records: taken from these fields, never parsed back out
+    of the text (which quotes files and Hermes' output)."""
+
+    text: str
+    status: str = "ok"
+    job_id: str | None = None
+    cwd: str | None = None
+    reason: str | None = None
+
+    @property
+    def is_error(self) -> bool:
+        return self.status in ("refused", "error")
+
+
+def status_result(view: JobView, cfg: Config, notes: list[str] | None = None) -> ToolResult:
+    record = view.record
+    return ToolResult(render_status(view, cfg, notes), view.shown_state, record["id"], record.get("cwd"),
+                      None if view.running else view.reason)
+
+
+def refused_result(reason: str) -> ToolResult:
+    return ToolResult(f"STATUS: refused\nREASON: {reason}\nNothing was started.", "refused", reason=reason)
 
 
 # --------------------------------------------------------------------------------- tool logic (no MCP)
@@ -1190,12 +1528,27 @@ def check_task(task: Any, cfg: Config) -> str:
     if size < 0 or "\ufffd" in task:
         raise Refused("task contains invalid Unicode (a lone surrogate, or U+FFFD where text was lost in "
                       "decoding); send plain UTF-8 text")
-    form, _ = known_cli_form(cfg, find_hermes(cfg))
-    if form == "query-arg" and size > ARGV_TASK_LIMIT:
-        raise Refused(f"task is {size} bytes; this Hermes takes the task as one command-line argument, "
-                      f"capped at {ARGV_TASK_LIMIT} bytes. Shorten it, or write the details to a file under "
-                      "cwd and tell Hermes to read it")
+    if size > MAX_TASK_BYTES:
+        raise Refused(f"task is {size} bytes, more than the {MAX_TASK_BYTES} the bridge accepts; write the "
+                      "details to a file under cwd and tell Hermes to read it")
     return task
+
+
+def check_task_fits(cfg: Config, task: str) -> None:
+    """The last launch check, once everything else is valid: the first launch with a new Hermes probes it
+    (off the event loop), so a task too long for its command line is refused before anything starts."""
+    exe = find_hermes(cfg)
+    cli = known_cli(cfg, exe) or (probe_cli_safely(cfg, exe) if exe else None)
+    if cli and not cli.task_on_stdin and (problem := argv_task_problem(len(task.encode()))):
+        raise Refused(problem)
+
+
+def probe_cli_safely(cfg: Config, exe: str) -> HermesCli | None:
+    """A probe that fails leaves the question to the supervisor, which reports it with the job."""
+    try:
+        return probe_cli(cfg, exe)
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def job_request(cfg: Config, kind: str, task: Any, cwd: str | None, max_turns: int | None,
@@ -1206,28 +1559,76 @@ def job_request(cfg: Config, kind: str, task: Any, cwd: str | None, max_turns: i
     resolved_cwd = confine_cwd(cfg, cwd)
     if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int)
                                   or not 1 <= max_turns <= 1000):
-        raise Refused(f"max_turns must be a whole number from 1 to 1000, got {max_turns!r}")
+        raise Refused(f"max_turns must be a whole number from 1 to 1000, got {shown(max_turns)}")
     if timeout_s is not None and (not isinstance(timeout_s, (int, float)) or math.isnan(timeout_s)
                                   or timeout_s <= 0):
-        raise Refused(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        raise Refused(f"timeout_s must be a positive number of seconds, got {shown(timeout_s)}")
     timeout = clamp_number("timeout_s", timeout_s, cfg.default_timeout_s, 1, cfg.max_timeout_s, notes)
-    return JobRequest(kind=kind, task=task, cwd=resolved_cwd, max_turns=max_turns or cfg.default_max_turns,
-                      timeout_s=timeout, skills=names_argument("skills", skills),
-                      toolsets=names_argument("toolsets", toolsets), session_requested=session)
+    request = JobRequest(kind=kind, task=task, cwd=resolved_cwd, max_turns=max_turns or cfg.default_max_turns,
+                         timeout_s=timeout, skills=names_argument("skills", skills),
+                         toolsets=names_argument("toolsets", toolsets), session_requested=session)
+    check_task_fits(cfg, task)
+    return request
 
 
-def resolve_session(cfg: Config, session_id: Any) -> str:
+def check_session_id(session_id: Any) -> str:
     if not isinstance(session_id, str) or not session_id.strip():
         raise Refused('session_id is empty: give a session id from a SESSION_ID line, or "latest"')
-    if session_id == "latest":
-        found = JobStore(cfg.jobs_path).latest_session_id()
-        if not found:
-            raise Refused('session_id "latest": no job of this bridge has captured a session id yet')
-        return found
-    if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,128}", session_id):
-        raise Refused(f"session_id {session_id[:60]!r} is not a session id (they look like "
-                      "20261130_104857_89284b)")
+    if not SESSION_NAME_RE.fullmatch(session_id):
+        raise Refused(f"session_id '{shown(session_id, 60)}' is not a session id: ids start with a letter or "
+                      "digit and look like 20261130_104857_89284b")
     return session_id
+
+
+def session_home(cfg: Config, store: JobStore, session_id: str) -> tuple[str, str | None]:
+    """The folder a resume of this session runs in (Hermes restores it whatever we ask), and a note when
+    it had to come from the bridge job that captured the session because the store could not answer."""
+    try:
+        return session_folder(cfg, session_id), None
+    except StoreUnavailable as exc:
+        folder = store.captured_session_folder(session_id)
+        if folder is None:
+            raise Refused(f"cannot tell where session {session_id} would run: {exc}. Hermes resumes a session in "
+                          "the folder recorded for it, so the bridge resumes only sessions whose folder it can "
+                          "check. Start a fresh hermes_run instead") from None
+        return folder, (f"Hermes' session store could not answer ({exc}); the folder is that of the bridge job "
+                        "that captured this session")
+
+
+def resolve_resume(cfg: Config, session_id: Any, cwd: str | None, notes: list[str]) -> tuple[str, str]:
+    """The session to resume and the folder it will really run in, confined; refused when that folder is
+    outside today's roots. "latest" is the newest captured session whose folder is inside them."""
+    confine_cwd(cfg, None)  # no roots configured: refused here, with the fix
+    store = JobStore(cfg.jobs_path)
+    if session_id == "latest":
+        for candidate in store.captured_sessions():
+            try:
+                folder, note = session_home(cfg, store, candidate)
+            except Refused:
+                continue
+            if within_any(os.path.realpath(folder), cfg.roots) and os.path.isdir(folder):
+                session = candidate
+                break
+        else:
+            raise Refused('session_id "latest": no session captured by this bridge is recorded in a folder inside '
+                          "today's allowed roots; give a session id, or start a fresh hermes_run")
+    else:
+        session = check_session_id(session_id)
+        folder, note = session_home(cfg, store, session)
+    real = os.path.realpath(folder)
+    if not within_any(real, cfg.roots):
+        raise Refused(f"session {session} is recorded in {shown(folder)}, outside the allowed roots "
+                      f"({', '.join(cfg.roots)}). Hermes always resumes a session in its recorded folder, so this "
+                      "session cannot be resumed through the bridge; start a fresh hermes_run instead")
+    if not os.path.isdir(real):
+        raise Refused(f"session {session} is recorded in {shown(folder)}, which no longer exists; start a fresh "
+                      "hermes_run instead")
+    if note:
+        notes.append(note)
+    if cwd not in (None, "") and not (isinstance(cwd, str) and same_folder(os.path.expanduser(cwd), real)):
+        notes.append(f"Hermes resumes a session in the folder recorded for it, so this job runs in {shown(real)}, "
+                     f"not in the cwd asked for ({shown(cwd)})")
+    return session, real
 
 
 def job_view(cfg: Config, job_id: Any) -> JobView:
@@ -1245,8 +1646,6 @@ def request_cancel(cfg: Config, job_id: Any) -> tuple[JobView, str]:
     store = JobStore(cfg.jobs_path)
     if view.state in FINAL_STATES:
         return view, f"the job had already ended as {view.state}; nothing to cancel"
-    if view.state == "running_untracked":
-        raise Refused(f"job {job_id} has no supervisor pid on record, so the bridge cannot stop it safely")
     if view.state == "orphaned":
         cancel_orphan(store, cfg, view)
         return observe(store.read(view.record["id"])), "the supervisor was gone; the bridge stopped the tree"
@@ -1255,33 +1654,46 @@ def request_cancel(cfg: Config, job_id: Any) -> tuple[JobView, str]:
 
 
 def read_path(cfg: Config, path: Any, max_bytes: int | None, offset: int | None) -> str:
-    """A file's byte range or a directory listing, confined, bounded, never hanging on special files."""
+    """A file's byte range or a directory listing, confined, bounded, never hanging on special files.
+    What is read is the very thing that was checked: the opened file's device and inode must match the
+    confined path, and the path must still resolve to itself, or the read is refused."""
     notes: list[str] = []
     resolved = confine_read(cfg, path)
-    try:
-        info = os.stat(resolved)
-    except OSError as exc:
-        raise Refused(f"cannot stat {resolved}: {exc.strerror or exc}") from None
-    if stat.S_ISDIR(info.st_mode):
-        return list_directory(resolved)
-    if not stat.S_ISREG(info.st_mode):
-        raise Refused(f"{resolved} is not a regular file or folder (a FIFO, device or socket could hang "
-                      "or never end), so it is not read")
     limit = int(clamp_number("max_bytes", max_bytes, READ_DEFAULT_BYTES, 1, READ_MAX_BYTES, notes))
     if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int)):
-        raise Refused(f"offset must be a whole number of bytes (negative counts from the end), got {offset!r}")
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
-    fd = os.open(resolved, flags)
-    with os.fdopen(fd, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        start = min(size, max(0, size + offset) if (offset or 0) < 0 else (offset or 0))
-        handle.seek(start)
-        data = handle.read(limit)
+        raise Refused(f"offset must be a whole number of bytes (negative counts from the end), got {shown(offset)}")
+    try:
+        checked = os.stat(resolved)
+    except OSError as exc:
+        raise Refused(f"cannot stat {shown(resolved)}: {exc.strerror or exc}") from None
+    is_dir = stat.S_ISDIR(checked.st_mode)
+    if not is_dir and not stat.S_ISREG(checked.st_mode):
+        raise Refused(f"{shown(resolved)} is not a regular file or folder (a FIFO, device or socket could hang "
+                      "or never end), so it is not read")
+    flags = READ_FLAGS | NOFOLLOW | (getattr(os, "O_DIRECTORY", 0) if is_dir else 0)
+    try:
+        fd = os.open(resolved, flags)
+    except OSError as exc:
+        raise Refused(f"cannot open {shown(resolved)}: {exc.strerror or exc}") from None
+    try:
+        opened = os.fstat(fd)
+        if ((opened.st_dev, opened.st_ino) != (checked.st_dev, checked.st_ino)
+                or os.path.realpath(resolved) != resolved):
+            raise Refused(f"{shown(resolved)} changed while it was being opened (a symlink swapped in?); try again")
+        if is_dir:
+            return list_directory(resolved, fd)
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            start = min(size, max(0, size + offset) if (offset or 0) < 0 else (offset or 0))
+            handle.seek(start)
+            data = handle.read(limit)
+    finally:
+        os.close(fd)
     end = start + len(data)
-    header = [f"PATH: {resolved}", f"SIZE: {size} bytes", f"RANGE: bytes {start}-{end} of {size}"]
+    header = [f"PATH: {shown(resolved, 1000)}", f"SIZE: {size} bytes", f"RANGE: bytes {start}-{end} of {size}"]
     header += [f"NOTE: {note}" for note in notes]
     if end < size or start > 0:
-        more = f' next: hermes_read(path="{resolved}", offset={end})' if end < size else ""
+        more = f' next: hermes_read(path="{shown(resolved, 1000)}", offset={end})' if end < size else ""
         header.append(f"CUT: yes, {size - len(data)} bytes not shown;{more}")
     else:
         header.append("CUT: no")
@@ -1290,22 +1702,24 @@ def read_path(cfg: Config, path: Any, max_bytes: int | None, offset: int | None)
     return "\n".join(header + ["---", data.decode("utf-8", "replace")])
 
 
-def list_directory(resolved: str) -> str:
-    """Sorted entries with type, size, modified time; only the shown entries are stat'ed."""
+def list_directory(resolved: str, fd: int) -> str:
+    """Sorted entries with type, size, modified time; only the shown entries are stat'ed. Listed through
+    the opened folder where the platform allows, and every name escaped: a folder named 'x\nSTATUS: ok'
+    cannot forge a line."""
     try:
-        with os.scandir(resolved) as entries:
+        with os.scandir(fd if os.scandir in os.supports_fd else resolved) as entries:
             found = sorted((e.name, e) for e in entries)
     except OSError as exc:
-        raise Refused(f"cannot list {resolved}: {exc.strerror or exc}") from None
-    lines = [f"DIRECTORY: {resolved}", f"ENTRIES: {len(found)}"]
+        raise Refused(f"cannot list {shown(resolved)}: {exc.strerror or exc}") from None
+    lines = [f"DIRECTORY: {shown(resolved, 1000)}", f"ENTRIES: {len(found)}"]
     for name, entry in found[:DIR_LIMIT]:
         try:
             info = entry.stat(follow_symlinks=False)
-            kind = "link" if entry.is_symlink() else "dir" if entry.is_dir() else "file"
+            kind = "link" if entry.is_symlink() else "dir" if entry.is_dir(follow_symlinks=False) else "file"
             modified = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.st_mtime))
-            lines.append(f"{kind:4}  {info.st_size:>12}  {modified}  {name}")
+            lines.append(f"{kind:4}  {info.st_size:>12}  {modified}  {shown(name)}")
         except OSError:
-            lines.append(f"?     {'':>12}  {'':16}  {name}")
+            lines.append(f"?     {'':>12}  {'':16}  {shown(name)}")
     if len(found) > DIR_LIMIT:
         lines.append(f"... {len(found) - DIR_LIMIT} more entries not shown")
     return "\n".join(lines)
@@ -1329,12 +1743,11 @@ def list_jobs(cfg: Config, limit: int | None, state: str | None) -> str:
             if state in (None, "", "damaged"):
                 rows.append(f"{job_id}  damaged            -  record {exc}")
             continue
-        shown_state = "running" if view.running else view.state
-        if state not in (None, "") and shown_state != state:
+        if state not in (None, "") and view.shown_state != state:
             continue
         record = view.record
-        rows.append(f"{job_id}  {shown_state:17} {elapsed_s(record):>5}s  {record.get('cwd')}  "
-                    f"\"{str(record.get('task_preview', ''))[:60]}\"")
+        rows.append(f"{job_id}  {view.shown_state:17} {elapsed_s(record):>5}s  {shown(record.get('cwd'))}  "
+                    f"\"{shown(str(record.get('task_preview', '')), 60)}\"")
     header = [f"JOBS: {len(ids)} on disk; showing {len(rows)}, newest first"
               + (f", state={state}" if state else "")]
     if scanned >= JOBS_SCAN_LIMIT and len(rows) < shown_limit:
@@ -1345,84 +1758,152 @@ def list_jobs(cfg: Config, limit: int | None, state: str | None) -> str:
     return "\n".join(header + rows)
 
 
-SKILL_CACHE: dict[str, tuple[tuple[int, int], dict[str, Any] | None]] = {}  # SKILL.md -> (stat, skill)
-TREE_CACHE: dict[str, tuple[dict[str, int], list[str]]] = {}  # skills dir -> (folder mtimes, SKILL.md paths)
+SKILL_FRONT_MATTER_BYTES = 64 * 1024
+SKILL_TREE_DEPTH = 6  # skills/<category>/<name>/SKILL.md, with room for nested categories
+SKILL_TREE_FOLDERS = 20_000
+SKILL_YAML_EVENTS = 5_000
+SKILL_FIELD_CHARS = {"name": 128, "description": 2000, "tag": 64}
+SKILL_MAX_TAGS = 32
+SKILL_CACHE: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}  # SKILL.md -> (stat, skill or skip reason)
+TREE_CACHE: dict[str, tuple[dict[str, int], list[str], str | None]] = {}  # skills dir -> (folder mtimes, files, note)
+SKILLS_LOCK = threading.Lock()
 
 
-def parse_skill(path: str, skills_dir: str) -> dict[str, Any] | None:
-    """A skill from its SKILL.md's YAML front matter, or None when it is malformed."""
+class SkippedSkill(Exception):
+    """A SKILL.md that breaks a rule (size, YAML anchors, field types): listed as skipped with the reason."""
+
+
+def front_matter(path: str) -> dict[str, Any]:
+    """The YAML front matter of a SKILL.md, read as untrusted input: skills come from hubs and from Hermes
+    itself. At most 64 KiB is read; anchors and aliases (the 'billion laughs' bomb) are refused before
+    anything is built, and so is a document of more than a few thousand YAML events."""
     import yaml
 
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError):
-        return None
-    match = re.match(r"^---\s*\n(.*?)\n---\s*(?:\n|$)", text, re.DOTALL)
+        with open_regular(path) as handle:
+            head = handle.read(SKILL_FRONT_MATTER_BYTES)
+    except OSError as exc:
+        raise SkippedSkill(f"unreadable: {exc.strerror or exc}") from None
+    text = head.decode("utf-8", "replace")
+    match = re.match(r"^---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|$)", text, re.DOTALL)
     if not match:
-        return None
+        raise SkippedSkill(f"no YAML front matter within its first {SKILL_FRONT_MATTER_BYTES} bytes")
     try:
-        front = yaml.load(match.group(1), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError:
-        return None
+        for count, event in enumerate(yaml.parse(match.group(1), Loader=loader)):
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                raise SkippedSkill("its front matter uses YAML anchors or aliases, which skills never need")
+            if count > SKILL_YAML_EVENTS:
+                raise SkippedSkill(f"its front matter has more than {SKILL_YAML_EVENTS} YAML nodes")
+        front = yaml.load(match.group(1), Loader=loader)
+    except yaml.YAMLError as exc:
+        raise SkippedSkill(f"invalid YAML: {' '.join(str(exc).split())[:120]}") from None
+    if not isinstance(front, dict):
+        raise SkippedSkill("its front matter is not a mapping")
+    return front
+
+
+def short_text(front: dict[str, Any], key: str, limit: int) -> str:
+    value = front.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise SkippedSkill(f"{key} is not text")
+    text = " ".join(str(value).split())
+    if len(text) > limit:
+        raise SkippedSkill(f"{key} is longer than {limit} characters")
+    return text
+
+
+def parse_skill(path: str, skills_dir: str) -> dict[str, Any]:
+    """A skill from its SKILL.md (name, category, description, tags), or SkippedSkill with the reason."""
+    front = front_matter(path)
     folder = os.path.dirname(path)
-    if not isinstance(front, dict) or not isinstance(front.get("name", ""), str):
-        return None
     parts = os.path.relpath(path, skills_dir).split(os.sep)
     meta = front.get("metadata")
     hermes_meta = meta.get("hermes") if isinstance(meta, dict) else None
     tags = hermes_meta.get("tags") if isinstance(hermes_meta, dict) else None
+    tags = tags if isinstance(tags, list) else []
+    if len(tags) > SKILL_MAX_TAGS or not all(isinstance(t, str) and len(t) <= SKILL_FIELD_CHARS["tag"] for t in tags):
+        raise SkippedSkill(f"its tags must be at most {SKILL_MAX_TAGS} short strings")
     return {
-        "name": front.get("name") or os.path.basename(folder),
+        "name": short_text(front, "name", SKILL_FIELD_CHARS["name"]) or os.path.basename(folder),
         "category": parts[0] if len(parts) > 2 else "uncategorised",
-        "description": " ".join(str(front.get("description") or "").split()),
-        "tags": [str(t) for t in tags] if isinstance(tags, list) else [],
+        "description": short_text(front, "description", SKILL_FIELD_CHARS["description"]),
+        "tags": [" ".join(t.split()) for t in tags],
         "path": path,
     }
 
 
-def skill_files(skills_dir: str) -> list[str]:
-    """Every SKILL.md under skills_dir. The walk is redone only when a folder's mtime changed (a file or
-    folder added, removed or renamed), so a repeated call costs one stat per folder."""
+def skill_files(skills_dir: str) -> tuple[list[str], str | None]:
+    """Every SKILL.md under skills_dir, walked iteratively with a depth and a folder cap (a hostile tree can
+    be thousands of folders deep), without following symlinks; and a note when a cap was hit. The walk is
+    redone only when a folder's mtime changed, so a repeated call costs one stat per folder."""
     cached = TREE_CACHE.get(skills_dir)
     if cached and all(folder_mtime(folder) == mtime for folder, mtime in cached[0].items()):
-        return cached[1]
+        return cached[1], cached[2]
     folders: dict[str, int] = {}
     files: list[str] = []
-    for folder, dirs, names in os.walk(skills_dir):
-        dirs.sort()
+    note = None
+    pending = [(skills_dir, 0)]
+    while pending:
+        folder, depth = pending.pop()
+        if len(folders) >= SKILL_TREE_FOLDERS:
+            note = f"stopped after {SKILL_TREE_FOLDERS} folders"
+            break
         folders[folder] = folder_mtime(folder)
-        if "SKILL.md" in names:
-            files.append(os.path.join(folder, "SKILL.md"))
-    TREE_CACHE[skills_dir] = (folders, files)
-    return files
+        try:
+            with os.scandir(folder) as entries:
+                listed = sorted(entries, key=lambda e: e.name, reverse=True)
+        except OSError:
+            continue
+        for entry in listed:
+            if entry.name == "SKILL.md" and entry.is_file(follow_symlinks=False):
+                files.append(entry.path)
+            elif entry.is_dir(follow_symlinks=False):
+                if depth + 1 > SKILL_TREE_DEPTH:
+                    note = f"folders deeper than {SKILL_TREE_DEPTH} levels are not searched"
+                else:
+                    pending.append((entry.path, depth + 1))
+    files.sort()
+    TREE_CACHE[skills_dir] = (folders, files, note)
+    return files, note
 
 
 def folder_mtime(folder: str) -> int:
     try:
-        return os.stat(folder).st_mtime_ns
+        return os.stat(folder, follow_symlinks=False).st_mtime_ns
     except OSError:
         return -1
 
 
-def skill_index(skills_dir: Path) -> tuple[list[dict[str, Any]], int]:
-    """Every skill under skills_dir (each file parsed once per version) and the count of malformed ones."""
-    skills, malformed = [], 0
-    for path in skill_files(str(skills_dir)):
-        try:
-            info = os.stat(path)
-        except OSError:
-            continue
-        key = (info.st_mtime_ns, info.st_size)
-        cached = SKILL_CACHE.get(path)
-        if not cached or cached[0] != key:
-            cached = (key, parse_skill(path, str(skills_dir)))
-            SKILL_CACHE[path] = cached
-        if cached[1] is None:
-            malformed += 1
-        else:
-            skills.append(cached[1])
-    return skills, malformed
+def skill_index(skills_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every skill under skills_dir (each file parsed once per version), and why others were skipped."""
+    skills: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    with SKILLS_LOCK:  # one walk at a time; a caller that cannot get it in time hits its tool deadline
+        files, note = skill_files(str(skills_dir))
+        if note:
+            skipped.append(f"{skills_dir}: {note}")
+        for path in files:
+            try:
+                info = os.stat(path, follow_symlinks=False)
+            except OSError:
+                continue
+            key = (info.st_mtime_ns, info.st_size)
+            cached = SKILL_CACHE.get(path)
+            if not cached or cached[0] != key:
+                try:
+                    entry: dict[str, Any] = parse_skill(path, str(skills_dir))
+                except SkippedSkill as exc:
+                    entry = {"skipped": str(exc)}
+                cached = (key, entry)
+                SKILL_CACHE[path] = cached
+            if "skipped" in cached[1]:
+                skipped.append(f"{os.path.relpath(path, skills_dir)}: {cached[1]['skipped']}")
+            else:
+                skills.append(cached[1])
+    return skills, skipped
 
 
 def skill_score(skill: dict[str, Any], words: list[str]) -> int:
@@ -1438,41 +1919,46 @@ def skill_score(skill: dict[str, Any], words: list[str]) -> int:
 
 def capabilities(cfg: Config, query: str | None, category: str | None, limit: int | None) -> str:
     notes: list[str] = []
-    shown = int(clamp_number("limit", limit, 20, 1, 200, notes))
+    count = int(clamp_number("limit", limit, 20, 1, 200, notes))
     skills_dir = cfg.hermes_home_path / "skills"
-    skills, malformed = skill_index(skills_dir)
-    header = [f"SKILLS_DIR: {skills_dir}", f"SKILLS: {len(skills)}"
-              + (f" ({malformed} malformed SKILL.md skipped)" if malformed else "")]
+    skills, skipped = skill_index(skills_dir)
+    header = [f"SKILLS_DIR: {shown(str(skills_dir))}", f"SKILLS: {len(skills)}"
+              + (f" ({len(skipped)} skipped)" if skipped else "")]
     header += [f"NOTE: {note}" for note in notes]
+    header += [f"SKIPPED: {shown(reason)}" for reason in skipped[:10]]
+    if len(skipped) > 10:
+        header.append(f"SKIPPED: ... and {len(skipped) - 10} more")
     if not skills:
         return "\n".join(header + ["No skills found. Hermes installs its skills under HERMES_HOME/skills."])
     use = 'Preload skills with hermes_run(..., skills=["name"]).'
+    if query is not None and not isinstance(query, str) or category is not None and not isinstance(category, str):
+        raise Refused("query and category must be text")
     if query:
         words = [w for w in re.split(r"\W+", query.lower()) if w]
         ranked = sorted(((skill_score(s, words), s) for s in skills), key=lambda p: (-p[0], p[1]["name"]))
         hits = [s for score, s in ranked if score > 0]
-        lines = [f"MATCHES for {query!r}: {len(hits)}"] + [describe_skill(s) for s in hits[:shown]]
+        lines = [f"MATCHES for '{shown(query)}': {len(hits)}"] + [describe_skill(s) for s in hits[:count]]
         return "\n".join(header + lines + [use])
     if category:
         members = sorted((s for s in skills if s["category"] == category), key=lambda s: s["name"])
         if not members:
             known = sorted({s["category"] for s in skills})
-            raise Refused(f"no category {category!r}; categories: {', '.join(known)}")
-        lines = [f"CATEGORY {category}: {len(members)} skills"] + [describe_skill(s) for s in members[:shown]]
+            raise Refused(f"no category '{shown(category)}'; categories: {', '.join(known)}")
+        lines = [f"CATEGORY {shown(category)}: {len(members)} skills"] + [describe_skill(s) for s in members[:count]]
         return "\n".join(header + lines + [use])
     by_category: dict[str, list[str]] = {}
     for skill in skills:
         by_category.setdefault(skill["category"], []).append(skill["name"])
     lines = [f"CATEGORIES: {len(by_category)}"]
-    for name in sorted(by_category)[:shown]:
+    for name in sorted(by_category)[:count]:
         members = sorted(by_category[name])
         lines.append(f"{name} ({len(members)}): {', '.join(members[:5])}" + (", ..." if len(members) > 5 else ""))
     return "\n".join(header + lines + ["Narrow with hermes_capabilities(query=...) or (category=...). " + use])
 
 
 def describe_skill(skill: dict[str, Any]) -> str:
-    tags = f" (tags: {', '.join(skill['tags'])})" if skill["tags"] else ""
-    return f"- {skill['name']} [{skill['category']}]: {skill['description'][:200]}{tags}"
+    tags = f" (tags: {shown(', '.join(skill['tags']))})" if skill["tags"] else ""
+    return f"- {shown(skill['name'])} [{shown(skill['category'])}]: {shown(skill['description'])}{tags}"
 
 
 HEALTH_RECENT_JOBS = 200
@@ -1488,7 +1974,7 @@ def job_counts(store: JobStore) -> str:
     for job_id in counted:
         try:
             view = observe(store.read(job_id))
-            state = "running" if view.running else view.state
+            state = view.shown_state
         except (Refused, DamagedRecord):
             state = "damaged"
         counts[state] = counts.get(state, 0) + 1
@@ -1501,7 +1987,7 @@ def health(cfg: Config) -> str:
     """Everything a user needs to see why the bridge cannot work, without starting any process."""
     exe = find_hermes(cfg)
     version = hermes_version_on_disk(exe) if exe else None
-    form, form_source = known_cli_form(cfg, exe)
+    cli = known_cli(cfg, exe)
     store = JobStore(cfg.jobs_path)
     try:
         store.ensure()
@@ -1511,28 +1997,31 @@ def health(cfg: Config) -> str:
         writable = "writable"
     except OSError as exc:
         writable = f"NOT writable: {exc.strerror or exc}"
-    try:
-        survives = json.loads((store.root / "detach.json").read_text()).get("survives_host", True)
-    except (OSError, ValueError, AttributeError):
-        survives = True
+    detach = read_json(store.detach_path)
+    survives = detach.get("survives_host", True) if isinstance(detach, dict) else True
+    if cli and exe:
+        cli_lines = [f"CLI_FLAGS: {cli.describe()}", f"CLI_COMMAND: {shown(command_preview(cli, exe, cfg), 1000)}"]
+    else:
+        cli_lines = ["CLI_FLAGS: not known yet: the first job asks `hermes chat --help` once and caches the answer"
+                     if exe else "CLI_FLAGS: unknown: Hermes not found"]
     lines = [
         f"BRIDGE: claude-hermes-bridge {VERSION}",
         f"PYTHON: {sys.version.split()[0]} at {sys.executable}",
         f"MCP_SDK: {dependency_version('mcp') or 'not installed'}",
-        f"HERMES_EXE: {exe or 'NOT FOUND: set hermes_exe in config or put hermes on PATH'}",
-        f"HERMES_VERSION: {version or 'unknown (no hermes_agent dist-info beside the executable)'}",
-        f"CLI_FORM: {form or 'auto'} ({form_source})",
-        f"HERMES_HOME: {cfg.hermes_home_path}",
+        f"HERMES_EXE: {shown(exe) if exe else 'NOT FOUND: set hermes_exe in config or put hermes on PATH'}",
+        f"HERMES_VERSION: {shown(version) if version else 'unknown (no hermes_agent dist-info beside the executable)'}",
+        *cli_lines,
+        f"HERMES_HOME: {shown(str(cfg.hermes_home_path))}",
         f"YOLO: {'on: Hermes auto-approves dangerous commands' if cfg.yolo else 'off'}",
-        f"ALLOWED_ROOTS: {', '.join(cfg.roots) or 'NONE: no job can start'}",
+        f"ALLOWED_ROOTS: {shown(', '.join(cfg.roots), 2000) or 'NONE: no job can start'}",
         f"READ_SCOPE: {'anywhere' if cfg.read_anywhere else 'allowed roots and job files'}",
-        f"JOBS_DIR: {store.root} ({writable})",
+        f"JOBS_DIR: {shown(str(store.root))} ({writable})",
         "JOBS_SURVIVE_HOST: " + ("yes" if survives else "NO: the host's job object forbids breakaway, so jobs "
                                  "die when the host closes"),
         f"JOBS: {job_counts(store)}",
-        f"CONFIG: {cfg.path} ({len(cfg.problems)} problems)",
+        f"CONFIG: {shown(str(cfg.path))} ({len(cfg.problems)} problems)",
     ]
-    lines += [f"  - {problem}" for problem in cfg.problems]
+    lines += [f"  - {shown(problem, 500)}" for problem in cfg.problems]
     return "\n".join(lines)
 
 
@@ -1556,28 +2045,118 @@ def server_instructions(cfg: Config) -> str:
 
 
 # ------------------------------------------------------------------------------------------- MCP tools
-async def wait_for_end(cfg: Config, job_id: str, wait_s: float, ctx: Any) -> JobView:
+# The tool bodies: plain async functions returning a ToolResult, callable without MCP. Everything that
+# touches the disk runs in a worker thread with a deadline (off_loop), so a slow disk or a hostile file
+# never holds the event loop, and one slow call never delays another.
+DISK_DEADLINE_S = 20.0
+Progress = Callable[[float, float, str], Awaitable[None]]
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    import functools
+
+    import anyio
+
+    with anyio.fail_after(DISK_DEADLINE_S):
+        return await anyio.to_thread.run_sync(functools.partial(fn, *args), abandon_on_cancel=True)
+
+
+async def wait_for_end(cfg: Config, job_id: str, wait_s: float, progress: Progress | None) -> JobView:
     """Poll the record on disk until the job ends or wait_s passes; sends progress while it waits."""
     import anyio
 
     deadline = time.monotonic() + wait_s
     next_progress = time.monotonic() + 5
     while True:
-        view = job_view(cfg, job_id)
+        view = await off_loop(job_view, cfg, job_id)
         now = time.monotonic()
         if not view.running or now >= deadline:
             return view
-        if ctx is not None and now >= next_progress:
+        if progress is not None and now >= next_progress:
             next_progress = now + 5
             try:
-                await ctx.report_progress(wait_s - (deadline - now), wait_s, f"job {job_id} is running")
+                await progress(wait_s - (deadline - now), wait_s, f"job {job_id} is running")
             except Exception:  # progress is a courtesy; a closed stream must not fail the call
                 pass
         await anyio.sleep(min(0.25, max(0.0, deadline - now)))
 
 
+async def launch_and_wait(cfg: Config, request: JobRequest, wait_s: float | None, notes: list[str],
+                          progress: Progress | None) -> ToolResult:
+    wait = clamp_number("wait_s", wait_s, min(5.0, cfg.max_wait_s), 0, cfg.max_wait_s, notes)
+    record, duplicate = await off_loop(launch_job, cfg, request)
+    if duplicate:
+        notes.append(duplicate)
+    return status_result(await wait_for_end(cfg, record["id"], wait, progress), cfg, notes)
+
+
+async def run_tool(cfg: Config, task: Any, cwd: Any, max_turns: Any, timeout_s: Any, wait_s: Any, skills: Any,
+                   toolsets: Any, progress: Progress | None = None) -> ToolResult:
+    notes: list[str] = []
+    request = await off_loop(job_request, cfg, "run", task, cwd, max_turns, timeout_s, skills, toolsets, None, notes)
+    return await launch_and_wait(cfg, request, wait_s, notes, progress)
+
+
+async def resume_tool(cfg: Config, session_id: Any, task: Any, cwd: Any, max_turns: Any, timeout_s: Any,
+                      wait_s: Any, progress: Progress | None = None) -> ToolResult:
+    """A resume runs where Hermes recorded the session: that folder is confined, and reported."""
+    notes: list[str] = []
+    session, folder = await off_loop(resolve_resume, cfg, session_id, cwd, notes)
+    request = await off_loop(job_request, cfg, "resume", task, folder, max_turns, timeout_s, None, None, session,
+                             [])
+    request.cwd_note = "; ".join(notes) or None
+    return await launch_and_wait(cfg, request, wait_s, [], progress)
+
+
+async def status_tool(cfg: Config, job_id: Any, wait_s: Any, progress: Progress | None = None) -> ToolResult:
+    notes: list[str] = []
+    view = await off_loop(job_view, cfg, job_id)
+    wait = clamp_number("wait_s", wait_s, min(30.0, cfg.max_wait_s), 0, cfg.max_wait_s, notes)
+    return status_result(await wait_for_end(cfg, view.record["id"], wait, progress), cfg, notes)
+
+
+async def cancel_tool(cfg: Config, job_id: Any, progress: Progress | None = None) -> ToolResult:
+    view, note = await off_loop(request_cancel, cfg, job_id)
+    if view.running:
+        view = await wait_for_end(cfg, view.record["id"], min(cfg.kill_grace_s + 5, cfg.max_wait_s), progress)
+    return status_result(view, cfg, [note])
+
+
+async def listing_tool(fn: Callable[..., str], cfg: Config, *args: Any) -> ToolResult:
+    """hermes_jobs, hermes_read, hermes_capabilities, hermes_health: text from the disk, nothing started."""
+    return ToolResult(await off_loop(fn, cfg, *args))
+
+
+async def answer(tool: str, body: Callable[[Config], Awaitable[ToolResult]], task: Any = None) -> ToolResult:
+    """Run a tool body with a fresh config; a refusal, a deadline or a bug becomes an error result, never a
+    crash. Every call leaves one audit line, from the result's fields."""
+    cfg: Config | None = None
+    try:
+        cfg = await off_loop(load_config)
+        outcome = await body(cfg)
+    except Refused as exc:
+        outcome = refused_result(str(exc))
+    except TimeoutError:
+        outcome = ToolResult(f"STATUS: error\nREASON: {tool} gave up after {DISK_DEADLINE_S:g} s waiting for the "
+                             "disk (a slow disk, or a file that never ends?). The server keeps running; "
+                             "hermes_health may show why.", "error", reason="disk deadline")
+    except Exception as exc:
+        traceback.print_exc()
+        reason = f"internal error in {tool}: {type(exc).__name__}: {shown(str(exc))}"
+        outcome = ToolResult(f"STATUS: error\nREASON: {reason}. The server keeps running; hermes_health may show "
+                             "why.", "error", reason=reason)
+    if cfg is not None:
+        try:
+            await off_loop(lambda: audit(cfg, event="tool", tool=tool, job_id=outcome.job_id, cwd=outcome.cwd,
+                                         outcome=outcome.status, reason=outcome.reason,
+                                         task=first_words(task) if task is not None else None))
+        except TimeoutError:
+            pass
+    return outcome
+
+
 def build_server(cfg: Config) -> Any:
-    """The FastMCP server: thin tools over the plain functions above. The only place MCP is imported."""
+    """The FastMCP server: the eight registrations over the bodies above. The only place MCP is imported."""
     import inspect
 
     from mcp.server.fastmcp import Context, FastMCP
@@ -1592,43 +2171,12 @@ def build_server(cfg: Config) -> Any:
     def tool(annotations: ToolAnnotations, title: str) -> Callable[[Callable[..., Any]], Any]:
         """Register a tool; its docstring, without the source's indentation, is the description."""
         def register(fn: Callable[..., Any]) -> Any:
-            return mcp.tool(annotations=annotations, title=title, description=inspect.cleandoc(fn.__doc__))(fn)
+            return mcp.tool(annotations=annotations, title=title, description=inspect.cleandoc(fn.__doc__ or ""))(fn)
         return register
 
-    def result(text: str, is_error: bool = False) -> CallToolResult:
-        return CallToolResult(content=[TextContent(type="text", text=text)], isError=is_error)
-
-    async def answer(tool: str, body: Callable[[Config], Any], task: Any = None) -> CallToolResult:
-        """Run a tool body with a fresh config; a refusal or a bug becomes an isError result, never a crash.
-        Every call leaves one audit line: the tool, the job, the resolved cwd, the outcome."""
-        cfg = load_config()
-        try:
-            text = body(cfg)
-            if hasattr(text, "__await__"):
-                text = await text
-            outcome = result(text)
-        except Refused as exc:
-            text = render_refused(str(exc))
-            outcome = result(text, is_error=True)
-        except Exception as exc:
-            traceback.print_exc()
-            text = (f"STATUS: error\nREASON: internal error in {tool}: {type(exc).__name__}: {exc}. "
-                    "The server keeps running; hermes_health may show why.")
-            outcome = result(text, is_error=True)
-        fields = dict(line.split(": ", 1) for line in text.splitlines()[:12] if re.match(r"^[A-Z_]+: ", line))
-        audit(cfg, event="tool", tool=tool, job_id=fields.get("JOB_ID"), cwd=fields.get("CWD"),
-              outcome=fields.get("STATUS", "ok"), reason=fields.get("REASON"),
-              task=first_words(task) if task is not None else None)
-        return outcome
-
-    async def launch_and_wait(cfg: Config, request: JobRequest, wait_s: float | None, notes: list[str],
-                              ctx: Context) -> str:
-        wait = clamp_number("wait_s", wait_s, min(5.0, cfg.max_wait_s), 0, cfg.max_wait_s, notes)
-        record, duplicate = launch_job(cfg, request)
-        if duplicate:
-            notes.append(duplicate)
-        view = await wait_for_end(cfg, record["id"], wait, ctx)
-        return render_status(view, cfg, notes)
+    async def respond(tool_name: str, body: Callable[[Config], Awaitable[ToolResult]], task: Any = None) -> CallToolResult:
+        outcome = await answer(tool_name, body, task)
+        return CallToolResult(content=[TextContent(type="text", text=outcome.text)], isError=outcome.is_error)
 
     @tool(launches, "Run a task with Hermes")
     async def hermes_run(task: str, ctx: Context, cwd: str | None = None, max_turns: int | None = None,
@@ -1638,71 +2186,56 @@ def build_server(cfg: Config) -> Any:
         """Start a fresh Hermes job in cwd (an absolute folder inside the allowed roots). Returns the result
         if it ends within wait_s (default 5 s), else STATUS: running and a JOB_ID to pass to hermes_status.
         The task must be self-contained: absolute paths and a definition of done."""
-        async def body(cfg: Config) -> str:
-            notes: list[str] = []
-            request = job_request(cfg, "run", task, cwd, max_turns, timeout_s, skills, toolsets, None, notes)
-            return await launch_and_wait(cfg, request, wait_s, notes, ctx)
-        return await answer("hermes_run", body, task)
+        return await respond("hermes_run", lambda cfg: run_tool(cfg, task, cwd, max_turns, timeout_s, wait_s, skills,
+                                                                toolsets, ctx.report_progress), task)
 
     @tool(launches, "Continue a Hermes session")
     async def hermes_resume(session_id: str, task: str, ctx: Context, cwd: str | None = None,
                             max_turns: int | None = None, timeout_s: float | None = None,
                             wait_s: float | None = None) -> CallToolResult:
         """Continue a Hermes session with a new task (session_id from a SESSION_ID line, or "latest" for the
-        newest session a job of this bridge captured). Same waiting rules as hermes_run."""
-        async def body(cfg: Config) -> str:
-            notes: list[str] = []
-            session = resolve_session(cfg, session_id)
-            request = job_request(cfg, "resume", task, cwd, max_turns, timeout_s, None, None, session, notes)
-            return await launch_and_wait(cfg, request, wait_s, notes, ctx)
-        return await answer("hermes_resume", body, task)
+        newest session a job of this bridge captured). Hermes resumes a session in the folder recorded for
+        it, so the job runs there (it must be inside the allowed roots); cwd is only checked against it.
+        Same waiting rules as hermes_run."""
+        return await respond("hermes_resume", lambda cfg: resume_tool(cfg, session_id, task, cwd, max_turns, timeout_s,
+                                                                      wait_s, ctx.report_progress), task)
 
     @tool(read_only, "Wait for a Hermes job")
     async def hermes_status(job_id: str, ctx: Context, wait_s: float | None = None) -> CallToolResult:
         """Wait up to wait_s (default 30) for a job to end, then return its final block, or STATUS: running
         again. It waits for you: do not call it in a tight loop. Reads only the disk."""
-        async def body(cfg: Config) -> str:
-            notes: list[str] = []
-            view = job_view(cfg, job_id)
-            wait = clamp_number("wait_s", wait_s, min(30.0, cfg.max_wait_s), 0, cfg.max_wait_s, notes)
-            return render_status(await wait_for_end(cfg, view.record["id"], wait, ctx), cfg, notes)
-        return await answer("hermes_status", body)
+        return await respond("hermes_status", lambda cfg: status_tool(cfg, job_id, wait_s, ctx.report_progress))
 
     @tool(read_only, "List Hermes jobs")
     async def hermes_jobs(limit: int | None = None, state: str | None = None) -> CallToolResult:
         """Jobs on disk, newest first (default limit 50): id, state, duration, cwd, first words of the task.
         state filters: running, ok, error, timeout, cancelled, orphaned, damaged."""
-        return await answer("hermes_jobs", lambda cfg: list_jobs(cfg, limit, state))
+        return await respond("hermes_jobs", lambda cfg: listing_tool(list_jobs, cfg, limit, state))
 
     @tool(read_only, "Read a file or folder")
     async def hermes_read(path: str, max_bytes: int | None = None, offset: int | None = None) -> CallToolResult:
         """Read a file (a byte range: offset, negative = from the end, to page a job log; max_bytes, default
         20000) or list a folder, to verify Hermes' work without waking an agent. Confined to the allowed
         roots and the job files."""
-        return await answer("hermes_read", lambda cfg: read_path(cfg, path, max_bytes, offset))
+        return await respond("hermes_read", lambda cfg: listing_tool(read_path, cfg, path, max_bytes, offset))
 
     @tool(read_only, "Hermes skills")
     async def hermes_capabilities(query: str | None = None, category: str | None = None,
                                   limit: int | None = None) -> CallToolResult:
         """Hermes' installed skills, read from disk. No arguments: categories with counts. query: ranked
         matches over name, description and tags. category: the skills of one category."""
-        return await answer("hermes_capabilities", lambda cfg: capabilities(cfg, query, category, limit))
+        return await respond("hermes_capabilities", lambda cfg: listing_tool(capabilities, cfg, query, category, limit))
 
     @tool(read_only, "Bridge health")
     async def hermes_health() -> CallToolResult:
-        """Is Hermes found, which version and command-line form, config problems, allowed roots, job counts.
-        Instant: starts no process."""
-        return await answer("hermes_health", health)
+        """Is Hermes found, which options its command line declares, config problems, allowed roots, job
+        counts. Instant: starts no process."""
+        return await respond("hermes_health", lambda cfg: listing_tool(health, cfg))
 
     @tool(destructive, "Cancel a Hermes job")
     async def hermes_cancel(job_id: str, ctx: Context) -> CallToolResult:
         """Stop a running job and its whole process tree; the job ends as cancelled. Work may be part-done."""
-        async def body(cfg: Config) -> str:
-            view, note = request_cancel(cfg, job_id)
-            if view.running:
-                view = await wait_for_end(cfg, view.record["id"], min(cfg.kill_grace_s + 5, cfg.max_wait_s), ctx)
-            return render_status(view, cfg, [note])
-        return await answer("hermes_cancel", body)
+        return await respond("hermes_cancel", lambda cfg: cancel_tool(cfg, job_id, ctx.report_progress))
 
     return mcp
 

@@ -1,8 +1,13 @@
 """A stand-in for the `hermes` CLI, driven by directives in the task text.
 
-It parses the command line like the real one: the 0.19 form (`chat -q TASK -Q ...`) and, with
-FAKE_HERMES_FORM=query-file, the 0.20+ form (`chat --query-file - -Q --oneshot --in DIR ...`). Flags the
-chosen form does not know end in exit 2 with "unrecognized arguments", as the real CLI does.
+It parses the command line like the real one, in the personality FAKE_HERMES_VERSION chooses (DESIGN.md
+section 5): 0.19 (`chat -q TASK -Q`, prints `session_id:`), 0.20 (adds `--in DIR`), 0.21 (adds
+`--query-file -` and `--oneshot`, prints no session line). Flags the personality does not declare end in
+exit 2 with "unrecognized arguments", as the real CLI does; `chat --help` lists the declared ones.
+
+Like the real one it keeps a session store, $HERMES_HOME/state.db (SQLite, WAL, table `sessions` with `cwd`),
+and a resume moves to the session's recorded folder whatever it was started in, announcing
+`↻ Working directory: DIR` on stderr.
 
 Directives (words in the task): !sleep=S  !exit=N  !print=BYTES  !longline=BYTES  !binary  !ansi
 !write=REL:TEXT  !grandchild=S (a tool process in its own session that starts one more of its own)
@@ -19,6 +24,7 @@ import json
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -46,7 +52,7 @@ def directives(task: str) -> dict[str, str]:
     return found
 
 
-def parser_for(form: str) -> argparse.ArgumentParser:
+def parser_for(version: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hermes chat")
     parser.add_argument("-q", "--query")
     parser.add_argument("-Q", "--quiet", action="store_true")
@@ -56,15 +62,48 @@ def parser_for(form: str) -> argparse.ArgumentParser:
     parser.add_argument("-s", "--skills", action="append")
     parser.add_argument("-t", "--toolsets")
     parser.add_argument("--yolo", action="store_true")
-    if form == "query-file":
+    if version >= "0.20":
+        parser.add_argument("--in", dest="in_dir")
+    if version >= "0.21":
         parser.add_argument("--query-file")
         parser.add_argument("--oneshot", action="store_true")
-        parser.add_argument("--in", dest="in_dir")
     return parser
 
 
+def session_store() -> sqlite3.Connection:
+    home = os.environ.get("HERMES_HOME") or os.path.join(os.path.expanduser("~"), ".hermes")
+    os.makedirs(home, exist_ok=True)
+    db = sqlite3.connect(os.path.join(home, "state.db"), timeout=10)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, model TEXT, "
+               "started_at REAL NOT NULL, ended_at REAL, message_count INTEGER DEFAULT 0, tool_call_count INTEGER "
+               "DEFAULT 0, api_call_count INTEGER DEFAULT 0, input_tokens INTEGER DEFAULT 0, output_tokens INTEGER "
+               "DEFAULT 0, cwd TEXT)")
+    return db
+
+
+def open_session(args: argparse.Namespace, todo: dict[str, str]) -> str | None:
+    """The session this run continues or starts; a resume moves to the recorded folder, as the real CLI does."""
+    db = session_store()
+    with db:
+        if args.resume and "fresh-session" not in todo:
+            row = db.execute("SELECT cwd FROM sessions WHERE id = ?", (args.resume,)).fetchone()
+            if row is None:
+                print(f"Session not found: {args.resume}", file=sys.stderr)
+                return None
+            if row[0] and os.path.isdir(row[0]) and os.path.realpath(row[0]) != os.path.realpath(os.getcwd()):
+                os.chdir(row[0])
+                print(f"↻ Working directory: {row[0]}", file=sys.stderr, flush=True)
+            return args.resume
+        session = todo.get("session") or time.strftime("%Y%m%d_%H%M%S_") + f"{random.randrange(16**6):06x}"
+        db.execute("INSERT OR REPLACE INTO sessions (id, source, model, started_at, cwd) VALUES (?, 'cli', 'fake', ?, ?)",
+                   (session, time.time(), os.getcwd()))
+    db.close()
+    return session
+
+
 def main() -> int:
-    form = os.environ.get("FAKE_HERMES_FORM", "query-arg")
+    version = os.environ.get("FAKE_HERMES_VERSION", "0.19")
     argv = sys.argv[1:]
     trace = os.environ.get("FAKE_HERMES_TRACE", "")
     if trace:
@@ -76,21 +115,26 @@ def main() -> int:
     if argv[:1] != ["chat"]:
         print("usage: hermes chat ...", file=sys.stderr)
         return 2
-    args = parser_for(form).parse_args(argv[1:])
-    if form == "query-file" and args.query_file == "-":
+    args = parser_for(version).parse_args(argv[1:])
+    if getattr(args, "query_file", None) == "-":
         task = sys.stdin.read()
     elif args.query is not None:
         task = args.query
     else:
         print("error: no query given", file=sys.stderr)
         return 2
-    if form == "query-file" and args.in_dir:
+    if getattr(args, "in_dir", None):
         os.chdir(args.in_dir)
     todo = directives(task)
+    session = open_session(args, todo)
+    if session is None:
+        return 1
     if trace:
-        with open(os.path.join(trace, f"{os.getpid()}.json"), "w") as handle:
+        with open(os.path.join(trace, f".{os.getpid()}.tmp"), "w") as handle:
             json.dump({"argv": argv, "cwd": os.getcwd(), "task": task, "pid": os.getpid(),
-                       "hermes_home": os.environ.get("HERMES_HOME")}, handle)
+                       "hermes_home": os.environ.get("HERMES_HOME"), "marker": os.environ.get("HERMES_BRIDGE_JOB")},
+                      handle)
+        os.replace(os.path.join(trace, f".{os.getpid()}.tmp"), os.path.join(trace, f"{os.getpid()}.json"))
     if "ignore-term" in todo:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
@@ -124,14 +168,11 @@ def main() -> int:
     deadline = time.time() + float(todo.get("sleep") or 0)
     while time.time() < deadline:
         time.sleep(min(0.1, max(0.0, deadline - time.time())))
-    if args.resume and "fresh-session" not in todo:
-        session = args.resume
-    else:
-        session = todo.get("session") or time.strftime("%Y%m%d_%H%M%S_") + f"{random.randrange(16**6):06x}"
     out.write(f"FAKE DONE: {task[:60]}\n")
     out.flush()
-    sys.stderr.write(f"session_id: {session}\n")
-    sys.stderr.flush()
+    if version < "0.21":
+        sys.stderr.write(f"session_id: {session}\n")
+        sys.stderr.flush()
     return int(todo.get("exit") or 0)
 
 

@@ -26,12 +26,16 @@ FAKE_HERMES = Path(__file__).resolve().parent / "fake_hermes.py"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def make_fake_hermes(prefix: Path, form: str = "query-arg", version: str | None = "0.19.0") -> Path:
-    """A fake install laid out like a venv: bin/hermes, and a hermes_agent dist-info when version is set."""
+FAKE_PERSONALITIES = ("0.19", "0.20", "0.21")
+
+
+def make_fake_hermes(prefix: Path, personality: str = "0.19", version: str | None = "0.19.0") -> Path:
+    """A fake install laid out like a venv: bin/hermes speaking one Hermes version's command line, and a
+    hermes_agent dist-info claiming `version` when it is set (which need not match the personality)."""
     bin_dir = prefix / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     exe = bin_dir / "hermes"
-    exe.write_text(f'#!/bin/sh\nFAKE_HERMES_FORM={form} exec "{sys.executable}" "{FAKE_HERMES}" "$@"\n')
+    exe.write_text(f'#!/bin/sh\nFAKE_HERMES_VERSION={personality} exec "{sys.executable}" "{FAKE_HERMES}" "$@"\n')
     exe.chmod(0o755)
     if version:
         (prefix / "lib" / "python3.11" / "site-packages" / f"hermes_agent-{version}.dist-info").mkdir(parents=True)

@@ -59,7 +59,7 @@ def test_run_returns_running_fast_then_status_collects_ok_output_and_session(bri
         run = bridge.runs()[0]
         assert run["cwd"] == str(bridge.root.resolve())
         assert run["task"] == "make the thing !sleep=2 !session=20261130_104857_89284b"
-        assert run["argv"][:2] == ["chat", "-q"] and "-Q" in run["argv"]
+        assert run["argv"][1] == "--query=" + run["task"] and "-Q" in run["argv"]
 
 
 def test_failing_run_ends_error_with_its_exit_code(bridge):
@@ -204,28 +204,47 @@ def test_wrong_mcp_sdk_is_one_line_with_the_fix_and_exit_2(bridge, tmp_path):
         assert "mcp 2.3.0" in lines[0] and sys.executable in lines[0] and "mcp>=1.24,<2" in lines[0]
 
 
-@pytest.mark.parametrize("version", ["0.21.0", None])
-def test_query_file_form_sends_the_task_on_stdin_chosen_from_disk_or_by_probe(bridge, version):
-    exe = make_fake_hermes(bridge.tmp / f"hermes-new-{version}", form="query-file", version=version)
+@pytest.mark.parametrize("personality", ["0.19", "0.20", "0.21"])
+def test_auto_builds_the_command_line_each_hermes_declares_whatever_its_version_on_disk_says(bridge, personality):
+    """Every fake claims version 0.20.1 on disk (as an upstream 0.20.1 install does); only the flags that
+    `hermes chat --help` declares decide the command line, probed once and cached."""
+    exe = make_fake_hermes(bridge.tmp / f"hermes-{personality}", personality=personality, version="0.20.1")
     bridge.configure(hermes_exe=str(exe))
-    task = "new form task with 'quotes' \"double\" $HOME `cmd` ; | & \n second line"
+    task = "-leading dash with 'quotes' \"double\" $HOME `cmd` ; | & \n second line"
     with bridge.client() as client:
-        health = client.call("hermes_health").field("CLI_FORM")
-        assert health.startswith("query-file" if version else "auto")
+        assert client.call("hermes_health").field("CLI_FLAGS").startswith("not known yet")
         assert bridge.invocations() == []  # hermes_health never starts Hermes, not even to probe it
         result = client.call("hermes_run", task=task, wait_s=30)
         assert result.field("STATUS") == "ok", result.text
         run = bridge.runs()[0]
         assert run["task"] == task
-        assert run["argv"][:8] == ["chat", "--query-file", "-", "-Q", "--oneshot", "--in",
-                                   str(bridge.root.resolve())][:8]
-        assert client.call("hermes_health").field("CLI_FORM").startswith("query-file")
-        client.call("hermes_run", task="second run", wait_s=30)
+        assert run["cwd"] == str(bridge.root.resolve())
+        stdin_form = personality >= "0.21"
+        assert ("--query-file" in run["argv"]) == stdin_form
+        assert (f"--in={bridge.root.resolve()}" in run["argv"]) == (personality >= "0.20")
+        assert result.field("SESSION_ID") != "none captured"  # 0.21 prints none: found in the session store
+        health = client.call("hermes_health")
+        assert ("--query-file" in health.field("CLI_FLAGS")) == stdin_form
+        assert "<task>" in health.field("CLI_COMMAND")
+        assert client.call("hermes_run", task="second run", wait_s=30).field("STATUS") == "ok"
     probes = [argv for argv in bridge.invocations() if argv == ["chat", "--help"]]
-    assert len(probes) == (0 if version else 1)  # probed once, then cached
+    assert len(probes) == 1  # probed once, then cached
 
 
-def test_resume_latest_passes_no_restore_cwd_and_reports_a_fresh_session(bridge):
+@pytest.mark.parametrize("forced, personality", [("query-arg", "0.21"), ("query-file", "0.19")])
+def test_hermes_cli_form_in_config_wins_over_the_probe(bridge, forced, personality):
+    exe = make_fake_hermes(bridge.tmp / "h", personality=personality)
+    bridge.configure(hermes_exe=str(exe), hermes_cli_form=forced)
+    with bridge.client() as client:
+        result = client.call("hermes_run", task="forced form", wait_s=30)
+    argv = bridge.invocations()[-1]
+    assert ("--query-file" in argv) == (forced == "query-file")
+    assert ["chat", "--help"] not in bridge.invocations()
+    if forced == "query-file":  # a 0.19 given the 0.21 form rejects it, and the reason says where to look
+        assert result.field("EXIT_CODE") == "2" and "hermes_health" in result.field("REASON")
+
+
+def test_resume_latest_resumes_the_captured_session_and_reports_a_fresh_one(bridge):
     with bridge.client() as client:
         first = client.call("hermes_run", task="first !session=20261130_000000_aaaaaa", wait_s=20)
         assert first.field("SESSION_ID") == "20261130_000000_aaaaaa"
@@ -234,7 +253,7 @@ def test_resume_latest_passes_no_restore_cwd_and_reports_a_fresh_session(bridge)
         assert resumed.field("SESSION_ID") == "20261130_000000_aaaaaa"
         assert "SESSION_NOTE" not in resumed.text
         argv = bridge.runs()[-1]["argv"]
-        assert argv[argv.index("--resume") + 1] == "20261130_000000_aaaaaa" and "--no-restore-cwd" in argv
+        assert "--resume=20261130_000000_aaaaaa" in argv
         fresh = client.call("hermes_resume", session_id="20261130_000000_aaaaaa", task="again !fresh-session",
                             wait_s=20)
         assert "started a fresh session" in fresh.field("SESSION_NOTE")
@@ -249,9 +268,8 @@ def test_skills_toolsets_and_argument_errors(bridge):
         assert result.field("STATUS") == "ok"
         assert "wait_s=99999 was clamped to 45" in result.text
         argv = bridge.runs()[0]["argv"]
-        assert argv[argv.index("-s") + 1] == "github-pr,code/review"
-        assert argv[argv.index("-t") + 1] == "terminal,file"
-        assert argv[argv.index("--max-turns") + 1] == "7"
+        assert "--skills=github-pr,code/review" in argv and "--toolsets=terminal,file" in argv
+        assert "--max-turns=7" in argv
         refusals = [
             dict(task=""), dict(task="   "), dict(task="x", skills=["bad name!"]), dict(task="x", skills=[""]),
             dict(task="x", timeout_s=-5), dict(task="x", timeout_s=0), dict(task="x", max_turns=0),
@@ -321,11 +339,13 @@ def test_capabilities_summarises_ranks_and_lists_categories(bridge):
     skill("broken/no-front", "just text\n")
     with bridge.client() as client:
         summary = client.call("hermes_capabilities")
-        assert "SKILLS: 4 (2 malformed SKILL.md skipped)" in summary.text
+        assert "SKILLS: 4 (2 skipped)" in summary.text
+        assert "SKIPPED: broken/bad-yaml/SKILL.md: invalid YAML" in summary.text
+        assert "SKIPPED: broken/no-front/SKILL.md: no YAML front matter" in summary.text
         assert "github (2): github-issues, github-pr-workflow" in summary.text
         assert "devops (1): compose-up" in summary.text and "uncategorised (1): loose-skill" in summary.text
         ranked = client.call("hermes_capabilities", query="review pull requests")
-        assert ranked.text.splitlines()[3].startswith("- github-pr-workflow [github]")
+        assert ranked.text.split("MATCHES")[1].splitlines()[1].startswith("- github-pr-workflow [github]")
         listing = client.call("hermes_capabilities", category="github", limit=1)
         assert "CATEGORY github: 2 skills" in listing.text and listing.text.count("\n- ") == 1
         missing = client.call("hermes_capabilities", category="nope")

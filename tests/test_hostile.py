@@ -103,7 +103,7 @@ def test_task_tricks_reach_hermes_byte_for_byte_or_are_refused(bridge):
     assert bridge.runs()[0]["task"] == hostile
     assert not os.path.exists("/tmp/bridge-hostile-marker")
     big = "y" * 2**20 + " !exit=0"
-    bridge.configure(hermes_exe=str(make_fake_hermes(bridge.tmp / "new", form="query-file", version="0.21.0")))
+    bridge.configure(hermes_exe=str(make_fake_hermes(bridge.tmp / "new", personality="0.21", version="0.21.0")))
     with bridge.client() as client:
         result = client.call("hermes_run", task=big, wait_s=30)
         assert result.field("STATUS") == "ok", result.text

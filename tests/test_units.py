@@ -37,7 +37,7 @@ def test_liveness_needs_pid_and_start_time():
     assert server.alive(None) is None and server.alive({"pid": "x"}) is None
 
 
-def test_observe_reports_orphaned_and_untracked_jobs(tmp_path):
+def test_observe_reports_orphaned_jobs_and_supervisors_that_never_started(tmp_path):
     dead = {"pid": 2**22 + 9, "create_time": 1.0}
     record = {"id": "20261130-000000-1", "state": "running", "supervisor": dead, "hermes": dead,
               "created_at": time.time() - 100}
@@ -45,7 +45,10 @@ def test_observe_reports_orphaned_and_untracked_jobs(tmp_path):
     assert view.state == "orphaned" and "Hermes is not running" in view.reason
     record["hermes"] = server.process_identity(psutil.Process())
     assert "still running" in server.observe(record).reason
-    assert server.observe({"id": "x", "state": "running"}).state == "running_untracked"
+    never_started = {"id": "x", "state": "starting", "supervisor": None, "created_at": time.time()}
+    assert server.observe(never_started).state == "starting"
+    never_started["created_at"] -= server.START_GRACE_S + 1
+    assert server.observe(never_started).state == "orphaned"  # not "starting" for ever
     assert server.observe({"id": "x", "state": "starting", "supervisor": None, "created_at": time.time()}).running
 
 
@@ -90,20 +93,30 @@ def test_config_problems_name_the_spot_and_keep_defaults(tmp_path):
     assert "no config file" in server.load_config(tmp_path / "missing.json").problems[0]
 
 
-def test_command_lines_for_both_forms():
+@pytest.mark.parametrize("form, expected", [
+    ("query-arg", ["hermes", "chat", "--query=-do it", "-Q", "--max-turns=5", "--resume=S", "--skills=a,b",
+                   "--toolsets=t", "--yolo", "--source", "tool"]),
+    ("query-file", ["hermes", "chat", "--query-file", "-", "-Q", "--oneshot", "--in=/w", "--max-turns=5",
+                    "--resume=S", "--skills=a,b", "--toolsets=t", "--yolo", "--source", "tool"]),
+], ids=["0.19-form", "0.21-form"])
+def test_command_lines_join_every_value_to_its_option(form, expected):
+    """A task or id starting with '-' can never be read as an option: each value is joined with '='."""
     cfg = server.Config(path=server.SERVER_DIR / "config.json", yolo=True, extra_args=["--source", "tool"])
     record = {"cwd": "/w", "max_turns": 5, "session_requested": "S", "skills": ["a", "b"], "toolsets": ["t"]}
-    assert server.hermes_command("query-arg", "hermes", record, "do it", cfg) == [
-        "hermes", "chat", "-q", "do it", "-Q", "--max-turns", "5", "--resume", "S", "--no-restore-cwd",
-        "-s", "a,b", "-t", "t", "--yolo", "--source", "tool"]
-    assert server.hermes_command("query-file", "hermes", record, "do it", cfg) == [
-        "hermes", "chat", "--query-file", "-", "-Q", "--oneshot", "--in", "/w", "--max-turns", "5",
-        "--resume", "S", "--skills", "a,b", "--toolsets", "t", "--yolo", "--source", "tool"]
+    cli = server.HermesCli(server.FORM_FLAGS[form], "test")
+    assert server.hermes_command(cli, "hermes", record, "-do it", cfg) == expected
+
+
+def test_the_flags_a_0_20_hermes_declares_give_in_but_not_query_file():
+    cli = server.HermesCli(frozenset({"--query", "--quiet", "--in", "--resume"}), "test")
+    cfg = server.Config(path=server.SERVER_DIR / "config.json")
+    argv = server.hermes_command(cli, "hermes", {"cwd": "/w"}, "task", cfg)
+    assert argv == ["hermes", "chat", "--query=task", "-Q", "--in=/w"]
 
 
 def test_describe_exit_names_signals():
     assert "SIGKILL" in server.describe_exit(-9)
-    assert "unrecognized arguments" in server.describe_exit(2)
+    assert "hermes_health" in server.describe_exit(2)
 
 
 def test_skill_index_cache_sees_added_edited_and_removed_skills(tmp_path):
@@ -124,5 +137,5 @@ def test_skill_index_cache_sees_added_edited_and_removed_skills(tmp_path):
     first.unlink()
     first.parent.rmdir()
     skills_now, malformed = server.skill_index(skills)
-    assert sorted(s["name"] for s in skills_now) == ["three", "two"] and malformed == 0
+    assert sorted(s["name"] for s in skills_now) == ["three", "two"] and malformed == []
     assert {s["name"]: s["category"] for s in skills_now} == {"two": "cat", "three": "other"}
