@@ -1670,16 +1670,15 @@ def read_path(cfg: Config, path: Any, max_bytes: int | None, offset: int | None)
     if not is_dir and not stat.S_ISREG(checked.st_mode):
         raise Refused(f"{shown(resolved)} is not a regular file or folder (a FIFO, device or socket could hang "
                       "or never end), so it is not read")
-    flags = READ_FLAGS | NOFOLLOW | (getattr(os, "O_DIRECTORY", 0) if is_dir else 0)
     try:
-        fd = os.open(resolved, flags)
+        fd = open_confined(resolved, is_dir)
     except OSError as exc:
-        raise Refused(f"cannot open {shown(resolved)}: {exc.strerror or exc}") from None
+        raise Refused(f"cannot open {shown(resolved)} as the file that was checked: {exc.strerror or exc} (a "
+                      "symlink swapped in?)") from None
     try:
         opened = os.fstat(fd)
-        if ((opened.st_dev, opened.st_ino) != (checked.st_dev, checked.st_ino)
-                or os.path.realpath(resolved) != resolved):
-            raise Refused(f"{shown(resolved)} changed while it was being opened (a symlink swapped in?); try again")
+        if (opened.st_dev, opened.st_ino) != (checked.st_dev, checked.st_ino):
+            raise Refused(f"{shown(resolved)} changed while it was being opened; try again")
         if is_dir:
             return list_directory(resolved, fd)
         with os.fdopen(os.dup(fd), "rb") as handle:
@@ -1700,6 +1699,33 @@ def read_path(cfg: Config, path: Any, max_bytes: int | None, offset: int | None)
     if b"\x00" in data:
         return "\n".join(header + ["BINARY: yes, the content is not text and is not shown"])
     return "\n".join(header + ["---", data.decode("utf-8", "replace")])
+
+
+def open_confined(resolved: str, directory: bool) -> int:
+    """Open a resolved (symlink-free) path so that no symlink is followed on the way: component by component
+    with O_NOFOLLOW where the platform allows (POSIX), so a folder swapped for a symlink out after the check
+    fails the open instead of leading outside. Elsewhere the path is opened directly and must still
+    resolve to itself afterwards."""
+    directory_flag = getattr(os, "O_DIRECTORY", 0)
+    last_flags = READ_FLAGS | NOFOLLOW | (directory_flag if directory else 0)
+    if not (NOFOLLOW and os.open in os.supports_dir_fd):
+        fd = os.open(resolved, last_flags)
+        if os.path.realpath(resolved) != resolved:
+            os.close(fd)
+            raise OSError(errno.ELOOP, "the path no longer resolves to itself")
+        return fd
+    parts = Path(resolved).parts
+    fd = os.open(parts[0], os.O_RDONLY | directory_flag)
+    if len(parts) == 1:
+        return fd
+    try:
+        for part in parts[1:-1]:
+            inner = os.open(part, os.O_RDONLY | directory_flag | NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        return os.open(parts[-1], last_flags, dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def list_directory(resolved: str, fd: int) -> str:
@@ -2331,7 +2357,7 @@ async def check_server(command: list[str], env: dict[str, str] | None = None, ti
         return False, report
     text = health_result.content[0].text
     for line in text.splitlines():
-        if line.startswith(("HERMES_EXE", "HERMES_VERSION", "CLI_FORM", "ALLOWED_ROOTS", "CONFIG", "  - ")):
+        if line.startswith(("HERMES_EXE", "HERMES_VERSION", "CLI_FLAGS", "CLI_COMMAND", "ALLOWED_ROOTS", "CONFIG", "  - ")):
             report.append(line.strip())
     if "NOT FOUND" in text:
         report.append("WARN: Hermes is not installed or not found; jobs will end in error until it is")

@@ -133,6 +133,23 @@ def wait_gone(pids: list[int], timeout: float = 10) -> list[int]:
     return live_pids(pids)
 
 
+def refused(result: "Result", *words: str) -> str:
+    """Assert a refusal whose reason names every word given; returns the reason."""
+    assert result.is_error, result.text
+    assert result.field("STATUS") == "refused", result.text
+    reason = result.field("REASON")
+    for word in words:
+        assert word in reason, (word, reason)
+    return reason
+
+
+def nothing_started(bridge: Bridge) -> None:
+    """No Hermes ran and no job record was written."""
+    time.sleep(0.3)
+    assert bridge.runs() == []
+    assert list(bridge.jobs.glob("2*.json")) == []
+
+
 @dataclasses.dataclass
 class Result:
     text: str
@@ -196,7 +213,11 @@ class BridgeClient:
 
 
 E2E = REPO / ".e2e"
-REAL_HERMES = Path(os.environ.get("HERMES_E2E_EXE") or E2E / "hermes-venv" / "bin" / "hermes")
+# The real Hermes versions the end-to-end tests run against, each installed by tests/install_e2e.sh.
+REAL_HERMES_VERSIONS = {
+    "0.19.0": E2E / "hermes-venv" / "bin" / "hermes",
+    "0.20.1": E2E / "hermes020-venv" / "bin" / "hermesx",
+}
 INSPECTOR = E2E / "inspector" / "node_modules" / "@modelcontextprotocol" / "inspector" / "clients" / "launcher" / "build" / "index.js"
 
 

