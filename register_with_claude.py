@@ -17,6 +17,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -42,25 +43,46 @@ def this_platform() -> str:
     return {"win32": "windows", "darwin": "macos"}.get(sys.platform, "linux")
 
 
-def home() -> Path:
-    return Path(os.environ.get("HOME") or os.environ.get("USERPROFILE") or Path.home())
+def home(platform: str | None = None) -> Path:
+    """The user's home as the hosts see it: on Windows USERPROFILE (what Python and Node use), not a HOME
+    that Git Bash or MSYS may have set."""
+    names = ("USERPROFILE", "HOME") if (platform or this_platform()) == "windows" else ("HOME", "USERPROFILE")
+    return Path(next((os.environ[n] for n in names if os.environ.get(n)), None) or Path.home())
+
+
+def is_store_python(executable: str, base_prefix: str) -> bool:
+    """The Microsoft Store Python (or a venv made from it): files it creates under %APPDATA% are redirected
+    into its private LocalCache, where Claude Desktop never looks."""
+    return any("PythonSoftwareFoundation.Python" in path or "\\WindowsApps\\" in path
+               for path in (executable, base_prefix))
+
+
+MACOS_PATH = ("/opt/homebrew/bin", "/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin")
+
+
+def macos_launch_settings(hermes: str | None, user_home: Path) -> tuple[list[str], dict[str, str]]:
+    """Claude Desktop on macOS starts servers with launchd's PATH (/usr/bin:/bin:/usr/sbin:/sbin), so the
+    entry carries Hermes' absolute path and a PATH with the folders Hermes and its tools live in."""
+    folders = ([str(Path(hermes).parent)] if hermes else []) + [str(user_home / ".local" / "bin"), *MACOS_PATH]
+    path = ":".join(dict.fromkeys(folders))
+    return (["--hermes-exe", hermes] if hermes else []), {"PATH": path}
 
 
 def desktop_configs(platform: str) -> tuple[list[Path], Path]:
     """Claude Desktop configs of installs that exist (both Windows layouts can), and this OS's usual one."""
     name = "claude_desktop_config.json"
     if platform == "windows":
-        appdata = Path(os.environ.get("APPDATA") or home() / "AppData" / "Roaming")
-        localappdata = Path(os.environ.get("LOCALAPPDATA") or home() / "AppData" / "Local")
+        appdata = Path(os.environ.get("APPDATA") or home(platform) / "AppData" / "Roaming")
+        localappdata = Path(os.environ.get("LOCALAPPDATA") or home(platform) / "AppData" / "Local")
         classic = appdata / "Claude" / name
         store = [Path(p) / name for p in sorted(glob.glob(
             str(localappdata / "Packages" / "Claude_*" / "LocalCache" / "Roaming" / "Claude")))]
         candidates, usual = [classic, *store], classic
     elif platform == "macos":
-        usual = home() / "Library" / "Application Support" / "Claude" / name
+        usual = home(platform) / "Library" / "Application Support" / "Claude" / name
         candidates = [usual]
     else:
-        usual = Path(os.environ.get("XDG_CONFIG_HOME") or home() / ".config") / "Claude" / name
+        usual = Path(os.environ.get("XDG_CONFIG_HOME") or home(platform) / ".config") / "Claude" / name
         candidates = [usual]
     return [p for p in candidates if p.exists() or p.parent.is_dir()], usual
 
@@ -70,16 +92,20 @@ def host_configs(host: str, platform: str) -> tuple[list[Path], Path]:
     if host == "claude-desktop":
         return desktop_configs(platform)
     usual = {
-        "claude-code": home() / ".claude.json",
-        "codex": Path(os.environ.get("CODEX_HOME") or home() / ".codex") / "config.toml",
-        "cursor": home() / ".cursor" / "mcp.json",
+        "claude-code": home(platform) / ".claude.json",
+        "codex": Path(os.environ.get("CODEX_HOME") or home(platform) / ".codex") / "config.toml",
+        "cursor": home(platform) / ".cursor" / "mcp.json",
     }[host]
     return ([usual] if usual.exists() else []), usual
 
 
 # --------------------------------------------------------------------------------------------- editing
-def server_entry(host: str, python: str) -> dict[str, Any]:
+def server_entry(host: str, python: str, platform: str = "linux", hermes: str | None = None) -> dict[str, Any]:
     entry: dict[str, Any] = {"command": python, "args": [str(SERVER)]}
+    if platform == "macos":
+        extra_args, env = macos_launch_settings(hermes, home(platform))
+        entry["args"] += extra_args
+        entry["env"] = env
     return {"type": "stdio", **entry} if host == "claude-code" else entry
 
 
@@ -163,8 +189,15 @@ def write_safely(path: Path, new_text: str) -> Path | None:
             n += 1
         backup.write_bytes(path.read_bytes())
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(new_text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(new_text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
     return backup
 
 
@@ -172,8 +205,9 @@ def write_safely(path: Path, new_text: str) -> Path | None:
 def run_check(python: str) -> None:
     """The server's own self-check with the interpreter the host will use; refuse to register on failure."""
     try:
-        done = subprocess.run([python, str(SERVER), "--check"], capture_output=True, text=True, timeout=180,
-                              stdin=subprocess.DEVNULL)
+        done = subprocess.run([python, str(SERVER), "--check"], capture_output=True, encoding="utf-8",
+                              errors="replace", timeout=180, stdin=subprocess.DEVNULL,
+                              env=dict(os.environ, PYTHONIOENCODING="utf-8"))
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise Refusal(f"could not run {python} {SERVER} --check: {exc}") from None
     if done.returncode != 0:
@@ -219,12 +253,21 @@ def main(argv: list[str]) -> int:
         if not targets:
             print(f"no config of {args.host} found on this machine; nothing to do")
             return 0
+        if (args.platform == "windows" and not args.print and not args.remove
+                and any(host == "claude-desktop" for host, _, _ in targets)
+                and is_store_python(sys.executable, sys.base_prefix)):
+            entry = {"mcpServers": {args.name: server_entry("claude-desktop", python, args.platform)}}
+            raise Refusal("this is the Microsoft Store Python: Windows redirects the files it writes under "
+                          "%APPDATA% into its private LocalCache, where Claude Desktop never looks. Run this script "
+                          "with a python.org Python, or paste this into "
+                          f"{targets[0][1]} yourself (merge it with what is there):\n"
+                          + json.dumps(entry, indent=2))
         if not args.remove:
             run_check(python)
         for host, path, created in targets:
             editor: Callable[..., str | None] = edit_toml if host == "codex" else edit_json
             old = path.read_text(encoding="utf-8") if path.exists() else None
-            entry = None if args.remove else server_entry(host, python)
+            entry = None if args.remove else server_entry(host, python, args.platform, shutil.which("hermes"))
             new = editor(old, path, args.name, entry)
             label = f"{host}: {path}"
             if new is None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # /// script
 # requires-python = ">=3.10"
-# dependencies = ["mcp>=1.24,<2", "psutil>=5.9", "PyYAML>=6", "filelock>=3.12"]
+# dependencies = ["mcp>=1.24,<2", "psutil>=5.9", "PyYAML>=6", "filelock>=3.12", "platformdirs>=4"]
 # ///
 """claude-hermes-bridge: an MCP stdio server that gives a planner (Claude Desktop or any MCP host) an
 executor, the Hermes Agent CLI, on the same machine.
@@ -25,6 +25,13 @@ def guard_stdio() -> tuple[int, int]:
     After this a print() anywhere, or a child that inherits fd 1, writes to stderr and can never corrupt
     the JSON-RPC stream. os.dup() returns non-inheritable fds, so no child ever holds the protocol pipes.
     """
+    try:
+        os.fstat(2)
+    except OSError:  # started without a stderr (a Windows GUI host can do that): give it the null device
+        err_fd = os.open(os.devnull, os.O_WRONLY)
+        if err_fd != 2:
+            os.dup2(err_fd, 2)
+            os.close(err_fd)
     protocol_in, protocol_out = os.dup(0), os.dup(1)
     null_fd = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null_fd, 0)
@@ -33,9 +40,19 @@ def guard_stdio() -> tuple[int, int]:
     return protocol_in, protocol_out
 
 
-PROTOCOL_FDS = guard_stdio() if __name__ == "__main__" and sys.argv[1:] == [] else None
+# Options after which the process does something else than serve the protocol; any other command line
+# serves it (the host's settings are options too), so the guard runs first.
+NOT_SERVING = ("--check", "--version", "--supervise", "--try", "--help", "-h")
 
-import dataclasses  # noqa: E402  (the guard must run before anything else can print)
+
+def serves_protocol(argv: list[str]) -> bool:
+    return not any(arg.split("=", 1)[0] in NOT_SERVING for arg in argv)
+
+
+PROTOCOL_FDS = guard_stdio() if __name__ == "__main__" and serves_protocol(sys.argv[1:]) else None
+
+import argparse  # noqa: E402  (the guard must run before anything else can print)
+import dataclasses  # noqa: E402
 import errno  # noqa: E402
 import hashlib  # noqa: E402
 import importlib.util  # noqa: E402
@@ -88,7 +105,8 @@ def missing_dependencies(need_mcp: bool) -> str | None:
             return (f"claude-hermes-bridge needs the MCP Python SDK 1.x (mcp>=1.24,<2); interpreter "
                     f"{sys.executable} has {'no mcp' if found is None else 'mcp ' + found}. "
                     f"Fix: \"{sys.executable}\" -m pip install \"mcp>=1.24,<2\"")
-    for module, package in (("psutil", "psutil"), ("yaml", "PyYAML"), ("filelock", "filelock")):
+    for module, package in (("psutil", "psutil"), ("yaml", "PyYAML"), ("filelock", "filelock"),
+                            ("platformdirs", "platformdirs")):
         if importlib.util.find_spec(module) is None:
             return (f"claude-hermes-bridge needs {package}; interpreter {sys.executable} does not have it. "
                     f"Fix: {fix}")
@@ -130,20 +148,25 @@ class Config:
     retention_max_jobs: int = 1000
     audit_max_bytes: int = 1_000_000
     problems: list[str] = dataclasses.field(default_factory=list)
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
 
-    def _dir(self, value: str | None, default: str) -> Path:
-        if not value:
-            return SERVER_DIR / default
-        path = Path(os.path.expanduser(value))
-        return path if path.is_absolute() else self.path.parent / path
+    def _dir(self, value: str | None, kind: str, legacy: str) -> Path:
+        """A configured folder (relative = beside the config file); by default the per-user one, except
+        in a clone that already keeps its jobs beside server.py, which goes on answering for them."""
+        if value:
+            path = Path(os.path.expanduser(value))
+            return path if path.is_absolute() else self.path.parent / path
+        if (SERVER_DIR / legacy).is_dir():
+            return SERVER_DIR / legacy
+        return user_dir("state") / "jobs" if kind == "state" else user_dir("log")
 
     @property
     def jobs_path(self) -> Path:
-        return self._dir(self.jobs_dir, "jobs")
+        return self._dir(self.jobs_dir, "state", "jobs")
 
     @property
     def logs_path(self) -> Path:
-        return self._dir(self.logs_dir, "logs")
+        return self._dir(self.logs_dir, "log", "logs")
 
     @property
     def roots(self) -> list[str]:
@@ -204,32 +227,69 @@ CONFIG_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
 }
 
 
+APP_NAME = "claude-hermes-bridge"
+SETTINGS_ENV = "HERMES_BRIDGE_SETTINGS"  # settings the host passed on the command line, for supervisors
+
+
+def user_dir(kind: str) -> Path:
+    """A per-user folder (platformdirs: state, log or config) that survives reinstalling or updating the
+    bridge, and lies outside a bundle's folder (which Claude Desktop replaces on update, and which the
+    Microsoft Store build virtualises)."""
+    import platformdirs
+
+    return Path(getattr(platformdirs, f"user_{kind}_dir")(APP_NAME, appauthor=False))
+
+
 def config_path() -> Path:
+    """HERMES_BRIDGE_CONFIG, else config.json beside server.py (the clone route), else the per-user one."""
     override = os.environ.get("HERMES_BRIDGE_CONFIG")
-    return Path(override).expanduser().resolve() if override else SERVER_DIR / "config.json"
+    if override:
+        return Path(override).expanduser().resolve()
+    beside = SERVER_DIR / "config.json"
+    return beside if beside.exists() else user_dir("config") / "config.json"
 
 
-def load_config(path: Path | None = None) -> Config:
-    """Read config.json; a missing or broken file yields defaults plus a list of problems, never an error."""
-    path = path or config_path()
-    cfg = Config(path=path)
+def read_config_file(path: Path, cfg: Config) -> dict[str, Any]:
+    """The file's settings; every problem is kept in cfg.problems, never raised."""
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        cfg.problems.append(f"no config file at {path}: copy config.example.json to config.json and set "
-                            "allowed_roots")
-        return cfg
+        if not host_settings():
+            cfg.problems.append(f"no config file at {path}: copy config.example.json to config.json and set "
+                                "allowed_roots (or pass --allowed-roots)")
+        return {}
     except json.JSONDecodeError as exc:
         cfg.problems.append(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}; "
                             "fix that spot (config.example.json shows the format)")
-        return cfg
+        return {}
     except (OSError, UnicodeDecodeError) as exc:
         cfg.problems.append(f"cannot read {path}: {exc}")
-        return cfg
+        return {}
     if not isinstance(raw, dict):
         cfg.problems.append(f"{path} must hold a JSON object {{...}}, not {type(raw).__name__}")
-        return cfg
-    for key, value in raw.items():
+        return {}
+    return raw
+
+
+def host_settings() -> dict[str, Any]:
+    """Settings the host passed on the server's command line (main() puts them in the environment, so the
+    supervisors it starts see them too); they win over the config file."""
+    try:
+        settings = json.loads(os.environ.get(SETTINGS_ENV) or "{}")
+    except ValueError:
+        return {}
+    return {k: v for k, v in settings.items() if k in HOST_SETTING_KEYS} if isinstance(settings, dict) else {}
+
+
+HOST_SETTING_KEYS = ("allowed_roots", "hermes_exe", "hermes_home", "yolo")
+
+
+def load_config(path: Path | None = None) -> Config:
+    """Defaults, then config.json, then the host's command-line settings; a missing or broken file yields
+    defaults plus a list of problems, never an error. cfg.sources says where each setting came from."""
+    path = path or config_path()
+    cfg = Config(path=path)
+    for key, value in read_config_file(path, cfg).items():
         if key.startswith("_"):
             continue  # "_comment" keys document the file
         if key not in CONFIG_TYPES:
@@ -243,6 +303,10 @@ def load_config(path: Path | None = None) -> Config:
             cfg.problems.append(f"{key} must be {described}, got {json.dumps(value)[:60]} (default used)")
             continue
         setattr(cfg, key, value)
+        cfg.sources[key] = f"config file {path}"
+    for key, value in host_settings().items():
+        setattr(cfg, key, value)
+        cfg.sources[key] = "command line"
     validate_config(cfg)
     return cfg
 
@@ -294,6 +358,22 @@ def broad_root(resolved: str) -> str | None:
     return None
 
 
+def path_advice(path_env: str, platform: str, home: str) -> str | None:
+    """What the server's PATH lacks, on macOS, where Claude Desktop starts servers with launchd's PATH
+    (/usr/bin:/bin:/usr/sbin:/sbin): `hermes` in ~/.local/bin is not found, nor the tools Hermes runs from
+    Homebrew, though the same command works in a terminal."""
+    if platform != "darwin":
+        return None
+    present = set(path_env.split(":"))
+    usual = [f"{home}/.local/bin", "/opt/homebrew/bin", "/usr/local/bin"]
+    missing = [folder for folder in usual if folder not in present]
+    if not missing:
+        return None
+    return (f"the server's PATH lacks {', '.join(missing)} (Claude Desktop starts servers with launchd's PATH). "
+            "Set hermes_exe to Hermes' absolute path, and give the server a PATH with the folders Hermes' tools "
+            "need: register_with_claude.py writes both into the host entry")
+
+
 # ------------------------------------------------------------------------------------------ confinement
 def same_case(path: str) -> str:
     """Windows paths compare case-insensitively; elsewhere case matters."""
@@ -312,15 +392,46 @@ def shown(value: Any, limit: int = 200) -> str:
     return text + (f"... ({len(value) if isinstance(value, str) else '?'} chars)" if cut else "")
 
 
+def folder_identity(path: str) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+FOLDS_CASE = sys.platform in ("win32", "darwin")  # NTFS and APFS ignore case (APFS also normalisation)
+
+
+def within_root(resolved: str, root: str, folds_case: bool = FOLDS_CASE,
+                identity: Callable[[str], tuple[int, int] | None] = folder_identity) -> bool:
+    """True when a resolved path sits inside a resolved root, by whole components. Where the file system
+    ignores case, realpath keeps the spelling given, so a path whose spelling differs is also inside when
+    one of its own ancestors is the root itself (same device and inode): equal folders are equal, and
+    nothing becomes reachable that is not inside the root."""
+    try:
+        if os.path.commonpath([same_case(resolved), same_case(root)]) == same_case(root):
+            return True
+    except ValueError:  # different drives on Windows
+        return False
+    if not folds_case:
+        return False
+    root_id = identity(root)
+    if root_id is None:
+        return False
+    current = resolved
+    while True:
+        if identity(current) == root_id:
+            return True
+        parent = os.path.dirname(current)
+        if parent == current:
+            return False
+        current = parent
+
+
 def within_any(resolved: str, roots: list[str]) -> bool:
-    """True when a resolved path sits inside one of the resolved roots, compared by whole components."""
-    for root in roots:
-        try:
-            if os.path.commonpath([same_case(resolved), same_case(root)]) == same_case(root):
-                return True
-        except ValueError:  # different drives on Windows
-            continue
-    return False
+    """True when a resolved path sits inside one of the resolved roots (see within_root)."""
+    return any(within_root(resolved, root) for root in roots)
 
 
 def resolve_path(path: str, what: str) -> str:
@@ -369,8 +480,8 @@ def confine_read(cfg: Config, path: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------- audit log
-AUDIT_HANDLERS: dict[str, Any] = {}
 AUDIT_FIELD_CHARS = 300
+AUDIT_BACKUPS = 3
 
 
 def first_words(text: Any, count: int = 8) -> str:
@@ -381,22 +492,38 @@ def first_words(text: Any, count: int = 8) -> str:
 
 
 def audit(cfg: Config, **fields: Any) -> None:
-    """One JSON line per tool call or job state change in logs/audit.log, rotated by size. Never raises:
-    a full disk must not turn into a failed tool call. No outputs and no secrets are written."""
-    import logging.handlers
+    """One JSON line per tool call or job state change in logs/audit.log, rotated by size. Never raises and
+    never prints: a full disk must not fail a tool call, and a supervisor's stderr is the job log the model
+    reads. The file is opened per line and rotated under a lock, so no process holds it open while another
+    renames it (Windows refuses that), and opened without blocking or following a symlink."""
+    from filelock import FileLock
 
-    path = str(cfg.logs_path / "audit.log")
+    capped = {key: shown(value, AUDIT_FIELD_CHARS) if isinstance(value, str) else value
+              for key, value in fields.items()}
+    line = (json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(), **capped}) + "\n").encode()
+    path = cfg.logs_path / "audit.log"
     try:
-        handler = AUDIT_HANDLERS.get(path)
-        if handler is None:
-            cfg.logs_path.mkdir(parents=True, exist_ok=True)
-            handler = logging.handlers.RotatingFileHandler(path, maxBytes=cfg.audit_max_bytes, backupCount=3,
-                                                           encoding="utf-8", delay=True)
-            AUDIT_HANDLERS[path] = handler
-        capped = {key: shown(value, AUDIT_FIELD_CHARS) if isinstance(value, str) else value
-                  for key, value in fields.items()}
-        line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(), **capped})
-        handler.handle(logging.makeLogRecord({"msg": line, "levelno": logging.INFO, "levelname": "INFO"}))
+        cfg.logs_path.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(path) + ".lock", timeout=2):
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+                         | getattr(os, "O_BINARY", 0), 0o600)
+            try:
+                info = os.fstat(fd)
+                if not stat.S_ISREG(info.st_mode):
+                    return
+                if info.st_size and info.st_size + len(line) > cfg.audit_max_bytes:
+                    os.close(fd)
+                    fd = -1
+                    for index in range(AUDIT_BACKUPS, 1, -1):
+                        if os.path.exists(f"{path}.{index - 1}"):
+                            os.replace(f"{path}.{index - 1}", f"{path}.{index}")
+                    os.replace(path, f"{path}.1")
+                    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW | getattr(os, "O_BINARY", 0),
+                                 0o600)
+                os.write(fd, line)
+            finally:
+                if fd >= 0:
+                    os.close(fd)
     except Exception:  # noqa: BLE001
         pass
 
@@ -583,8 +710,10 @@ class JobStore:
         with_missing_ok(lambda: (self.active / job_id).unlink())
 
     def remove(self, job_id: str) -> None:
-        for path in (self.record_path(job_id), self.log_path(job_id), self.task_path(job_id),
-                     self.cancel_path(job_id)):
+        """The record goes last: a log still held open (Windows) leaves the job listed, to be pruned later,
+        instead of a log without a record left behind for ever."""
+        for path in (self.log_path(job_id), self.task_path(job_id), self.cancel_path(job_id),
+                     self.record_path(job_id)):
             with_missing_ok(path.unlink)
 
     def captured_sessions(self, scan_limit: int = 5000) -> Iterator[str]:
@@ -627,7 +756,7 @@ def alive(identity: dict[str, Any] | None) -> "psutil.Process | None":
         return None
     try:
         proc = psutil.Process(int(identity["pid"]))
-        if abs(proc.create_time() - float(identity["create_time"])) > 0.5:
+        if abs(proc.create_time() - float(identity["create_time"])) > CREATE_TIME_TOLERANCE:
             return None
         return None if proc.status() == psutil.STATUS_ZOMBIE else proc
     except (psutil.Error, KeyError, TypeError, ValueError):
@@ -764,19 +893,40 @@ def probe_cli(cfg: Config, exe: str) -> HermesCli:
     return HermesCli(frozenset(flags), "declared by `hermes chat --help`, probed just now")
 
 
-def argv_task_problem(task_bytes: int) -> str | None:
-    """Why a task cannot travel as one command-line argument, or None when it fits."""
-    if task_bytes + len(QUERY_OPTION) <= ARGV_TASK_LIMIT:
-        return None
-    return (f"the task is {task_bytes} bytes; this Hermes takes the task as one command-line argument, capped "
-            f"at {ARGV_TASK_LIMIT} bytes. Shorten it, or write the details to a file under cwd and tell Hermes "
-            "to read it")
+WINDOWS_COMMAND_LINE_LIMIT = 32_767 - 1_024  # CreateProcess' limit, with a margin
+
+
+def argv_problem(argv: list[str], windows: bool = IS_WINDOWS) -> str | None:
+    """Why this command line cannot be started, or None. Linux caps each argument at 128 KiB; Windows caps
+    the whole command line, counted after quoting (list2cmdline doubles backslashes and escapes quotes)."""
+    if windows:
+        length = len(subprocess.list2cmdline(argv))
+        if length <= WINDOWS_COMMAND_LINE_LIMIT:
+            return None
+        size = f"the command line would be {length} characters once quoted; Windows allows {WINDOWS_COMMAND_LINE_LIMIT}"
+    else:
+        longest = max(len(arg.encode("utf-8", "surrogateescape")) for arg in argv)
+        if longest <= ARGV_TASK_LIMIT:
+            return None
+        size = f"one argument would be {longest} bytes; this system allows {ARGV_TASK_LIMIT}"
+    return (f"{size}. This Hermes takes the task on its command line: shorten it, or write the details to a "
+            "file under cwd and tell Hermes to read it")
+
+
+def executable_problem(exe: str, windows: bool = IS_WINDOWS) -> str | None:
+    """Why this Hermes executable must not be started, or None. On Windows a .cmd or .bat runs through
+    cmd.exe, which parses the task ('&calc&'): never through a shell."""
+    if windows and os.path.splitext(exe)[1].lower() in (".cmd", ".bat"):
+        return (f"Hermes resolves to a batch file ({exe}), which Windows runs through cmd.exe, where the task "
+                "would be parsed as commands. Set hermes_exe to the real executable (hermes.exe in Hermes' "
+                "venv Scripts folder)")
+    return None
 
 
 def hermes_env(cfg: Config, job_id: str | None = None) -> dict[str, str]:
     """Hermes inherits the server's environment; a job's processes also carry its id, the proof that lets
     the bridge signal them (see owned_by_job)."""
-    env = dict(os.environ)
+    env = {key: value for key, value in os.environ.items() if key != SETTINGS_ENV}
     if cfg.hermes_home:
         env["HERMES_HOME"] = str(cfg.hermes_home_path)
     if job_id:
@@ -904,30 +1054,80 @@ POLL_S = 0.2
 JOB_MARKER = "HERMES_BRIDGE_JOB"  # set in the supervisor's and Hermes' environment: the proof of ownership
 
 
-def detached_popen_kwargs() -> list[dict[str, Any]]:
-    """Ways to start a process that outlives its parent's session, best first (Windows may refuse breakaway)."""
-    if not IS_WINDOWS:
-        return [{"start_new_session": True}]
-    base = subprocess.DETACHED_PROCESS | subprocess.CREATE_NEW_PROCESS_GROUP | subprocess.CREATE_NO_WINDOW
-    return [{"creationflags": base | subprocess.CREATE_BREAKAWAY_FROM_JOB}, {"creationflags": base}]
+# Win32 process creation flags, spelled out so the decisions below can be tested on any platform.
+CREATE_SUSPENDED = 0x00000004
+CREATE_NEW_PROCESS_GROUP = 0x00000200
+CREATE_BREAKAWAY_FROM_JOB = 0x01000000
+CREATE_NO_WINDOW = 0x08000000
 
 
-def own_group_popen_kwargs() -> dict[str, Any]:
-    """Hermes gets its own process group, so an interrupt reaches it and not the supervisor."""
-    if IS_WINDOWS:
-        return {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP | subprocess.CREATE_NO_WINDOW}
-    return {"start_new_session": True}
+def supervisor_creation_flags(windows: bool) -> list[int | None]:
+    """How to start a supervisor that outlives the host, best first; None means POSIX (a new session).
+
+    Windows: a hidden console of its own (CREATE_NO_WINDOW; DETACHED_PROCESS would make that a no-op, and a
+    venv's python.exe redirector would then open a visible console per job) in a new process group, and out
+    of the host's job object when the host allows it (breakaway is refused where the job forbids it)."""
+    if not windows:
+        return [None]
+    base = CREATE_NO_WINDOW | CREATE_NEW_PROCESS_GROUP
+    return [base | CREATE_BREAKAWAY_FROM_JOB, base]
 
 
-def interrupt(proc: "psutil.Process") -> None:
-    """The polite stop: SIGTERM (CTRL_BREAK on Windows). Hermes then stops its own tools."""
+def hermes_creation_flags(windows: bool) -> int | None:
+    """Hermes shares the supervisor's hidden console, so CTRL_BREAK reaches it, in a process group of its
+    own, so the break does not reach the supervisor; it starts suspended until it sits in its job object."""
+    return CREATE_NEW_PROCESS_GROUP | CREATE_SUSPENDED if windows else None
+
+
+def popen_kwargs(creation_flags: int | None) -> dict[str, Any]:
+    return {"start_new_session": True} if creation_flags is None else {"creationflags": creation_flags}
+
+
+def create_time_tolerance(platform: str) -> float:
+    """How far a process start time may drift between reads: Linux derives it from boot time and clock
+    ticks (jitter of up to a tick or two), Windows and macOS report it exactly."""
+    return 0.5 if platform.startswith("linux") else 0.001
+
+
+CREATE_TIME_TOLERANCE = create_time_tolerance(sys.platform)
+
+
+def interrupt(proc: "psutil.Process") -> bool:
+    """The polite stop: SIGTERM (CTRL_BREAK on Windows); Hermes then stops its own tools. False when it
+    could not be sent, so the caller does not wait a grace period for nothing."""
     try:
         if IS_WINDOWS:
-            os.kill(proc.pid, signal.CTRL_BREAK_EVENT)
+            os.kill(proc.pid, signal.CTRL_BREAK_EVENT)  # type: ignore[attr-defined]
         else:
             proc.terminate()
+        return True
     except (psutil.Error, OSError):
-        pass
+        return False
+
+
+class WindowsJob:
+    """A Win32 job object holding Hermes and everything it starts: Windows never re-parents, so a tool
+    whose parent exits escapes a walk by parent links, but never its job. Stopped with TerminateJobObject."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        self.kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
+        self.handle = self.kernel32.CreateJobObjectW(None, None)
+        if not self.handle:
+            raise OSError(ctypes.get_last_error(), "CreateJobObjectW failed")  # type: ignore[attr-defined]
+
+    def adopt(self, popen: subprocess.Popen) -> None:
+        """Assign a process started suspended, then let it run."""
+        import ctypes
+
+        if not self.kernel32.AssignProcessToJobObject(self.handle, ctypes.c_void_p(int(popen._handle))):  # type: ignore[attr-defined]
+            psutil.Process(popen.pid).resume()
+            raise OSError(ctypes.get_last_error(), "AssignProcessToJobObject failed")  # type: ignore[attr-defined]
+        psutil.Process(popen.pid).resume()
+
+    def terminate(self) -> None:
+        self.kernel32.TerminateJobObject(self.handle, 1)
 
 
 def protected_pids() -> set[int]:
@@ -1003,7 +1203,8 @@ def process_identity_safe(proc: "psutil.Process") -> dict[str, float] | None:
         return None
 
 
-def stop_tree(job_id: str, root: "psutil.Process | None", seen: dict[int, float], grace_s: float) -> list[int]:
+def stop_tree(job_id: str, root: "psutil.Process | None", seen: dict[int, float], grace_s: float,
+              windows_job: "WindowsJob | None" = None) -> list[int]:
     """Interrupt the root, wait the grace period, then kill every survivor of the tree; returns survivors.
 
     Hermes starts each tool command in its own session, so a process-group kill would miss them: the
@@ -1015,20 +1216,17 @@ def stop_tree(job_id: str, root: "psutil.Process | None", seen: dict[int, float]
 
     root = root if root is not None and owned_by_job(root, job_id) else None
     snapshot = owned(tree_of(root, seen))
-    if root is not None:
-        interrupt(root)
+    if root is not None and interrupt(root):
         still_running([root], grace_s)
+    if windows_job is not None:
+        windows_job.terminate()
     survivors = still_running(snapshot + owned(tree_of(root, seen)), 0)
     for proc in survivors:
         try:
             proc.kill()
         except psutil.Error:
             pass
-    left = still_running(survivors, 3)
-    if left and IS_WINDOWS and root is not None and alive(process_identity_safe(root)):
-        subprocess.run(["taskkill", "/PID", str(root.pid), "/T", "/F"], capture_output=True, timeout=30)
-        left = still_running(left, 3)
-    return [proc.pid for proc in left]
+    return [proc.pid for proc in still_running(survivors, 3)]
 
 
 def describe_exit(code: int) -> str:
@@ -1057,6 +1255,7 @@ class Supervisor:
         self.seen: dict[int, float] = {}  # every descendant of Hermes seen so far: pid -> start time
         self.stop_signal = False
         self.log_offset = 0
+        self.windows_job: WindowsJob | None = None
 
     def note(self, text: str) -> None:
         sys.stderr.write(f"[bridge] {text}\n")
@@ -1099,22 +1298,26 @@ class Supervisor:
         if not exe:
             return "error", None, ("Hermes executable not found (hermes_exe in config, or `hermes` on PATH); "
                                    "see hermes_health")
+        if problem := executable_problem(exe):
+            return "error", None, problem
         cli = known_cli(cfg, exe) or probe_cli(cfg, exe)
         task_path = self.store.task_path(self.job_id)
         task = read_capped(task_path, MAX_TASK_BYTES).decode("utf-8")
-        if not cli.task_on_stdin and (problem := argv_task_problem(len(task.encode()))):
+        argv = hermes_command(cli, exe, record, task, cfg)
+        if problem := argv_problem(argv):
             return "error", None, problem
         folder = self._confined_folder()
         if folder is None:
             return "error", None, (f"the job's folder {shown(record['cwd'])} no longer resolves to itself inside "
                                    "the allowed roots (moved, removed or replaced by a symlink); Hermes was not started")
-        argv = hermes_command(cli, exe, record, task, cfg)
         record["cli_flags"] = sorted(cli.flags & {"--query-file", "--in", "--oneshot"})
         record["argv"] = [QUERY_OPTION + "<task>" if part == QUERY_OPTION + task else part for part in argv]
         with open_regular(task_path) if cli.task_on_stdin else open(os.devnull, "rb") as stdin:
             proc = subprocess.Popen(argv, cwd=folder, stdin=stdin, stdout=sys.stderr.fileno(),
                                     stderr=subprocess.STDOUT, env=hermes_env(cfg, self.job_id), close_fds=True,
-                                    **own_group_popen_kwargs())
+                                    **popen_kwargs(hermes_creation_flags(IS_WINDOWS)))
+        if IS_WINDOWS:
+            self.windows_job = self._job_object_for(proc)
         hermes = psutil.Process(proc.pid)
         record["hermes"] = process_identity(hermes)
         record["started_at"] = time.time()
@@ -1142,13 +1345,23 @@ class Supervisor:
                            "session runs in its recorded folder); the job was stopped at once")
             if outcome:
                 self.note(f"{outcome[0]}: stopping Hermes (pid {proc.pid}) and its tree")
-                left = stop_tree(self.job_id, hermes, self.seen, self.cfg.kill_grace_s)
+                left = stop_tree(self.job_id, hermes, self.seen, self.cfg.kill_grace_s, self.windows_job)
                 if left:
                     self.note(f"could not stop pids {left}")
         if outcome:
             stop_tree(self.job_id, None, self.seen, 0)  # tool processes Hermes left behind when it was stopped
             return outcome[0], exit_code, outcome[1]
         return ("ok", exit_code, None) if exit_code == 0 else ("error", exit_code, describe_exit(exit_code))
+
+    def _job_object_for(self, proc: subprocess.Popen) -> "WindowsJob | None":
+        """Hermes in a job object of its own; without one (nested jobs refused) the tree walk still applies."""
+        try:
+            job = WindowsJob()
+            job.adopt(proc)
+            return job
+        except OSError as exc:
+            self.note(f"no job object for Hermes ({exc}); its tree is found through parent links only")
+            return None
 
     def _moved_outside_roots(self) -> str | None:
         """The backstop: a folder Hermes announced moving to that lies outside the roots, read from the new
@@ -1322,11 +1535,11 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest, key: str) -> di
     env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path), **{JOB_MARKER: job_id})
     argv = [sys.executable, "-c", SUPERVISOR_BOOT, str(SERVER_DIR), "--supervise", job_id]
     with log:
-        for attempt, kwargs in enumerate(detached_popen_kwargs()):
+        for attempt, flags in enumerate(supervisor_creation_flags(IS_WINDOWS)):
             try:
                 RUNNING_SUPERVISORS.append(subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=str(SERVER_DIR), env=env,
-                    close_fds=True, **kwargs))
+                    close_fds=True, **popen_kwargs(flags)))
                 record_detach_mode(store, attempt == 0)
                 return record
             except OSError as exc:
@@ -1534,12 +1747,17 @@ def check_task(task: Any, cfg: Config) -> str:
     return task
 
 
-def check_task_fits(cfg: Config, task: str) -> None:
-    """The last launch check, once everything else is valid: the first launch with a new Hermes probes it
-    (off the event loop), so a task too long for its command line is refused before anything starts."""
+def check_launch(cfg: Config, request: "JobRequest") -> None:
+    """The last launch checks, once everything else is valid: the executable may be started, and the
+    command line fits. The first launch with a new Hermes probes it here (off the event loop), so a task
+    too long for its command line is refused before anything starts."""
     exe = find_hermes(cfg)
-    cli = known_cli(cfg, exe) or (probe_cli_safely(cfg, exe) if exe else None)
-    if cli and not cli.task_on_stdin and (problem := argv_task_problem(len(task.encode()))):
+    if not exe:
+        return  # the job reports it, with the fix; hermes_health names it too
+    if problem := executable_problem(exe):
+        raise Refused(problem)
+    cli = known_cli(cfg, exe) or probe_cli_safely(cfg, exe)
+    if cli and (problem := argv_problem(hermes_command(cli, exe, dataclasses.asdict(request), request.task, cfg))):
         raise Refused(problem)
 
 
@@ -1567,7 +1785,7 @@ def job_request(cfg: Config, kind: str, task: Any, cwd: str | None, max_turns: i
     request = JobRequest(kind=kind, task=task, cwd=resolved_cwd, max_turns=max_turns or cfg.default_max_turns,
                          timeout_s=timeout, skills=names_argument("skills", skills),
                          toolsets=names_argument("toolsets", toolsets), session_requested=session)
-    check_task_fits(cfg, task)
+    check_launch(cfg, request)
     return request
 
 
@@ -2042,11 +2260,17 @@ def health(cfg: Config) -> str:
         f"ALLOWED_ROOTS: {shown(', '.join(cfg.roots), 2000) or 'NONE: no job can start'}",
         f"READ_SCOPE: {'anywhere' if cfg.read_anywhere else 'allowed roots and job files'}",
         f"JOBS_DIR: {shown(str(store.root))} ({writable})",
+        f"LOGS_DIR: {shown(str(cfg.logs_path))}",
+        "SETTINGS: " + "; ".join(f"{key} from {cfg.sources.get(key, 'default')}" for key in HOST_SETTING_KEYS),
         "JOBS_SURVIVE_HOST: " + ("yes" if survives else "NO: the host's job object forbids breakaway, so jobs "
                                  "die when the host closes"),
         f"JOBS: {job_counts(store)}",
         f"CONFIG: {shown(str(cfg.path))} ({len(cfg.problems)} problems)",
     ]
+    if exe and (problem := executable_problem(exe)):
+        lines.insert(4, f"HERMES_EXE_PROBLEM: {shown(problem, 500)}")
+    if advice := path_advice(os.environ.get("PATH", ""), sys.platform, os.path.expanduser("~")):
+        lines.append(f"PATH_NOTE: {shown(advice, 500)}")
     lines += [f"  - {shown(problem, 500)}" for problem in cfg.problems]
     return "\n".join(lines)
 
@@ -2364,31 +2588,112 @@ async def check_server(command: list[str], env: dict[str, str] | None = None, ti
     return ok, report
 
 
+async def try_task(command: list[str], task: str, cwd: str | None) -> bool:
+    """The first-run smoke test: the server started as a host would, one hermes_run, then hermes_status
+    until the job ends, printing each block as it comes; True only on STATUS: ok."""
+    import anyio
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+    started = time.monotonic()
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        print(f"... {message or 'running'} ({time.monotonic() - started:.0f} s)", flush=True)
+
+    with anyio.fail_after(24 * 3600):
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            arguments: dict[str, Any] = {"task": task, "wait_s": 5}
+            if cwd:
+                arguments["cwd"] = cwd
+            text = (await session.call_tool("hermes_run", arguments)).content[0].text
+            print(text, flush=True)
+            while text.startswith("STATUS: running"):
+                job_id = re.search(r"^JOB_ID: (\S+)$", text, re.MULTILINE)
+                assert job_id, text
+                result = await session.call_tool("hermes_status", {"job_id": job_id.group(1), "wait_s": 30},
+                                                 progress_callback=progress)
+                text = result.content[0].text
+                if not text.startswith("STATUS: running"):
+                    print(text, flush=True)
+    return text.startswith("STATUS: ok")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A bad option is one line on stderr and exit 2, before any transport opens."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        sys.stderr.write(f"claude-hermes-bridge: {message} (server.py --help lists the options)\n")
+        sys.exit(2)
+
+
+def parse_command_line(argv: list[str]) -> Any:
+    parser = OneLineParser(prog="server.py", description="claude-hermes-bridge: an MCP stdio server that runs "
+                           "tasks with Hermes. With no mode option it serves MCP over stdio.")
+    settings = parser.add_argument_group("settings (they win over the config file)")
+    settings.add_argument("--allowed-roots", nargs="+", metavar="DIR", help="folders jobs may start in")
+    settings.add_argument("--hermes-exe", metavar="PATH", help="the hermes executable")
+    settings.add_argument("--hermes-home", metavar="DIR", help="Hermes' home (skills, sessions)")
+    settings.add_argument("--yolo", nargs="?", const="true", choices=("true", "false"),
+                          help="Hermes auto-approves commands it deems dangerous")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--check", action="store_true", help="start the server as a host would and check it")
+    modes.add_argument("--try", dest="try_task", metavar="TASK", help="run one task through the server as a "
+                       "host would, and wait for its end")
+    modes.add_argument("--version", action="store_true")
+    parser.add_argument("--cwd", metavar="DIR", help="with --try: the folder to run the task in")
+    args = parser.parse_args(argv)
+    for root in args.allowed_roots or []:
+        if not os.path.isabs(os.path.expanduser(root)):
+            parser.error(f"--allowed-roots {root!r} is not an absolute path")
+    if args.cwd and not args.try_task:
+        parser.error("--cwd goes with --try")
+    return args
+
+
+def settings_of(args: Any) -> dict[str, Any]:
+    """The host's settings from parsed options; an empty value (an unset bundle field) is no setting."""
+    settings: dict[str, Any] = {}
+    if args.allowed_roots:
+        settings["allowed_roots"] = [os.path.expanduser(root) for root in args.allowed_roots if root]
+    if args.hermes_exe:
+        settings["hermes_exe"] = os.path.abspath(os.path.expanduser(args.hermes_exe))
+    if args.hermes_home:
+        settings["hermes_home"] = os.path.abspath(os.path.expanduser(args.hermes_home))
+    if args.yolo is not None:
+        settings["yolo"] = args.yolo == "true"
+    return settings
+
+
 def main(argv: list[str]) -> int:
-    if argv == ["--version"]:
-        print(f"claude-hermes-bridge {VERSION}")
-        return 0
-    if len(argv) == 2 and argv[0] == "--supervise":
+    if len(argv) == 2 and argv[0] == "--supervise":  # the fast path: no argparse, no MCP
         problem = missing_dependencies(need_mcp=False)
         if problem:
             sys.stderr.write(problem + "\n")
             return 2
         return Supervisor(validate_job_id(argv[1])).run()
-    if argv not in ([], ["--check"]):
-        sys.stderr.write(f"claude-hermes-bridge: unknown arguments {argv}; use no arguments (serve MCP over "
-                         "stdio), --check, --version\n")
-        return 2
+    args = parse_command_line(argv)
+    if args.version:
+        print(f"claude-hermes-bridge {VERSION}")
+        return 0
+    settings = settings_of(args)
+    if settings:
+        os.environ[SETTINGS_ENV] = json.dumps(settings)
     problem = missing_dependencies(need_mcp=True)
     if problem:
         sys.stderr.write(problem + "\n")
         return 2
     import anyio
 
-    if argv == ["--check"]:
-        ok, report = anyio.run(check_server, [sys.executable, str(SERVER_FILE)])
+    serve_command = [sys.executable, str(SERVER_FILE)]
+    if args.check:
+        ok, report = anyio.run(check_server, serve_command)
         print("\n".join(report))
         print("CHECK: OK" if ok else "CHECK: FAILED")
         return 0 if ok else 1
+    if args.try_task is not None:
+        return 0 if anyio.run(try_task, serve_command, args.try_task, args.cwd) else 1
     anyio.run(serve, PROTOCOL_FDS)
     return 0
 

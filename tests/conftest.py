@@ -1,4 +1,5 @@
 """Fixtures: a throwaway bridge per test, and the rule for tests that need a real component."""
+import os
 from pathlib import Path
 
 import pytest
@@ -21,3 +22,17 @@ def require_component(path: Path, what: str) -> Path:
     if IN_CI:
         pytest.fail(message)
     pytest.skip(message)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "posix(reason): needs a POSIX system; on Windows it is skipped, with "
+                                       "the reason shown")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.name != "nt":
+        return
+    for item in items:
+        marker = item.get_closest_marker("posix")
+        if marker:
+            item.add_marker(pytest.mark.skip(reason=f"needs POSIX: {marker.args[0]}"))

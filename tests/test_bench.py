@@ -2,7 +2,11 @@
 import subprocess
 import sys
 
+import pytest
+
 from harness import REPO
+
+pytestmark = pytest.mark.posix("the benchmark drives the fake hermes, a shell script")
 
 ROWS = ["cold start: spawn, initialize, tools/list", "server RSS after start", "one hermes_health call, warm",
         "hermes_run(wait_s=0) until the record shows Hermes' pid", "supervisor RSS",

@@ -9,6 +9,8 @@ import pytest
 
 from harness import SERVER, BridgeClient, make_fake_hermes, wait_gone
 
+pytestmark = pytest.mark.posix("the fake hermes is a shell script")
+
 EXPECTED_ARGS = {
     "hermes_run": ({"task"}, {"task", "cwd", "max_turns", "timeout_s", "wait_s", "skills", "toolsets"}),
     "hermes_resume": ({"session_id", "task"}, {"session_id", "task", "cwd", "max_turns", "timeout_s", "wait_s"}),

@@ -9,6 +9,8 @@ from conftest import require_component
 from harness import INSPECTOR, SERVER, BridgeClient
 from test_bridge import EXPECTED_ARGS, READ_ONLY
 
+pytestmark = pytest.mark.posix("the fake hermes is a shell script")
+
 
 @pytest.fixture
 def inspector(bridge):

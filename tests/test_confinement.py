@@ -16,6 +16,8 @@ import pytest
 import server
 from harness import FAKE_HERMES, nothing_started, refused, wait_gone
 
+pytestmark = pytest.mark.posix("the fake hermes is a shell script; FIFOs, symlinks and dir_fd")
+
 
 def session_row(bridge, session_id):
     db = sqlite3.connect(bridge.tmp / "hermes-home" / "state.db")

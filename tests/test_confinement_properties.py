@@ -1,6 +1,7 @@
 """Property-based tests of the confinement decision: for generated trees of folders and symlinks (in, out,
 chained, looping), `..`, case variants and prefix siblings, the bridge decides as a plain reference does:
 resolve every symlink, then whole-component containment."""
+import pytest
 import os
 import tempfile
 from pathlib import Path
@@ -9,6 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import server
+
+pytestmark = pytest.mark.posix("symlinks need privileges on Windows")
 
 NAMES = st.sampled_from(["a", "A", "ab", "b", "work", "work2", "Work"])
 COMPONENTS = st.one_of(NAMES, st.sampled_from(["..", ".", "link0", "link1", "link2"]))

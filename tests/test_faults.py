@@ -1,4 +1,5 @@
 """Faults: processes killed mid-job, races, damaged and huge files, load. Nothing lost, state told truthfully."""
+import pytest
 import json
 import os
 import signal
@@ -10,6 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 
 from harness import SERVER, BridgeClient, live_pids, wait_gone
+
+pytestmark = pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
 
 
 def record(bridge, job_id):

@@ -14,6 +14,8 @@ from conftest import require_component
 from harness import REAL_HERMES_VERSIONS, refused, wait_gone
 from scripted_model import ScriptedModel
 
+pytestmark = pytest.mark.posix("the e2e install (tests/install_e2e.sh) is a bash script with POSIX venv paths")
+
 SKILL_MARKER = "PROBE-SKILL-BODY-7f3a"
 
 

@@ -2,9 +2,17 @@
 import json
 import subprocess
 import sys
-import tomllib
+
+import pytest
 
 from harness import REPO, SERVER, BridgeClient
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+pytestmark = pytest.mark.posix("the fake homes are POSIX folders and the check starts the server with the fake hermes")
 
 SCRIPT = REPO / "register_with_claude.py"
 MSIX = "Packages/Claude_pzs8sxrjxfjjc/LocalCache/Roaming/Claude"
@@ -62,7 +70,9 @@ def test_macos_and_linux_locations_and_creating_the_usual_one(tmp_path):
     (mac / "Library/Application Support/Claude").mkdir(parents=True)
     assert register(mac, "--platform", "macos").returncode == 0
     mac_config = mac / "Library/Application Support/Claude/claude_desktop_config.json"
-    assert json.loads(mac_config.read_text()) == {"mcpServers": {"hermes": ENTRY}}
+    entry = json.loads(mac_config.read_text())["mcpServers"]["hermes"]
+    assert entry["command"] == ENTRY["command"] and entry["args"] == ENTRY["args"]  # no hermes on PATH here
+    assert entry["env"]["PATH"].split(":")[:2] == [str(mac / ".local/bin"), "/opt/homebrew/bin"]
     linux = tmp_path / "linux"
     linux.mkdir()
     done = register(linux, "--platform", "linux", "--name", "hermes-work")
@@ -176,3 +186,40 @@ def test_the_server_starts_from_the_entry_the_script_wrote(tmp_path, bridge):
 def test_the_posix_launcher_serves_mcp(bridge):
     with BridgeClient(bridge.env, command=[str(REPO / "run_server.sh")]) as client:
         assert client.call("hermes_health").field("BRIDGE").startswith("claude-hermes-bridge")
+
+
+def test_macos_entry_carries_the_absolute_hermes_and_a_path_for_launchd(tmp_path):
+    """Claude Desktop starts servers with launchd's PATH, where ~/.local/bin/hermes is not found."""
+    mac = tmp_path / "mac"
+    (mac / "Library/Application Support/Claude").mkdir(parents=True)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "hermes").write_text("#!/bin/sh\n")
+    (tools / "hermes").chmod(0o755)
+    env_path = f"{tools}:/usr/bin:/bin"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--platform", "macos"], capture_output=True, text=True,
+                          timeout=300, env={"PATH": env_path, "HOME": str(mac)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    entry = json.loads((mac / "Library/Application Support/Claude/claude_desktop_config.json").read_text())
+    entry = entry["mcpServers"]["hermes"]
+    assert entry["args"] == [str(SERVER), "--hermes-exe", str(tools / "hermes")]
+    assert entry["env"]["PATH"].startswith(f"{tools}:{mac}/.local/bin:/opt/homebrew/bin:/usr/local/bin:/usr/bin")
+
+
+def test_a_store_python_is_refused_with_the_json_to_paste(tmp_path):
+    import register_with_claude as reg
+
+    assert reg.is_store_python(r"C:\Users\me\AppData\Local\Microsoft\WindowsApps\python.exe", r"C:\x")
+    assert reg.is_store_python(r"C:\venv\Scripts\python.exe",
+                               r"C:\Program Files\WindowsApps\PythonSoftwareFoundation.Python.3.12_3.12.2544.0_x64__qbz5n2kfra8p0")
+    assert not reg.is_store_python(r"C:\Python312\python.exe", r"C:\Python312")
+
+
+def test_windows_home_is_userprofile_not_a_git_bash_home(monkeypatch):
+    import register_with_claude as reg
+
+    monkeypatch.setenv("HOME", "/c/Users/me")
+    monkeypatch.setenv("USERPROFILE", r"C:\Users\me")
+    assert str(reg.home("windows")) == r"C:\Users\me"
+    assert str(reg.home("linux")) == "/c/Users/me"
+

@@ -1,8 +1,11 @@
 """Retention prunes finished jobs only; the audit log has one line per tool call and job state change."""
+import pytest
 import json
 import time
 
 import server
+
+pytestmark = pytest.mark.posix("the fake hermes is a shell script")
 
 
 def test_prune_removes_old_and_excess_finished_jobs_never_running_ones(tmp_path):

@@ -14,6 +14,7 @@ def config_for(tmp_path, **values):
     return server.load_config(path)
 
 
+@pytest.mark.posix("symlinks need privileges on Windows")
 def test_roots_compare_whole_components_and_resolved_paths(tmp_path):
     (tmp_path / "work").mkdir()
     (tmp_path / "work2").mkdir()
