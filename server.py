@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # /// script
 # requires-python = ">=3.10"
-# dependencies = ["mcp>=1.24,<2", "psutil>=5.9", "PyYAML>=6", "filelock>=3.12", "platformdirs>=4"]
+# dependencies = ["mcp>=1.24,<3", "psutil>=5.9", "PyYAML>=6", "filelock>=3.12", "platformdirs>=4"]
 # ///
 """claude-hermes-bridge: an MCP stdio server that gives a planner (Claude Desktop or any MCP host) an
 executor, the Hermes Agent CLI, on the same machine.
@@ -84,6 +84,14 @@ TOOL_NAMES = (
 )
 
 
+MCP_SUPPORTED = "mcp>=1.24,<3"
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """'1.24.0' -> (1, 24, 0); the leading numbers of any version string."""
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
 def dependency_version(package: str) -> str | None:
     import importlib.metadata
 
@@ -100,11 +108,10 @@ def missing_dependencies(need_mcp: bool) -> str | None:
     fix = f'"{sys.executable}" -m pip install -r "{SERVER_DIR / "requirements.txt"}"'
     if need_mcp:
         found = dependency_version("mcp")
-        major_minor = tuple(int(p) for p in re.findall(r"\d+", found or "0")[:2])
-        if found is None or major_minor < (1, 24) or major_minor >= (2, 0):
-            return (f"claude-hermes-bridge needs the MCP Python SDK 1.x (mcp>=1.24,<2); interpreter "
-                    f"{sys.executable} has {'no mcp' if found is None else 'mcp ' + found}. "
-                    f"Fix: \"{sys.executable}\" -m pip install \"mcp>=1.24,<2\"")
+        if found is None or not (1, 24) <= version_tuple(found)[:2] < (3, 0):
+            return (f"claude-hermes-bridge needs the MCP Python SDK {MCP_SUPPORTED} (1.24 or later on the 1.x line, "
+                    f"or 2.x); interpreter {sys.executable} has {'no mcp' if found is None else 'mcp ' + found}. "
+                    f"Fix: \"{sys.executable}\" -m pip install \"{MCP_SUPPORTED}\"")
     for module, package in (("psutil", "psutil"), ("yaml", "PyYAML"), ("filelock", "filelock"),
                             ("platformdirs", "platformdirs")):
         if importlib.util.find_spec(module) is None:
@@ -2407,15 +2414,43 @@ async def answer(tool: str, body: Callable[[Config], Awaitable[ToolResult]], tas
     return outcome
 
 
-def build_server(cfg: Config) -> Any:
-    """The FastMCP server: the eight registrations over the bodies above. The only place MCP is imported."""
+class McpEdge:
+    """The one place that knows which MCP SDK line is installed: 2.x (MCPServer) or 1.x (FastMCP). The rest
+    of the file uses what both lines share (tool decorators, ToolAnnotations and CallToolResult with camelCase
+    keywords, Context.report_progress, stdio_server with explicit streams)."""
+
+    def __init__(self) -> None:
+        try:
+            from mcp.server.mcpserver import Context, MCPServer
+            self.server_class: Any = MCPServer
+            self.line = 2
+        except ImportError:
+            from mcp.server.fastmcp import Context, FastMCP
+            self.server_class = FastMCP
+            self.line = 1
+        self.context_class: Any = Context
+
+    def new_server(self, instructions: str) -> Any:
+        if self.line == 2:
+            return self.server_class(name="hermes", instructions=instructions, version=VERSION)
+        server = self.server_class(name="hermes", instructions=instructions)
+        server._mcp_server.version = VERSION  # serverInfo.version; 1.x has no public way to set it
+        return server
+
+    def lowlevel(self, server: Any) -> Any:
+        """The low-level server, run on the client's private pipes (neither line runs a high-level server on
+        streams it is given, so this reaches one private attribute, here only)."""
+        return server._lowlevel_server if self.line == 2 else server._mcp_server
+
+
+def build_server(cfg: Config, edge: McpEdge) -> Any:
+    """The MCP server: the eight registrations over the bodies above. The only place tools meet MCP."""
     import inspect
 
-    from mcp.server.fastmcp import Context, FastMCP
     from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
-    mcp = FastMCP("hermes", instructions=server_instructions(cfg))
-    mcp._mcp_server.version = VERSION  # serverInfo.version: ours, not the SDK's
+    Context = edge.context_class
+    mcp = edge.new_server(server_instructions(cfg))
     read_only = ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True, openWorldHint=False)
     launches = ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=True)
     destructive = ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True, openWorldHint=False)
@@ -2536,15 +2571,25 @@ async def serve(protocol_fds: tuple[int, int]) -> None:
     sys.stderr.write(f"claude-hermes-bridge {VERSION}: python {sys.version.split()[0]} ({sys.executable}), "
                      f"mcp {dependency_version('mcp') or 'not installed'}, config {cfg.path} ({len(cfg.problems)} problems)\n")
     sys.stderr.flush()
-    server = build_server(cfg)
+    edge = McpEdge()
+    server = build_server(cfg, edge)
     stdin = anyio.wrap_file(ProtocolLines(TextIOWrapper(os.fdopen(protocol_fds[0], "rb"), encoding="utf-8",
                                                         errors="replace")))
     stdout = anyio.wrap_file(TextIOWrapper(os.fdopen(protocol_fds[1], "wb"), encoding="utf-8"))
+    lowlevel = edge.lowlevel(server)
     async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
-        await server._mcp_server.run(read_stream, write_stream, server._mcp_server.create_initialization_options())
+        await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
 
 
 # ------------------------------------------------------------------------------------------ command line
+def either(result: Any, snake: str) -> Any:
+    """A result attribute by its 2.x (snake_case) or 1.x (camelCase) name."""
+    if hasattr(result, snake):
+        return getattr(result, snake)
+    head, *rest = snake.split("_")
+    return getattr(result, head + "".join(part.title() for part in rest))
+
+
 async def check_server(command: list[str], env: dict[str, str] | None = None, timeout_s: float = 60) -> tuple[bool, list[str]]:
     """Start a server as a host would, over stdio with the official client, and check what a host needs."""
     import tempfile
@@ -2562,7 +2607,8 @@ async def check_server(command: list[str], env: dict[str, str] | None = None, ti
                 async with stdio_client(params, errlog=errlog) as (read, write):
                     async with ClientSession(read, write) as session:
                         init = await session.initialize()
-                        report.append(f"protocol: {init.protocolVersion}; server {init.serverInfo.name}")
+                        report.append(f"protocol: {either(init, 'protocol_version')}; server "
+                                      f"{either(init, 'server_info').name}")
                         tools = sorted(t.name for t in (await session.list_tools()).tools)
                         health_result = await session.call_tool("hermes_health", {}) if "hermes_health" in tools else None
         except BaseException as exc:  # noqa: BLE001 (a cancelled scope or an exception group: report, do not crash)
@@ -2578,7 +2624,7 @@ async def check_server(command: list[str], env: dict[str, str] | None = None, ti
     report.append(f"tools: {len(tools)} ({'exactly the declared tools' if ok else 'MISMATCH'})")
     if not ok:
         report.append(f"FAIL: expected {sorted(TOOL_NAMES)}, got {tools}")
-    if health_result is None or health_result.isError:
+    if health_result is None or either(health_result, "is_error"):
         report.append("FAIL: hermes_health did not succeed")
         return False, report
     text = health_result.content[0].text

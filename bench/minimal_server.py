@@ -1,11 +1,14 @@
-"""The floor for the benchmark: a minimal FastMCP server with one tool, on the same SDK as the bridge.
+"""The floor for the benchmark: a minimal MCP server with one tool, on the same SDK line as the bridge.
 
 Its tool answers "pong", or with a path, the last 64 KiB of that file read with a seek (the floor for a
 status call on a big log: the same transport and the same I/O, nothing else).
 """
 import os
 
-from mcp.server.fastmcp import FastMCP
+try:
+    from mcp.server.mcpserver import MCPServer as FastMCP  # mcp 2.x
+except ImportError:
+    from mcp.server.fastmcp import FastMCP  # mcp 1.x
 
 mcp = FastMCP("minimal")
 

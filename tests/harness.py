@@ -12,6 +12,7 @@ import tempfile
 import time
 from contextlib import asynccontextmanager
 from datetime import timedelta
+from importlib.metadata import version as installed_version
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,11 @@ from anyio.from_thread import start_blocking_portal
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+import server
+
 REPO = Path(__file__).resolve().parent.parent
+MCP_LINE = int(installed_version("mcp").split(".")[0])
+READ_TIMEOUT: Any = 90.0 if MCP_LINE >= 2 else timedelta(seconds=90)  # 2.x takes seconds, 1.x a timedelta
 SERVER = REPO / "server.py"
 FAKE_HERMES = Path(__file__).resolve().parent / "fake_hermes.py"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -165,7 +170,7 @@ class Result:
 @asynccontextmanager
 async def open_session(params: StdioServerParameters, errlog: Any):
     async with stdio_client(params, errlog=errlog) as (read, write):
-        async with ClientSession(read, write, read_timeout_seconds=timedelta(seconds=90)) as session:
+        async with ClientSession(read, write, read_timeout_seconds=READ_TIMEOUT) as session:
             init = await session.initialize()
             yield session, init
 
@@ -202,7 +207,7 @@ class BridgeClient:
 
     def call(self, tool: str, **arguments: Any) -> Result:
         result = self.portal.call(self.session.call_tool, tool, arguments)
-        return Result("\n".join(c.text for c in result.content if c.type == "text"), bool(result.isError))
+        return Result("\n".join(c.text for c in result.content if c.type == "text"), bool(server.either(result, "is_error")))
 
     def wait_final(self, job_id: str, timeout: float = 60) -> Result:
         deadline = time.time() + timeout

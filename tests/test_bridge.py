@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+import server
 from harness import SERVER, BridgeClient, make_fake_hermes, wait_gone
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script")
@@ -29,15 +30,15 @@ def test_tools_list_exactly_the_eight_tools_with_arguments_annotations_and_instr
         tools = {tool.name: tool for tool in client.portal.call(client.session.list_tools).tools}
         assert set(tools) == set(EXPECTED_ARGS)
         for name, (required, allowed) in EXPECTED_ARGS.items():
-            schema = tools[name].inputSchema
+            schema = server.either(tools[name], "input_schema")
             assert set(schema.get("required", [])) == required, name
             assert set(schema["properties"]) == allowed, name
             assert tools[name].description and "\n " not in tools[name].description, name
             hints = tools[name].annotations
-            assert hints.readOnlyHint is (name in READ_ONLY), name
-        assert tools["hermes_cancel"].annotations.destructiveHint is True
-        assert tools["hermes_run"].annotations.idempotentHint is False
-        assert tools["hermes_run"].annotations.openWorldHint is True
+            assert server.either(hints, "read_only_hint") is (name in READ_ONLY), name
+        assert server.either(tools["hermes_cancel"].annotations, "destructive_hint") is True
+        assert server.either(tools["hermes_run"].annotations, "idempotent_hint") is False
+        assert server.either(tools["hermes_run"].annotations, "open_world_hint") is True
         instructions = client.init.instructions
         assert str(bridge.root) in instructions
         assert "hermes_status" in instructions and "hermes_read" in instructions
@@ -145,13 +146,16 @@ def test_cwd_outside_the_roots_and_bad_job_ids_are_refused_and_start_nothing(bri
 
 NOISY_WRAPPER = """
 import os, runpy, subprocess, sys
-from mcp.server.fastmcp import FastMCP
+try:
+    from mcp.server.mcpserver import MCPServer as FastMCP  # mcp 2.x
+except ImportError:
+    from mcp.server.fastmcp import FastMCP  # mcp 1.x
 original = FastMCP.call_tool
-async def noisy_call_tool(self, name, arguments):
+async def noisy_call_tool(self, name, arguments, *rest, **options):
     print("print() from inside a tool")
     os.write(1, b"raw write to fd 1 without a newline")
     subprocess.run(["sh", "-c", "echo child writes to its inherited stdout"])
-    return await original(self, name, arguments)
+    return await original(self, name, arguments, *rest, **options)
 FastMCP.call_tool = noisy_call_tool
 sys.argv = [sys.argv[1]]
 runpy.run_path(sys.argv[0], run_name="__main__")
@@ -181,10 +185,8 @@ def test_check_passes_on_a_good_install(bridge):
 def test_check_fails_when_the_tools_differ_or_the_server_cannot_start(bridge, tmp_path):
     import anyio
 
-    import server
-
     other = tmp_path / "other_server.py"
-    other.write_text("from mcp.server.fastmcp import FastMCP\nmcp = FastMCP('x')\n"
+    other.write_text('try:\n    from mcp.server.mcpserver import MCPServer as FastMCP  # mcp 2.x\nexcept ImportError:\n    from mcp.server.fastmcp import FastMCP  # mcp 1.x\n' + "mcp = FastMCP('x')\n"
                      "@mcp.tool()\ndef hermes_health() -> str:\n    return 'fine'\nmcp.run()\n")
     ok, report = anyio.run(server.check_server, [sys.executable, str(other)], bridge.env)
     assert not ok and any("MISMATCH" in line for line in report)
@@ -192,10 +194,11 @@ def test_check_fails_when_the_tools_differ_or_the_server_cannot_start(bridge, tm
     assert not ok and any("did not complete the handshake" in line for line in report)
 
 
-def test_wrong_mcp_sdk_is_one_line_with_the_fix_and_exit_2(bridge, tmp_path):
+@pytest.mark.parametrize("found", ["3.0.0", "1.20.0"])
+def test_wrong_mcp_sdk_is_one_line_with_the_fix_and_exit_2(bridge, tmp_path, found):
     shadow = tmp_path / "shadow"
-    (shadow / "mcp-2.3.0.dist-info").mkdir(parents=True)
-    (shadow / "mcp-2.3.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: mcp\nVersion: 2.3.0\n")
+    (shadow / f"mcp-{found}.dist-info").mkdir(parents=True)
+    (shadow / f"mcp-{found}.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: mcp\nVersion: {found}\n")
     env = dict(bridge.env, PYTHONPATH=str(shadow))
     for args in ([], ["--check"]):
         done = subprocess.run([sys.executable, str(SERVER), *args], env=env, capture_output=True, text=True,
@@ -203,7 +206,7 @@ def test_wrong_mcp_sdk_is_one_line_with_the_fix_and_exit_2(bridge, tmp_path):
         assert done.returncode == 2
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1
-        assert "mcp 2.3.0" in lines[0] and sys.executable in lines[0] and "mcp>=1.24,<2" in lines[0]
+        assert f"mcp {found}" in lines[0] and sys.executable in lines[0] and "mcp>=1.24,<3" in lines[0]
 
 
 @pytest.mark.parametrize("personality", ["0.19", "0.20", "0.21"])
