@@ -1210,30 +1210,47 @@ def process_identity_safe(proc: "psutil.Process") -> dict[str, float] | None:
         return None
 
 
+def marked_processes(job_id: str) -> list["psutil.Process"]:
+    """Every process carrying this job's marker, wherever it was re-parented: a tool that double-forked, or
+    a process forked while the tree was being stopped, is no longer below Hermes but still carries it."""
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid not in protected_pids() and carries_marker(proc, job_id):
+            found.append(proc)
+    return found
+
+
 def stop_tree(job_id: str, root: "psutil.Process | None", seen: dict[int, float], grace_s: float,
               windows_job: "WindowsJob | None" = None) -> list[int]:
     """Interrupt the root, wait the grace period, then kill every survivor of the tree; returns survivors.
 
     Hermes starts each tool command in its own session, so a process-group kill would miss them: the
-    snapshot by parentage (plus the pids seen earlier) is what gets killed, and only what proves to be
-    this job's (owned_by_job).
+    snapshot by parentage (plus the pids seen earlier, plus every process carrying the job's marker) is
+    what gets killed, and only what proves to be this job's (owned_by_job). The marker sweep repeats until
+    nothing new appears, so a process forked during the stop is caught too.
     """
     def owned(procs: list["psutil.Process"]) -> list["psutil.Process"]:
         return [proc for proc in procs if owned_by_job(proc, job_id)]
 
     root = root if root is not None and owned_by_job(root, job_id) else None
-    snapshot = owned(tree_of(root, seen))
+    snapshot = owned(tree_of(root, seen)) + marked_processes(job_id)
     if root is not None and interrupt(root):
         still_running([root], grace_s)
     if windows_job is not None:
         windows_job.terminate()
     survivors = still_running(snapshot + owned(tree_of(root, seen)), 0)
-    for proc in survivors:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    return [proc.pid for proc in still_running(survivors, 3)]
+    for _ in range(5):
+        for proc in survivors:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        survivors = still_running(survivors, 3)
+        late = [proc for proc in marked_processes(job_id) if proc.pid not in {p.pid for p in survivors}]
+        if not late:
+            break
+        survivors += late
+    return [proc.pid for proc in survivors]
 
 
 def describe_exit(code: int) -> str:

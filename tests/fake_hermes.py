@@ -10,7 +10,7 @@ and a resume moves to the session's recorded folder whatever it was started in, 
 `↻ Working directory: DIR` on stderr.
 
 Directives (words in the task): !sleep=S  !exit=N  !print=BYTES  !longline=BYTES  !binary  !ansi
-!write=REL:TEXT  !announce-move=DIR  !grandchild=S (a tool process in its own session that starts one more of its own)
+!write=REL:TEXT  !announce-move=DIR  !double-fork  !grandchild=S (a tool process in its own session that starts one more of its own)
 !ignore-term (this process and its descendants ignore SIGTERM)  !session=ID  !fresh-session  !stdout-noise
 
 With FAKE_HERMES_TRACE set, every invocation writes TRACE/<pid>.invoked (its argv), every run writes
@@ -40,6 +40,12 @@ if depth < 2:
     subprocess.Popen([sys.executable, '-c', sys.argv[5], trace, str(seconds), sys.argv[3], str(depth + 1),
                       sys.argv[5]], start_new_session=True)
 time.sleep(seconds)
+"""
+
+
+DOUBLE_FORK_CODE = """
+import subprocess, sys
+subprocess.Popen([sys.executable, '-c', 'import os, sys, time; open(os.path.join(sys.argv[1], f"{os.getpid()}.child"), "w").write("orphan"); time.sleep(120)', sys.argv[1]], start_new_session=True)
 """
 
 
@@ -141,6 +147,8 @@ def main() -> int:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(130))
     if "announce-move" in todo:  # what a resume that restores another folder prints
         print(f"↻ Working directory: {todo['announce-move']}", file=sys.stderr, flush=True)
+    if "double-fork" in todo:  # a tool whose child outlives it, re-parented away from Hermes
+        subprocess.run([sys.executable, "-c", DOUBLE_FORK_CODE, trace], check=True)
     if "grandchild" in todo:
         subprocess.Popen([sys.executable, "-c", CHILD_CODE, trace, todo["grandchild"] or "60",
                           "1" if "ignore-term" in todo else "0", "1", CHILD_CODE], start_new_session=True)

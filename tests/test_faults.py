@@ -259,3 +259,18 @@ def test_sigterm_to_the_supervisor_cancels_the_job_cleanly(bridge):
         final = client.wait_final(job_id)
         assert final.field("STATUS") == "cancelled" and final.field("EXIT_CODE") == "130"
         assert wait_gone(bridge.traced_pids()) == []
+
+
+def test_cancel_stops_a_tool_that_double_forked_away_from_hermes(bridge):
+    """The orphan is no longer below Hermes (re-parented to init); it still carries the job's marker."""
+    with bridge.client() as client:
+        job_id = client.call("hermes_run", task="!double-fork !sleep=60", wait_s=0).field("JOB_ID")
+        bridge.wait_for_runs(1)
+        deadline = time.time() + 20
+        while not list(bridge.trace.glob("*.child")) and time.time() < deadline:
+            time.sleep(0.1)
+        orphans = [int(p.stem) for p in bridge.trace.glob("*.child")]
+        assert orphans and all(psutil.Process(pid).ppid() != bridge.runs()[0]["pid"] for pid in orphans)
+        client.call("hermes_cancel", job_id=job_id)
+        assert client.wait_final(job_id).field("STATUS") == "cancelled"
+    assert wait_gone(bridge.traced_pids()) == []
