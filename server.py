@@ -52,6 +52,7 @@ def serves_protocol(argv: list[str]) -> bool:
 PROTOCOL_FDS = guard_stdio() if __name__ == "__main__" and serves_protocol(sys.argv[1:]) else None
 
 import argparse  # noqa: E402  (the guard must run before anything else can print)
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import errno  # noqa: E402
 import hashlib  # noqa: E402
@@ -154,6 +155,10 @@ class Config:
     retention_days: float = 30
     retention_max_jobs: int = 1000
     audit_max_bytes: int = 1_000_000
+    changed_files_skip: list[str] = dataclasses.field(
+        default_factory=lambda: [".git", "node_modules", ".venv", "__pycache__"])
+    changed_files_max_entries: int = 20_000
+    changed_files_max_s: float = 10
     problems: list[str] = dataclasses.field(default_factory=list)
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -231,6 +236,9 @@ CONFIG_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
     "retention_days": ("a number of days", (int, float)),
     "retention_max_jobs": ("a whole number", (int,)),
     "audit_max_bytes": ("a whole number of bytes", (int,)),
+    "changed_files_skip": ("a list of folder names", (list,)),
+    "changed_files_max_entries": ("a whole number", (int,)),
+    "changed_files_max_s": ("a number of seconds", (int, float)),
 }
 
 
@@ -341,7 +349,8 @@ def validate_config(cfg: Config) -> None:
         cfg.max_wait_s = min(max(cfg.max_wait_s, 1), MAX_WAIT_CEILING_S)
     for key, low in (("default_timeout_s", 1), ("max_timeout_s", 1), ("max_output_chars", 200),
                      ("max_running_jobs", 1), ("kill_grace_s", 0), ("retention_days", 0),
-                     ("retention_max_jobs", 1), ("audit_max_bytes", 10_000)):
+                     ("retention_max_jobs", 1), ("audit_max_bytes", 10_000), ("changed_files_max_entries", 0),
+                     ("changed_files_max_s", 0)):
         value = getattr(cfg, key)
         if not math.isfinite(value) or value < low:
             default = getattr(Config(path=cfg.path), key)
@@ -1002,9 +1011,11 @@ def session_store_path(cfg: Config) -> Path:
     return cfg.hermes_home_path / "state.db"
 
 
-def query_session_store(cfg: Config, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-    """Rows from Hermes' SQLite store: one short-lived read-only connection with a short busy timeout, so
-    Hermes writing (WAL, short BEGIN IMMEDIATE transactions) never blocks us for long, nor we it."""
+@contextlib.contextmanager
+def session_store(cfg: Config) -> Iterator[Any]:
+    """Hermes' SQLite store, read-only: one short-lived connection with a short busy timeout, so Hermes
+    writing (WAL, short BEGIN IMMEDIATE transactions) never blocks us for long, nor we it. Every failure
+    becomes StoreUnavailable with the reason."""
     import sqlite3
 
     path = session_store_path(cfg)
@@ -1019,11 +1030,16 @@ def query_session_store(cfg: Config, sql: str, params: tuple[Any, ...]) -> list[
     except sqlite3.Error as exc:
         raise StoreUnavailable(f"cannot open the session store {path}: {exc}") from None
     try:
-        return connection.execute(sql, params).fetchall()
+        yield connection
     except sqlite3.Error as exc:
         raise StoreUnavailable(f"the session store {path} cannot answer: {exc}") from None
     finally:
         connection.close()
+
+
+def query_session_store(cfg: Config, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    with session_store(cfg) as db:
+        return db.execute(sql, params).fetchall()
 
 
 def session_folder(cfg: Config, session_id: str) -> str:
@@ -1040,10 +1056,14 @@ def session_started_in(cfg: Config, folder: str, since: float) -> tuple[str | No
     """The one session recorded in `folder` that started at or after `since`, for a Hermes that prints no
     session line; with none or several, None and why."""
     try:
-        rows = query_session_store(cfg, "SELECT id, cwd FROM sessions WHERE started_at >= ? ORDER BY started_at",
-                                   (since - 1,))
+        with session_store(cfg) as db:
+            return matched_session(db, folder, since)
     except StoreUnavailable as exc:
         return None, str(exc)
+
+
+def matched_session(db: Any, folder: str, since: float) -> tuple[str | None, str]:
+    rows = db.execute("SELECT id, cwd FROM sessions WHERE started_at >= ? ORDER BY started_at", (since - 1,)).fetchall()
     ids = [sid for sid, cwd in rows if isinstance(cwd, str) and same_folder(cwd, folder)
            and isinstance(sid, str) and SESSION_NAME_RE.fullmatch(sid)]
     if len(ids) == 1:
@@ -1054,6 +1074,78 @@ def session_started_in(cfg: Config, folder: str, since: float) -> tuple[str | No
 
 def same_folder(a: str, b: str) -> bool:
     return same_case(os.path.realpath(a)) == same_case(os.path.realpath(b))
+
+
+TOOL_ARGUMENT_CHARS = 160
+
+
+@dataclasses.dataclass
+class Usage:
+    """A session's counters as Hermes keeps them (written after every API call)."""
+
+    api_calls: int
+    tool_calls: int
+    tokens_in: int
+    tokens_out: int
+
+    def line(self) -> str:
+        return (f"{self.api_calls} API calls, {self.tool_calls} tool calls, tokens in {self.tokens_in:,} / "
+                f"out {self.tokens_out:,}")
+
+
+def session_usage(db: Any, session_id: str) -> Usage | None:
+    row = db.execute("SELECT api_call_count, tool_call_count, input_tokens, output_tokens FROM sessions "
+                     "WHERE id = ?", (session_id,)).fetchone()
+    return Usage(*(int(value or 0) for value in row)) if row else None
+
+
+def describe_tool_call(raw: Any) -> str | None:
+    """'terminal: <command>' (or the tool's name and the start of its arguments) from a tool_calls cell."""
+    try:
+        calls = json.loads(raw) if isinstance(raw, str) else None
+        function = calls[-1].get("function") or {}
+        name = str(function.get("name") or "tool")
+        arguments = function.get("arguments")
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except (ValueError, TypeError, AttributeError, IndexError, KeyError):
+        return None
+    shown_args = parsed.get("command") if isinstance(parsed, dict) and isinstance(parsed.get("command"), str) else (
+        json.dumps(parsed, ensure_ascii=False) if parsed is not None else "")
+    shown_args = " ".join(str(shown_args).split())
+    if len(shown_args) > TOOL_ARGUMENT_CHARS:
+        shown_args = shown_args[:TOOL_ARGUMENT_CHARS] + "..."
+    return f"{name}: {shown_args}"
+
+
+def current_tool(db: Any, session_id: str, since: float, now: float) -> str | None:
+    """The last tool call of the session and whether its result has arrived. Hermes saves the assistant
+    row holding a call before the tool runs, and the tool's row right after it ends."""
+    row = db.execute("SELECT tool_calls, timestamp FROM messages WHERE session_id = ? AND timestamp >= ? AND "
+                     "tool_calls IS NOT NULL AND tool_calls != '' AND tool_calls != '[]' ORDER BY timestamp DESC, "
+                     "id DESC LIMIT 1", (session_id, since)).fetchone()
+    if not row:
+        return None
+    described = describe_tool_call(row[0])
+    if not described:
+        return None
+    try:
+        call_ids = [call.get("id") for call in json.loads(row[0]) if isinstance(call, dict)]
+    except ValueError:
+        call_ids = []
+    answered = db.execute(f"SELECT COUNT(*) FROM messages WHERE session_id = ? AND role = 'tool' AND tool_call_id "
+                          f"IN ({','.join('?' * len(call_ids)) or 'NULL'})", (session_id, *call_ids)).fetchone()[0]
+    if call_ids and answered >= len(call_ids):
+        return f"{described} (finished)"
+    return f"{described} (running {max(0, int(now - float(row[1] or now)))} s)"
+
+
+def final_answer(db: Any, session_id: str, since: float) -> str | None:
+    """Hermes' own last reply in this job: the last assistant message with text written since the job
+    started (stdout also holds diff previews, and the log holds warnings)."""
+    row = db.execute("SELECT content FROM messages WHERE session_id = ? AND timestamp >= ? AND role = 'assistant' "
+                     "AND content IS NOT NULL AND content != '' ORDER BY timestamp DESC, id DESC LIMIT 1",
+                     (session_id, since)).fetchone()
+    return row[0] if row and isinstance(row[0], str) else None
 
 
 # ------------------------------------------------------------------------ supervisor and process control
@@ -1268,6 +1360,74 @@ def describe_exit(code: int) -> str:
     return f"Hermes exited with code {code}"
 
 
+CHANGED_LINES = 50
+
+
+@dataclasses.dataclass
+class FolderSnapshot:
+    """The files under a job's folder (relative path -> size, mtime), or why they were not listed."""
+
+    files: dict[str, tuple[int, int]]
+    taken_ns: int
+    note: str | None = None
+
+
+def snapshot_folder(folder: str, skip: list[str], max_entries: int, max_s: float) -> FolderSnapshot:
+    """Every file under folder, walked iteratively without following symlinks (a link is listed, never
+    entered), skipping folders named in skip; bounded by entries and seconds, past which it says so."""
+    taken_ns = time.time_ns()
+    deadline = time.monotonic() + max_s
+    files: dict[str, tuple[int, int]] = {}
+    pending = [folder]
+    entries = 0
+    while pending:
+        current = pending.pop()
+        try:
+            with os.scandir(current) as listing:
+                for entry in listing:
+                    entries += 1
+                    if entries > max_entries:
+                        return FolderSnapshot({}, taken_ns, f"not tracked (more than {max_entries} files under CWD)")
+                    if entry.is_dir(follow_symlinks=False):
+                        if entry.name not in skip:
+                            pending.append(entry.path)
+                        continue
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    files[os.path.relpath(entry.path, folder)] = (info.st_size, info.st_mtime_ns)
+        except OSError:
+            continue
+        if time.monotonic() > deadline:
+            return FolderSnapshot({}, taken_ns, f"not tracked (listing CWD took more than {max_s:g} s)")
+    return FolderSnapshot(files, taken_ns)
+
+
+def human_size(size: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024  # type: ignore[assignment]
+    return f"{size} B"
+
+
+def compare_snapshots(before: FolderSnapshot, after: FolderSnapshot) -> dict[str, Any]:
+    """What changed between two snapshots, ready for the record: counts and at most CHANGED_LINES lines.
+    A file changed while the first snapshot was being taken counts as created by the job."""
+    if before.note or after.note:
+        return {"note": before.note or after.note}
+    old = {path: meta for path, meta in before.files.items() if meta[1] < before.taken_ns}
+    created = sorted(path for path in after.files if path not in old)
+    modified = sorted(path for path in after.files if path in old and after.files[path] != old[path])
+    deleted = sorted(path for path in old if path not in after.files)
+    lines = ([f"+ {path} ({human_size(after.files[path][0])})" for path in created]
+             + [f"~ {path} ({human_size(after.files[path][0])})" for path in modified]
+             + [f"- {path}" for path in deleted])
+    return {"created": len(created), "modified": len(modified), "deleted": len(deleted),
+            "lines": lines[:CHANGED_LINES], "more": max(0, len(lines) - CHANGED_LINES)}
+
+
 class Supervisor:
     """Owns one job from a detached process: starts Hermes, enforces the timeout, obeys cancel, records."""
 
@@ -1280,6 +1440,8 @@ class Supervisor:
         self.stop_signal = False
         self.log_offset = 0
         self.windows_job: WindowsJob | None = None
+        self.before: FolderSnapshot | None = None
+        self.snapshot_thread: threading.Thread | None = None
 
     def note(self, text: str) -> None:
         sys.stderr.write(f"[bridge] {text}\n")
@@ -1334,6 +1496,7 @@ class Supervisor:
         if folder is None:
             return "error", None, (f"the job's folder {shown(record['cwd'])} no longer resolves to itself inside "
                                    "the allowed roots (moved, removed or replaced by a symlink); Hermes was not started")
+        self._start_snapshot(folder)
         record["cli_flags"] = sorted(cli.flags & {"--query-file", "--in", "--oneshot"})
         record["argv"] = [QUERY_OPTION + "<task>" if part == QUERY_OPTION + task else part for part in argv]
         with open_regular(task_path) if cli.task_on_stdin else open(os.devnull, "rb") as stdin:
@@ -1376,6 +1539,40 @@ class Supervisor:
             stop_tree(self.job_id, None, self.seen, 0)  # tool processes Hermes left behind when it was stopped
             return outcome[0], exit_code, outcome[1]
         return ("ok", exit_code, None) if exit_code == 0 else ("error", exit_code, describe_exit(exit_code))
+
+    def _start_snapshot(self, folder: str) -> None:
+        """The folder's files as the job starts, listed in the background so the launch is not delayed."""
+        cfg = self.cfg
+
+        def take() -> None:
+            self.before = snapshot_folder(folder, cfg.changed_files_skip, cfg.changed_files_max_entries,
+                                          cfg.changed_files_max_s)
+        self.snapshot_thread = threading.Thread(target=take, daemon=True)
+        self.snapshot_thread.start()
+
+    def _changes(self) -> dict[str, Any] | None:
+        if self.snapshot_thread is None:
+            return None
+        self.snapshot_thread.join(self.cfg.changed_files_max_s + 5)
+        if self.before is None:
+            return {"note": "not tracked (the start listing did not finish)"}
+        cfg = self.cfg
+        after = snapshot_folder(self.record["cwd"], cfg.changed_files_skip, cfg.changed_files_max_entries,
+                                cfg.changed_files_max_s)
+        return compare_snapshots(self.before, after)
+
+    def _usage(self, session_id: str | None) -> None:
+        """The session's counters, kept in the record for hermes_jobs and for when the store is gone."""
+        if not session_id:
+            return
+        try:
+            with session_store(self.cfg) as db:
+                usage = session_usage(db, session_id)
+        except StoreUnavailable as exc:
+            self.record["usage_note"] = str(exc)
+            return
+        if usage:
+            self.record["usage"] = dataclasses.asdict(usage)
 
     def _job_object_for(self, proc: subprocess.Popen) -> "WindowsJob | None":
         """Hermes in a job object of its own; without one (nested jobs refused) the tree walk still applies."""
@@ -1427,6 +1624,13 @@ class Supervisor:
             session_id, how = session_started_in(self.cfg, record["cwd"], float(record["started_at"]))
             record["session_source"] = how
         record.update(state=state, exit_code=exit_code, reason=reason, ended_at=time.time(), session_id=session_id)
+        try:
+            changes = self._changes()
+            if changes is not None:
+                record["changes"] = changes
+            self._usage(session_id)
+        except Exception as exc:  # a report of the job, never a reason to lose its outcome
+            self.note(f"could not list the changes or read the usage: {exc}")
         requested = record.get("session_requested")
         if requested and record["session_id"] and record["session_id"] != requested:
             record["session_note"] = (f"asked to resume session {requested}, but Hermes reported session "
@@ -1655,7 +1859,78 @@ def elapsed_s(record: dict[str, Any]) -> int:
     return max(0, int(end - float(start)))
 
 
-def render_status(view: JobView, cfg: Config, notes: list[str] | None = None) -> str:
+@dataclasses.dataclass
+class JobDetails:
+    """What Hermes' session store (and the record) say about a job beyond its state, for one status block."""
+
+    activity: str | None = None
+    current_tool: str | None = None
+    usage: str | None = None
+    answer: str | None = None
+
+    def progress_line(self, job_id: str) -> str:
+        tool = f"; {self.current_tool}" if self.current_tool and self.current_tool != "none yet" else ""
+        return f"job {job_id} is running: {self.activity}{tool}"
+
+
+def job_details(cfg: Config, view: JobView) -> JobDetails:
+    """One short read of the session store: live counters and the current tool while the job runs; the
+    usage and Hermes' own answer when it has ended. Never raises: an unreadable store is 'unavailable'."""
+    record = view.record
+    started = record.get("started_at")
+    if not isinstance(started, (int, float)):
+        reason = "unavailable: Hermes has not started yet" if view.running else "unavailable: Hermes never started"
+        return JobDetails(activity=reason, usage=reason, answer=reason)
+    details = JobDetails()
+    recorded = record.get("usage")
+    if not view.running and isinstance(recorded, dict):
+        try:
+            details.usage = Usage(**recorded).line()
+        except TypeError:
+            pass
+    try:
+        with session_store(cfg) as db:
+            session = record.get("session_id") or record.get("session_requested")
+            if not session and view.running:
+                session, why = matched_session(db, record["cwd"], float(started))
+                if not session:
+                    raise StoreUnavailable(why)
+            if not session:
+                raise StoreUnavailable(record.get("session_source") or "no session was captured")
+            usage = session_usage(db, session)
+            if view.running:
+                details.activity = usage.line() if usage else f"unavailable: no session {session} in the store yet"
+                details.current_tool = current_tool(db, session, float(started), time.time()) or "none yet"
+            else:
+                details.usage = details.usage or (usage.line() if usage else f"unavailable: no session {session}")
+                details.answer = final_answer(db, session, float(started)) or "unavailable: Hermes wrote no reply"
+    except StoreUnavailable as exc:
+        unavailable = f"unavailable: {exc}"
+        details.activity = details.activity or unavailable
+        details.usage = details.usage or unavailable
+        details.answer = details.answer or unavailable
+    return details
+
+
+def changes_lines(record: dict[str, Any]) -> list[str]:
+    changes = record.get("changes")
+    if not isinstance(changes, dict):
+        return []
+    if changes.get("note"):
+        return [f"CHANGED_FILES: {shown(str(changes['note']))}"]
+    try:
+        lines = [f"CHANGED_FILES: {int(changes['created'])} created, {int(changes['modified'])} modified, "
+                 f"{int(changes['deleted'])} deleted (under CWD, since the job started)"]
+    except (KeyError, TypeError, ValueError):
+        return []
+    lines += [shown(str(line), 400) for line in changes.get("lines", [])[:CHANGED_LINES]]
+    if isinstance(changes.get("more"), int) and changes["more"] > 0:
+        lines.append(f"... and {changes['more']} more")
+    return lines
+
+
+def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
+                  details: JobDetails | None = None) -> str:
     """The status block. The log shown is always the job's own <id>.log in the store, never a path taken
     from the record, and every value that came from disk is shown escaped."""
     record = view.record
@@ -1668,6 +1943,10 @@ def render_status(view: JobView, cfg: Config, notes: list[str] | None = None) ->
     if view.running:
         lines += [f"CWD: {shown(record.get('cwd'), 1000)}", f"ELAPSED_S: {elapsed_s(record)}",
                   f"TIMEOUT_S: {record.get('timeout_s', 0):g} (hard cap we enforce)", f"FULL_LOG: {shown(str(log))}"]
+        if details:
+            lines.append(f"ACTIVITY: {shown(details.activity, 400)}")
+            if details.current_tool:
+                lines.append(f"CURRENT_TOOL: {shown(details.current_tool, 400)}")
         lines += [f"NOTE: {shown(note, 1000)}" for note in notes]
         lines += ["Still running. This is NOT a failure and NOT a timeout.",
                   f'Collect the result with hermes_status(job_id="{job_id}").',
@@ -1690,6 +1969,14 @@ def render_status(view: JobView, cfg: Config, notes: list[str] | None = None) ->
         lines.append(f'Stop what is left with hermes_cancel(job_id="{job_id}").')
     if view.state in ("timeout", "cancelled", "orphaned"):
         lines.append("Work may be part-done: inspect the files with hermes_read before re-running.")
+    if details:
+        lines.append(f"USAGE: {shown(details.usage, 400)}")
+    lines += changes_lines(record)
+    if details:
+        answer = details.answer or ""
+        if len(answer) > cfg.max_output_chars:
+            answer = answer[:cfg.max_output_chars] + f"\n[cut: {len(answer) - cfg.max_output_chars} more characters]"
+        lines += ["--- HERMES ANSWER ---", answer]
     lines += ["--- HERMES OUTPUT ---", log_excerpt(log, cfg.max_output_chars)]
     return "\n".join(lines)
 
@@ -1711,9 +1998,10 @@ class ToolResult:
 
 
 def status_result(view: JobView, cfg: Config, notes: list[str] | None = None) -> ToolResult:
+    """The status block with what the session store adds; reads the disk, so it runs off the event loop."""
     record = view.record
-    return ToolResult(render_status(view, cfg, notes), view.shown_state, record["id"], record.get("cwd"),
-                      None if view.running else view.reason)
+    text = render_status(view, cfg, notes, job_details(cfg, view))
+    return ToolResult(text, view.shown_state, record["id"], record.get("cwd"), None if view.running else view.reason)
 
 
 def refused_result(reason: str) -> ToolResult:
@@ -2016,8 +2304,11 @@ def list_jobs(cfg: Config, limit: int | None, state: str | None) -> str:
         if state not in (None, "") and view.shown_state != state:
             continue
         record = view.record
+        usage = record.get("usage")
+        tokens = (f"  tokens {usage.get('tokens_in', 0):,}/{usage.get('tokens_out', 0):,}"
+                  if isinstance(usage, dict) and not view.running else "")
         rows.append(f"{job_id}  {view.shown_state:17} {elapsed_s(record):>5}s  {shown(record.get('cwd'))}  "
-                    f"\"{shown(str(record.get('task_preview', '')), 60)}\"")
+                    f"\"{shown(str(record.get('task_preview', '')), 60)}\"{tokens}")
     header = [f"JOBS: {len(ids)} on disk; showing {len(rows)}, newest first"
               + (f", state={state}" if state else "")]
     if scanned >= JOBS_SCAN_LIMIT and len(rows) < shown_limit:
@@ -2351,7 +2642,8 @@ async def wait_for_end(cfg: Config, job_id: str, wait_s: float, progress: Progre
         if progress is not None and now >= next_progress:
             next_progress = now + 5
             try:
-                await progress(wait_s - (deadline - now), wait_s, f"job {job_id} is running")
+                details = await off_loop(job_details, cfg, view)
+                await progress(wait_s - (deadline - now), wait_s, details.progress_line(job_id))
             except Exception:  # progress is a courtesy; a closed stream must not fail the call
                 pass
         await anyio.sleep(min(0.25, max(0.0, deadline - now)))
@@ -2363,7 +2655,7 @@ async def launch_and_wait(cfg: Config, request: JobRequest, wait_s: float | None
     record, duplicate = await off_loop(launch_job, cfg, request)
     if duplicate:
         notes.append(duplicate)
-    return status_result(await wait_for_end(cfg, record["id"], wait, progress), cfg, notes)
+    return await off_loop(status_result, await wait_for_end(cfg, record["id"], wait, progress), cfg, notes)
 
 
 async def run_tool(cfg: Config, task: Any, cwd: Any, max_turns: Any, timeout_s: Any, wait_s: Any, skills: Any,
@@ -2388,14 +2680,14 @@ async def status_tool(cfg: Config, job_id: Any, wait_s: Any, progress: Progress 
     notes: list[str] = []
     view = await off_loop(job_view, cfg, job_id)
     wait = clamp_number("wait_s", wait_s, min(30.0, cfg.max_wait_s), 0, cfg.max_wait_s, notes)
-    return status_result(await wait_for_end(cfg, view.record["id"], wait, progress), cfg, notes)
+    return await off_loop(status_result, await wait_for_end(cfg, view.record["id"], wait, progress), cfg, notes)
 
 
 async def cancel_tool(cfg: Config, job_id: Any, progress: Progress | None = None) -> ToolResult:
     view, note = await off_loop(request_cancel, cfg, job_id)
     if view.running:
         view = await wait_for_end(cfg, view.record["id"], min(cfg.kill_grace_s + 5, cfg.max_wait_s), progress)
-    return status_result(view, cfg, [note])
+    return await off_loop(status_result, view, cfg, [note])
 
 
 async def listing_tool(fn: Callable[..., str], cfg: Config, *args: Any) -> ToolResult:

@@ -10,7 +10,7 @@ and a resume moves to the session's recorded folder whatever it was started in, 
 `↻ Working directory: DIR` on stderr.
 
 Directives (words in the task): !sleep=S  !exit=N  !print=BYTES  !longline=BYTES  !binary  !ansi
-!write=REL:TEXT  !announce-move=DIR  !double-fork  !grandchild=S (a tool process in its own session that starts one more of its own)
+!write=REL:TEXT  !delete=REL  !tool-sleep=S  !announce-move=DIR  !double-fork  !grandchild=S (a tool process in its own session that starts one more of its own)
 !ignore-term (this process and its descendants ignore SIGTERM)  !session=ID  !fresh-session  !stdout-noise
 
 With FAKE_HERMES_TRACE set, every invocation writes TRACE/<pid>.invoked (its argv), every run writes
@@ -81,11 +81,33 @@ def session_store() -> sqlite3.Connection:
     os.makedirs(home, exist_ok=True)
     db = sqlite3.connect(os.path.join(home, "state.db"), timeout=10)
     db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE IF NOT EXISTS messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, "
+               "role TEXT NOT NULL, content TEXT, tool_call_id TEXT, tool_calls TEXT, tool_name TEXT, "
+               "timestamp REAL NOT NULL, finish_reason TEXT, active INTEGER NOT NULL DEFAULT 1)")
     db.execute("CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, model TEXT, "
                "started_at REAL NOT NULL, ended_at REAL, message_count INTEGER DEFAULT 0, tool_call_count INTEGER "
                "DEFAULT 0, api_call_count INTEGER DEFAULT 0, input_tokens INTEGER DEFAULT 0, output_tokens INTEGER "
                "DEFAULT 0, cwd TEXT)")
     return db
+
+
+def record_turn(session: str, content: str | None = None, tool_command: str | None = None,
+                tool_result_for: str | None = None) -> None:
+    """One row of the conversation, as Hermes writes it: an API call's counters with each assistant row."""
+    db = session_store()
+    with db:
+        if tool_result_for:
+            db.execute("INSERT INTO messages (session_id, role, content, tool_call_id, timestamp) VALUES "
+                       "(?, 'tool', 'done', ?, ?)", (session, tool_result_for, time.time()))
+        else:
+            calls = json.dumps([{"id": "call_1", "type": "function", "function": {
+                "name": "terminal", "arguments": json.dumps({"command": tool_command})}}]) if tool_command else None
+            db.execute("INSERT INTO messages (session_id, role, content, tool_calls, timestamp) VALUES "
+                       "(?, 'assistant', ?, ?, ?)", (session, content, calls, time.time()))
+            db.execute("UPDATE sessions SET api_call_count = api_call_count + 1, tool_call_count = tool_call_count "
+                       "+ ?, input_tokens = input_tokens + 1000, output_tokens = output_tokens + 100 WHERE id = ?",
+                       (1 if tool_command else 0, session))
+    db.close()
 
 
 def open_session(args: argparse.Namespace, todo: dict[str, str]) -> str | None:
@@ -171,15 +193,22 @@ def main() -> int:
         out.write("\x1b[31mred\x1b[0m \x1b]0;title\x07plain\n")
     out.write(f"working on: {task[:80]}\n")
     out.flush()
+    if "tool-sleep" in todo:  # a terminal tool call that runs for a while, saved as Hermes saves it
+        record_turn(session, tool_command=f"sleep {todo['tool-sleep']}")
+        time.sleep(float(todo["tool-sleep"]))
+        record_turn(session, tool_result_for="call_1")
     if "write" in todo:
         rel, _, text = todo["write"].partition(":")
         with open(rel, "w") as handle:
             handle.write(text)
+    if "delete" in todo:
+        os.remove(todo["delete"])
     deadline = time.time() + float(todo.get("sleep") or 0)
     while time.time() < deadline:
         time.sleep(min(0.1, max(0.0, deadline - time.time())))
     out.write(f"FAKE DONE: {task[:60]}\n")
     out.flush()
+    record_turn(session, content=f"FAKE ANSWER: {task[:60]}")
     if version < "0.21":
         sys.stderr.write(f"session_id: {session}\n")
         sys.stderr.flush()

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import require_component
 from harness import REAL_HERMES_VERSIONS, refused, wait_gone
-from scripted_model import ScriptedModel
+from scripted_model import ScriptedModel, next_step
 
 pytestmark = pytest.mark.posix("the e2e install (tests/install_e2e.sh) is a bash script with POSIX venv paths")
 
@@ -188,3 +188,33 @@ def test_capabilities_read_a_hermes_skills_tree_and_skills_reach_hermes(real):
     first = [r for r in model.requests() if r.get("tools")][0]
     system = " ".join(str(m.get("content")) for m in first["messages"] if m.get("role") == "system")
     assert f"{SKILL_MARKER} probe-skill" in system
+
+
+def test_activity_changed_files_and_hermes_own_answer(real):
+    """While the tool runs, CURRENT_TOOL names it and its command; at the end USAGE, the three kinds of
+    change, and HERMES ANSWER equal to the model's final text with none of Hermes' warnings in it."""
+    bridge, model, client = real
+    (bridge.root / "existing.txt").write_text("before\n")
+    (bridge.root / "gone.txt").write_text("bye\n")
+    command = "sleep 12; printf new > created.txt; printf more >> existing.txt; rm gone.txt; echo changed three"
+    job_id = client.call("hermes_run", task=f"Change files.\nRUN: {command}", wait_s=0).field("JOB_ID")
+    deadline = time.time() + 90
+    running = None
+    while time.time() < deadline:
+        status = client.call("hermes_status", job_id=job_id, wait_s=0)
+        if "CURRENT_TOOL: terminal: sleep 12;" in status.text and "(running" in status.text:
+            running = status
+            break
+        assert status.field("STATUS") == "running", status.text
+        time.sleep(0.5)
+    assert running is not None, "CURRENT_TOOL never named the running terminal command"
+    assert re.match(r"\d+ API calls, \d+ tool calls, tokens in [\d,]+ / out [\d,]+$", running.field("ACTIVITY"))
+    final = finish(client, client.call("hermes_status", job_id=job_id, wait_s=45))
+    assert final.field("STATUS") == "ok", final.text
+    assert re.match(r"\d+ API calls, [1-9]\d* tool calls, tokens in [\d,]+ / out [\d,]+$", final.field("USAGE"))
+    assert final.field("CHANGED_FILES") == "1 created, 1 modified, 1 deleted (under CWD, since the job started)"
+    assert "+ created.txt (3 B)" in final.text and "~ existing.txt (11 B)" in final.text and "- gone.txt" in final.text
+    answer = final.text.split("--- HERMES ANSWER ---\n", 1)[1].split("\n--- HERMES OUTPUT ---", 1)[0]
+    expected = next_step([r for r in model.requests() if r.get("tools")][-1]["messages"])["content"]
+    assert answer == expected and expected.startswith("SCRIPTED DONE: ") and "changed three" in expected
+    assert "Deprecated" not in answer and "⚠" not in answer
