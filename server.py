@@ -1620,7 +1620,10 @@ class Supervisor:
     def _finish(self, state: str, exit_code: int | None, reason: str | None) -> None:
         record = self.record
         session_id = session_id_from_log(self.store.log_path(self.job_id))
-        if session_id is None and record.get("started_at"):
+        if session_id is None and record.get("session_requested") and exit_code == 0:
+            session_id = record["session_requested"]  # a Hermes that prints no session line resumed it
+            record["session_source"] = "the session resumed (this Hermes prints no session line)"
+        elif session_id is None and record.get("started_at"):
             session_id, how = session_started_in(self.cfg, record["cwd"], float(record["started_at"]))
             record["session_source"] = how
         record.update(state=state, exit_code=exit_code, reason=reason, ended_at=time.time(), session_id=session_id)

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import platform
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import psutil  # noqa: E402
 
@@ -221,6 +222,92 @@ def capabilities(bridge: Bridge, skills: int, repeats: int) -> Row:
                f"{'PASS' if share <= 0.10 else 'MISS'}", "repeated <= 10 % of first")
 
 
+def make_files(folder: Path, count: int) -> None:
+    for n in range(count):
+        sub = folder / f"d{n // 1000}"
+        if n % 1000 == 0:
+            sub.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(sub / f"f{n}.txt", os.O_CREAT | os.O_WRONLY, 0o644))
+
+
+def wait_for_hermes(bridge: Bridge, job_id: str) -> dict:
+    record_path = bridge.jobs / f"{job_id}.json"
+    while True:
+        record = json.loads(record_path.read_text())
+        if record.get("hermes"):
+            return record
+        time.sleep(0.001)
+
+
+def activity_rows(bridge: Bridge, client: BridgeClient, files: int, messages: int, runs: int,
+                  calls: int) -> list[Row]:
+    """The costs issue 14 added: the activity lines on a big session store, the start listing of a big
+    folder, and whether that listing ever sits on the launch path."""
+    import server
+
+    big = bridge.root / "big"
+    make_files(big, files)
+    (bridge.root / "empty").mkdir()
+    rows = []
+    walk, floor = [], []
+    for _ in range(runs):
+        started = time.perf_counter()
+        snapshot = server.snapshot_folder(str(big), [], files * 2, 600)
+        walk.append(ms_since(started))
+        started = time.perf_counter()
+        sum(len(names) for _, _, names in os.walk(big))
+        floor.append(ms_since(started))
+    assert len(snapshot.files) == files
+    rows.append(Row(f"start listing of a folder of {files:,} files (floor: os.walk)", walk, floor, "ms",
+                    f"measured, ratio {statistics.median(walk) / statistics.median(floor):.2f}",
+                    "off the launch path (next row)"))
+    launch: dict[str, list[float]] = {"big": [], "empty": []}
+    job_ids = []
+    for n in range(runs):
+        for side in ("big", "empty"):
+            started = time.perf_counter()
+            job_id = client.call("hermes_run", task=f"launch {side} {n} !sleep=2", cwd=str(bridge.root / side),
+                                 wait_s=0).field("JOB_ID")
+            wait_for_hermes(bridge, job_id)
+            launch[side].append(ms_since(started))
+            job_ids.append(job_id)
+    for job_id in job_ids:
+        client.wait_final(job_id)
+    rows.append(ratio_row(f"hermes_run(wait_s=0) until Hermes runs, folder of {files:,} files (floor: empty folder)",
+                          launch["big"], launch["empty"], "ms", 1.2))
+    job_id = client.call("hermes_run", task="!tool-sleep=300", wait_s=0).field("JOB_ID")
+    record = wait_for_hermes(bridge, job_id)
+    store = bridge.tmp / "hermes-home" / "state.db"
+    while True:
+        status = client.call("hermes_status", job_id=job_id, wait_s=0)
+        if "CURRENT_TOOL: terminal" in status.text:
+            break
+        time.sleep(0.1)
+    db = sqlite3.connect(store, timeout=30)
+    session = db.execute("SELECT id FROM sessions ORDER BY started_at DESC LIMIT 1").fetchone()[0]
+    with db:
+        db.executemany("INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, 'assistant', ?, ?)",
+                       [(session, f"message {n}", record["started_at"] - 1) for n in range(messages)])
+    db.close()
+    timed: dict[str, list[float]] = {"store": [], "none": []}
+    for _ in range(calls):
+        for side in ("store", "none"):
+            moved = [Path(f"{store}{suffix}") for suffix in ("", "-wal", "-shm") if side == "none"
+                     and Path(f"{store}{suffix}").exists()]
+            for path in moved:
+                path.rename(path.with_name(path.name + ".away"))
+            started = time.perf_counter()
+            text = client.call("hermes_status", job_id=job_id, wait_s=0).text
+            timed[side].append(ms_since(started))
+            for path in moved:
+                path.with_name(path.name + ".away").rename(path)
+            assert ("CURRENT_TOOL: terminal" in text) == (side == "store"), text
+    client.call("hermes_cancel", job_id=job_id)
+    rows.append(ratio_row(f"hermes_status of a running job with activity, store of {messages:,} messages "
+                          "(floor: the same call without a store)", timed["store"], timed["none"], "ms", 1.5))
+    return rows
+
+
 def machine() -> str:
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
@@ -239,6 +326,7 @@ def main(argv: list[str]) -> int:
     runs, calls, log_mb = (2, 5, 8) if args.tiny else (7, 40, 1024)
     sizes = [100, 1000] if args.tiny else [1000, 10_000, 100_000]
     skills = 50 if args.tiny else 1000
+    files, messages = (2000, 2000) if args.tiny else (100_000, 100_000)
     started = time.time()
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -250,6 +338,7 @@ def main(argv: list[str]) -> int:
                 rows.append(warm_calls(ours, floor, calls))
                 rows += run_until_pid(bridge, ours, runs)
                 rows.append(status_of_big_log(bridge, ours, floor, log_mb, calls))
+                rows += activity_rows(bridge, ours, files, messages, runs, calls)
             rows.append(capabilities(bridge, skills, max(3, runs)))
         finally:
             bridge.kill_leftovers()

@@ -11,7 +11,9 @@ pytestmark = pytest.mark.posix("the benchmark drives the fake hermes, a shell sc
 ROWS = ["cold start: spawn, initialize, tools/list", "server RSS after start", "one hermes_health call, warm",
         "hermes_run(wait_s=0) until the record shows Hermes' pid", "supervisor RSS",
         "hermes_status of a job with a 8 MiB log", "hermes_capabilities over 50 skills",
-        "hermes_jobs with 100 records", "hermes_jobs with 1,000 records"]
+        "hermes_jobs with 100 records", "hermes_jobs with 1,000 records",
+        "start listing of a folder of 2,000 files", "hermes_run(wait_s=0) until Hermes runs, folder of 2,000 files",
+        "hermes_status of a running job with activity, store of 2,000 messages"]
 
 
 def test_bench_runs_tiny_and_prints_every_row():

@@ -1,4 +1,5 @@
 """The bridge end to end, through the real stdio transport with the official MCP client."""
+import json
 import os
 import signal
 import subprocess
@@ -393,3 +394,46 @@ def test_a_waiting_status_call_sends_progress_and_returns_within_its_wait(bridge
         assert 5.5 <= took < 6 + 1  # waits its wait_s, and no longer
         assert progress and progress[0][1] == 6 and job_id in progress[0][2]
         client.call("hermes_cancel", job_id=job_id)
+
+
+def test_status_wait_is_clamped_to_max_wait_s(bridge):
+    with bridge.client() as client:
+        job_id = client.call("hermes_run", task="quick", wait_s=20).field("JOB_ID")
+        result = client.call("hermes_status", job_id=job_id, wait_s=99999)
+    assert "wait_s=99999 was clamped to 45" in result.text
+
+
+def test_the_duplicate_guard_keys_on_the_folder_too(bridge):
+    other = bridge.root / "sub"
+    other.mkdir()
+    with bridge.client() as client:
+        first = client.call("hermes_run", task="same task !sleep=5", wait_s=0).field("JOB_ID")
+        second = client.call("hermes_run", task="same task !sleep=5", cwd=str(other), wait_s=0).field("JOB_ID")
+        again = client.call("hermes_run", task="same task !sleep=5", wait_s=0)
+        assert first != second and again.field("JOB_ID") == first
+        for job_id in (first, second):
+            client.wait_final(job_id)
+
+
+def test_cancelling_an_orphan_clears_its_active_marker(bridge):
+    with bridge.client() as client:
+        job_id = client.call("hermes_run", task="!sleep=60", wait_s=0).field("JOB_ID")
+        bridge.wait_for_runs(1)
+        record = json.loads((bridge.jobs / f"{job_id}.json").read_text())
+        os.kill(record["supervisor"]["pid"], signal.SIGKILL)
+        time.sleep(0.5)
+        assert client.call("hermes_status", job_id=job_id, wait_s=0).field("STATUS") == "orphaned"
+        assert client.call("hermes_cancel", job_id=job_id).field("STATUS") == "cancelled"
+    assert not (bridge.jobs / "active" / job_id).exists()
+
+
+def test_a_resume_without_a_session_line_claims_no_session_none(bridge):
+    exe = make_fake_hermes(bridge.tmp / "h21", personality="0.21")
+    bridge.configure(hermes_exe=str(exe))
+    with bridge.client() as client:
+        first = client.call("hermes_run", task="first", wait_s=20)
+        session = first.field("SESSION_ID")
+        resumed = client.call("hermes_resume", session_id=session, task="again", wait_s=20)
+    assert resumed.field("STATUS") == "ok", resumed.text
+    assert resumed.field("SESSION_ID") == session
+    assert "None" not in resumed.text and "reported session" not in resumed.text

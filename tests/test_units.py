@@ -140,3 +140,55 @@ def test_skill_index_cache_sees_added_edited_and_removed_skills(tmp_path):
     skills_now, malformed = server.skill_index(skills)
     assert sorted(s["name"] for s in skills_now) == ["three", "two"] and malformed == []
     assert {s["name"]: s["category"] for s in skills_now} == {"two": "cat", "three": "other"}
+
+
+def test_the_captured_session_id_is_the_last_session_line(tmp_path):
+    """A compressed session continues under a new id: the last line names the session to resume."""
+    log = tmp_path / "job.log"
+    log.write_text("session_id: 20261130_000000_aaaaaa\nworking\nsession_id: 20261130_000001_bbbbbb\n")
+    assert server.session_id_from_log(log) == "20261130_000001_bbbbbb"
+    log.write_text("session_id: --yolo\n")
+    assert server.session_id_from_log(log) is None
+
+
+def test_records_are_written_whole_while_a_reader_races_and_no_temp_file_is_left(tmp_path):
+    import threading
+
+    store = server.JobStore(tmp_path)
+    store.ensure()
+    record = {"id": "20261130-000000-1", "state": "running", "tree": [[n, 1.0] for n in range(20000)]}
+    store.write(record)
+    damaged = []
+    stop = threading.Event()
+
+    def read_forever():
+        while not stop.is_set():
+            try:
+                store.read("20261130-000000-1")
+            except server.DamagedRecord as exc:
+                damaged.append(exc)
+    reader = threading.Thread(target=read_forever)
+    reader.start()
+    try:
+        for n in range(50):
+            record["tree"].append([100000 + n, 2.0])
+            store.write(record)
+    finally:
+        stop.set()
+        reader.join()
+    assert damaged == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_register_writes_atomically_a_failed_replace_leaves_the_original(tmp_path, monkeypatch):
+    import register_with_claude as reg
+
+    config = tmp_path / "claude_desktop_config.json"
+    config.write_text('{"keep": true}')
+    def failing_replace(src, dst):
+        raise OSError("disk full")
+    monkeypatch.setattr(reg.os, "replace", failing_replace)
+    with pytest.raises(OSError):
+        reg.write_safely(config, '{"new": 1}')
+    assert config.read_text() == '{"keep": true}'
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
