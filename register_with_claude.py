@@ -267,12 +267,12 @@ def main(argv: list[str]) -> int:
         if (args.platform == "windows" and not args.print and not args.remove
                 and any(host == "claude-desktop" for host, _, _ in targets)
                 and is_store_python(sys.executable, sys.base_prefix)):
-            entry = {"mcpServers": {args.name: server_entry("claude-desktop", python, args.platform)}}
+            to_paste = {"mcpServers": {args.name: server_entry("claude-desktop", python, args.platform)}}
             raise Refusal("this is the Microsoft Store Python: Windows redirects the files it writes under "
                           "%APPDATA% into its private LocalCache, where Claude Desktop never looks. Run this script "
                           "with a python.org Python, or paste this into "
                           f"{targets[0][1]} yourself (merge it with what is there):\n"
-                          + json.dumps(entry, indent=2))
+                          + json.dumps(to_paste, indent=2))
         if not args.remove and not args.uvx:
             run_check(python)
         for host, path, created in targets:

@@ -51,8 +51,7 @@ def serves_protocol(argv: list[str]) -> bool:
 
 PROTOCOL_FDS = guard_stdio() if __name__ == "__main__" and serves_protocol(sys.argv[1:]) else None
 
-import argparse  # noqa: E402  (the guard must run before anything else can print)
-import contextlib  # noqa: E402
+import contextlib  # noqa: E402  (the guard must run before anything else can print)
 import dataclasses  # noqa: E402
 import errno  # noqa: E402
 import hashlib  # noqa: E402
@@ -67,7 +66,7 @@ import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Awaitable, Callable, Iterator, TypeVar  # noqa: E402
+from typing import Any, Awaitable, Callable, Iterator, TypeVar, cast  # noqa: E402
 
 try:
     import psutil
@@ -490,7 +489,8 @@ def confine_read(cfg: Config, path: str) -> str:
         return resolved
     readable = cfg.roots + [os.path.realpath(cfg.jobs_path)]
     if not within_any(resolved, readable):
-        raise Refused(f"path '{shown(path)}' resolves to {shown(resolved)}, outside the allowed roots and the job files "
+        raise Refused(f"path '{shown(path)}' resolves to {shown(resolved)}, outside the allowed roots and the job "
+                      "files "
                       f"({', '.join(readable)}). Set read_anywhere in {cfg.path} to widen hermes_read")
     return resolved
 
@@ -841,7 +841,8 @@ def hermes_version_on_disk(exe: str) -> str | None:
     """Hermes' version from the dist-info beside its install, for display only: the command line is decided
     by the flags Hermes declares, never by its version (no 0.20.x has --query-file, though 0.20 has --in)."""
     prefix = Path(os.path.realpath(exe)).parent.parent
-    pattern = "Lib/site-packages/hermes_agent*.dist-info" if IS_WINDOWS else "lib/python*/site-packages/hermes_agent*.dist-info"
+    site = "Lib/site-packages" if IS_WINDOWS else "lib/python*/site-packages"
+    pattern = f"{site}/hermes_agent*.dist-info"
     for dist_info in sorted(prefix.glob(pattern)):
         match = re.fullmatch(r"hermes_agent(?:_\w+)?-(.+)\.dist-info", dist_info.name)
         if match:
@@ -1103,6 +1104,8 @@ def describe_tool_call(raw: Any) -> str | None:
     """'terminal: <command>' (or the tool's name and the start of its arguments) from a tool_calls cell."""
     try:
         calls = json.loads(raw) if isinstance(raw, str) else None
+        if not isinstance(calls, list) or not calls or not isinstance(calls[-1], dict):
+            return None
         function = calls[-1].get("function") or {}
         name = str(function.get("name") or "tool")
         arguments = function.get("arguments")
@@ -1132,8 +1135,9 @@ def current_tool(db: Any, session_id: str, since: float, now: float) -> str | No
         call_ids = [call.get("id") for call in json.loads(row[0]) if isinstance(call, dict)]
     except ValueError:
         call_ids = []
-    answered = db.execute(f"SELECT COUNT(*) FROM messages WHERE session_id = ? AND role = 'tool' AND tool_call_id "
-                          f"IN ({','.join('?' * len(call_ids)) or 'NULL'})", (session_id, *call_ids)).fetchone()[0]
+    answered = db.execute(f"SELECT COUNT(*) FROM messages WHERE session_id = ? AND timestamp >= ? AND role = 'tool' "
+                          f"AND tool_call_id IN ({','.join('?' * len(call_ids)) or 'NULL'})",
+                          (session_id, row[1] or 0, *call_ids)).fetchone()[0]
     if call_ids and answered >= len(call_ids):
         return f"{described} (finished)"
     return f"{described} (running {max(0, int(now - float(row[1] or now)))} s)"
@@ -1495,7 +1499,8 @@ class Supervisor:
         folder = self._confined_folder()
         if folder is None:
             return "error", None, (f"the job's folder {shown(record['cwd'])} no longer resolves to itself inside "
-                                   "the allowed roots (moved, removed or replaced by a symlink); Hermes was not started")
+                                   "the allowed roots (moved, removed or replaced by a symlink); Hermes was not "
+                                   "started")
         self._start_snapshot(folder)
         record["cli_flags"] = sorted(cli.flags & {"--query-file", "--in", "--oneshot"})
         record["argv"] = [QUERY_OPTION + "<task>" if part == QUERY_OPTION + task else part for part in argv]
@@ -1680,8 +1685,15 @@ def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
 RUNNING_SUPERVISORS: list[subprocess.Popen] = []
 # Runs this same file as `server.py --supervise ID`, but imported, so from its cached bytecode: the
 # supervisor starts about 15 ms faster and 5 MB smaller than compiling the source again.
-SUPERVISOR_BOOT = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
-                   f"runpy.run_module({SERVER_FILE.stem!r}, run_name='__main__', alter_sys=True)")
+SUPERVISOR_BOOT = (
+    "import importlib.util, sys\n"
+    "folder, sys.pycache_prefix = sys.argv.pop(1), sys.argv.pop(1)\n"
+    "sys.path.insert(0, folder)\n"
+    f"spec = importlib.util.find_spec({SERVER_FILE.stem!r})\n"
+    "code = spec.loader.get_code(spec.name)\n"
+    "sys.pycache_prefix = None\n"
+    "sys.argv[0] = spec.origin\n"
+    "exec(code, {'__name__': '__main__', '__file__': spec.origin, '__builtins__': __builtins__})\n")
 
 
 def reap_supervisors() -> None:
@@ -1764,9 +1776,8 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest, key: str) -> di
         store.remove(job_id)
         raise Refused(f"cannot write the job record in {store.root}: {exc.strerror or exc}; nothing started") from None
     env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path), **{JOB_MARKER: job_id})
-    # The supervisor imports this file from cached bytecode; keep that cache outside the install folder.
-    env.setdefault("PYTHONPYCACHEPREFIX", str(user_dir("cache") / "pycache"))
-    argv = [sys.executable, "-c", SUPERVISOR_BOOT, str(SERVER_DIR), "--supervise", job_id]
+    bytecode_cache = str(user_dir("cache") / "bytecode")  # outside the install folder (a bundle's is read-only)
+    argv = [sys.executable, "-c", SUPERVISOR_BOOT, str(SERVER_DIR), bytecode_cache, "--supervise", job_id]
     with log:
         for attempt, flags in enumerate(supervisor_creation_flags(IS_WINDOWS)):
             try:
@@ -1820,7 +1831,8 @@ def prune_jobs(store: JobStore, cfg: Config) -> int:
 
 
 # -------------------------------------------------------------------------------------------- rendering
-ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]|[\x00-\x08\x0b-\x1f\x7f]")
+ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]"
+                     r"|[\x00-\x08\x0b-\x1f\x7f]")
 RUNNING_TAIL_CHARS = 2000
 
 
@@ -1960,7 +1972,8 @@ def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
     session = record.get("session_id")
     lines += [f"EXIT_CODE: {'none' if exit_code is None else exit_code}",
               f"SESSION_ID: {shown(session) if session else 'none captured'}",
-              f"CWD: {shown(record.get('cwd'), 1000)}", f"ELAPSED_S: {elapsed_s(record)}", f"FULL_LOG: {shown(str(log))}"]
+              f"CWD: {shown(record.get('cwd'), 1000)}", f"ELAPSED_S: {elapsed_s(record)}",
+              f"FULL_LOG: {shown(str(log))}"]
     if view.reason and view.state != "ok":
         lines.append(f"REASON: {shown(view.reason, 2000)}")
     if not session and record.get("session_source"):
@@ -2218,7 +2231,8 @@ def read_path(cfg: Config, path: Any, max_bytes: int | None, offset: int | None)
             return list_directory(resolved, fd)
         with os.fdopen(os.dup(fd), "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
-            start = min(size, max(0, size + offset) if (offset or 0) < 0 else (offset or 0))
+            wanted = offset or 0
+            start = min(size, max(0, size + wanted) if wanted < 0 else wanted)
             handle.seek(start)
             data = handle.read(limit)
     finally:
@@ -2515,8 +2529,8 @@ def capabilities(cfg: Config, query: str | None, category: str | None, limit: in
         by_category.setdefault(skill["category"], []).append(skill["name"])
     lines = [f"CATEGORIES: {len(by_category)}"]
     for name in sorted(by_category)[:count]:
-        members = sorted(by_category[name])
-        lines.append(f"{name} ({len(members)}): {', '.join(members[:5])}" + (", ..." if len(members) > 5 else ""))
+        names = sorted(by_category[name])
+        lines.append(f"{name} ({len(names)}): {', '.join(names[:5])}" + (", ..." if len(names) > 5 else ""))
     return "\n".join(header + lines + ["Narrow with hermes_capabilities(query=...) or (category=...). " + use])
 
 
@@ -2761,24 +2775,27 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
 
     from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
-    Context = edge.context_class
     mcp = edge.new_server(server_instructions(cfg))
     read_only = ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True, openWorldHint=False)
     launches = ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=True)
     destructive = ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True, openWorldHint=False)
 
     def tool(annotations: ToolAnnotations, title: str) -> Callable[[Callable[..., Any]], Any]:
-        """Register a tool; its docstring, without the source's indentation, is the description."""
+        """Register a tool; its docstring, without the source's indentation, is the description. A `ctx`
+        parameter gets the installed line's Context class, by which the SDK recognises it."""
         def register(fn: Callable[..., Any]) -> Any:
+            if "ctx" in fn.__annotations__:
+                fn.__annotations__["ctx"] = edge.context_class
             return mcp.tool(annotations=annotations, title=title, description=inspect.cleandoc(fn.__doc__ or ""))(fn)
         return register
 
-    async def respond(tool_name: str, body: Callable[[Config], Awaitable[ToolResult]], task: Any = None) -> CallToolResult:
+    async def respond(tool_name: str, body: Callable[[Config], Awaitable[ToolResult]],
+                      task: Any = None) -> CallToolResult:
         outcome = await answer(tool_name, body, task)
         return CallToolResult(content=[TextContent(type="text", text=outcome.text)], isError=outcome.is_error)
 
     @tool(launches, "Run a task with Hermes")
-    async def hermes_run(task: str, ctx: Context, cwd: str | None = None, max_turns: int | None = None,
+    async def hermes_run(task: str, ctx: Any, cwd: str | None = None, max_turns: int | None = None,
                          timeout_s: float | None = None, wait_s: float | None = None,
                          skills: list[str] | str | None = None,
                          toolsets: list[str] | str | None = None) -> CallToolResult:
@@ -2789,7 +2806,7 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
                                                                 toolsets, ctx.report_progress), task)
 
     @tool(launches, "Continue a Hermes session")
-    async def hermes_resume(session_id: str, task: str, ctx: Context, cwd: str | None = None,
+    async def hermes_resume(session_id: str, task: str, ctx: Any, cwd: str | None = None,
                             max_turns: int | None = None, timeout_s: float | None = None,
                             wait_s: float | None = None) -> CallToolResult:
         """Continue a Hermes session with a new task (session_id from a SESSION_ID line, or "latest" for the
@@ -2800,7 +2817,7 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
                                                                       wait_s, ctx.report_progress), task)
 
     @tool(read_only, "Wait for a Hermes job")
-    async def hermes_status(job_id: str, ctx: Context, wait_s: float | None = None) -> CallToolResult:
+    async def hermes_status(job_id: str, ctx: Any, wait_s: float | None = None) -> CallToolResult:
         """Wait up to wait_s (default 30) for a job to end, then return its final block, or STATUS: running
         again. It waits for you: do not call it in a tight loop. Reads only the disk."""
         return await respond("hermes_status", lambda cfg: status_tool(cfg, job_id, wait_s, ctx.report_progress))
@@ -2832,7 +2849,7 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
         return await respond("hermes_health", lambda cfg: listing_tool(health, cfg))
 
     @tool(destructive, "Cancel a Hermes job")
-    async def hermes_cancel(job_id: str, ctx: Context) -> CallToolResult:
+    async def hermes_cancel(job_id: str, ctx: Any) -> CallToolResult:
         """Stop a running job and its whole process tree; the job ends as cancelled. Work may be part-done."""
         return await respond("hermes_cancel", lambda cfg: cancel_tool(cfg, job_id, ctx.report_progress))
 
@@ -2881,12 +2898,13 @@ async def serve(protocol_fds: tuple[int, int]) -> None:
 
     cfg = load_config()
     sys.stderr.write(f"claude-hermes-bridge {VERSION}: python {sys.version.split()[0]} ({sys.executable}), "
-                     f"mcp {dependency_version('mcp') or 'not installed'}, config {cfg.path} ({len(cfg.problems)} problems)\n")
+                     f"mcp {dependency_version('mcp') or 'not installed'}, config {cfg.path} "
+                     f"({len(cfg.problems)} problems)\n")
     sys.stderr.flush()
     edge = McpEdge()
     server = build_server(cfg, edge)
-    stdin = anyio.wrap_file(ProtocolLines(TextIOWrapper(os.fdopen(protocol_fds[0], "rb"), encoding="utf-8",
-                                                        errors="replace")))
+    lines = ProtocolLines(TextIOWrapper(os.fdopen(protocol_fds[0], "rb"), encoding="utf-8", errors="replace"))
+    stdin = anyio.wrap_file(cast(Any, lines))
     stdout = anyio.wrap_file(TextIOWrapper(os.fdopen(protocol_fds[1], "wb"), encoding="utf-8"))
     lowlevel = edge.lowlevel(server)
     async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
@@ -2894,6 +2912,11 @@ async def serve(protocol_fds: tuple[int, int]) -> None:
 
 
 # ------------------------------------------------------------------------------------------ command line
+def result_text(result: Any) -> str:
+    """The text of a tool result, on either SDK line."""
+    return "\n".join(getattr(item, "text", "") for item in result.content)
+
+
 def either(result: Any, snake: str) -> Any:
     """A result attribute by its 2.x (snake_case) or 1.x (camelCase) name."""
     if hasattr(result, snake):
@@ -2902,7 +2925,8 @@ def either(result: Any, snake: str) -> Any:
     return getattr(result, head + "".join(part.title() for part in rest))
 
 
-async def check_server(command: list[str], env: dict[str, str] | None = None, timeout_s: float = 60) -> tuple[bool, list[str]]:
+async def check_server(command: list[str], env: dict[str, str] | None = None,
+                       timeout_s: float = 60) -> tuple[bool, list[str]]:
     """Start a server as a host would, over stdio with the official client, and check what a host needs."""
     import tempfile
 
@@ -2922,7 +2946,8 @@ async def check_server(command: list[str], env: dict[str, str] | None = None, ti
                         report.append(f"protocol: {either(init, 'protocol_version')}; server "
                                       f"{either(init, 'server_info').name}")
                         tools = sorted(t.name for t in (await session.list_tools()).tools)
-                        health_result = await session.call_tool("hermes_health", {}) if "hermes_health" in tools else None
+                        health_result = (await session.call_tool("hermes_health", {})
+                                         if "hermes_health" in tools else None)
         except BaseException as exc:  # noqa: BLE001 (a cancelled scope or an exception group: report, do not crash)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -2939,9 +2964,10 @@ async def check_server(command: list[str], env: dict[str, str] | None = None, ti
     if health_result is None or either(health_result, "is_error"):
         report.append("FAIL: hermes_health did not succeed")
         return False, report
-    text = health_result.content[0].text
+    text = result_text(health_result)
     for line in text.splitlines():
-        if line.startswith(("HERMES_EXE", "HERMES_VERSION", "CLI_FLAGS", "CLI_COMMAND", "ALLOWED_ROOTS", "CONFIG", "  - ")):
+        if line.startswith(("HERMES_EXE", "HERMES_VERSION", "CLI_FLAGS", "CLI_COMMAND", "ALLOWED_ROOTS", "CONFIG",
+                            "  - ")):
             report.append(line.strip())
     if "NOT FOUND" in text:
         report.append("WARN: Hermes is not installed or not found; jobs will end in error until it is")
@@ -2958,7 +2984,7 @@ async def try_task(command: list[str], task: str, cwd: str | None) -> bool:
     params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
     started = time.monotonic()
 
-    async def progress(done: float, total: float | None, message: str | None) -> None:
+    async def progress(done: float, total: Any, message: Any) -> None:
         print(f"... {message or 'running'} ({time.monotonic() - started:.0f} s)", flush=True)
 
     with anyio.fail_after(24 * 3600):
@@ -2967,28 +2993,31 @@ async def try_task(command: list[str], task: str, cwd: str | None) -> bool:
             arguments: dict[str, Any] = {"task": task, "wait_s": 5}
             if cwd:
                 arguments["cwd"] = cwd
-            text = (await session.call_tool("hermes_run", arguments)).content[0].text
+            text = result_text(await session.call_tool("hermes_run", arguments))
             print(text, flush=True)
             while text.startswith("STATUS: running"):
                 job_id = re.search(r"^JOB_ID: (\S+)$", text, re.MULTILINE)
                 assert job_id, text
                 result = await session.call_tool("hermes_status", {"job_id": job_id.group(1), "wait_s": 30},
-                                                 progress_callback=progress)
-                text = result.content[0].text
+                                                 progress_callback=cast(Any, progress))
+                text = result_text(result)
                 if not text.startswith("STATUS: running"):
                     print(text, flush=True)
     return text.startswith("STATUS: ok")
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """A bad option is one line on stderr and exit 2, before any transport opens."""
-
-    def error(self, message: str) -> Any:  # type: ignore[override]
-        sys.stderr.write(f"claude-hermes-bridge: {message} (server.py --help lists the options)\n")
-        sys.exit(2)
-
-
 def parse_command_line(argv: list[str]) -> Any:
+    """The host's settings and the modes. argparse is imported here, not at the top, so a supervisor
+    (`--supervise`, parsed by hand) never loads it."""
+    import argparse
+
+    class OneLineParser(argparse.ArgumentParser):
+        """A bad option is one line on stderr and exit 2, before any transport opens."""
+
+        def error(self, message: str) -> Any:  # type: ignore[override]
+            sys.stderr.write(f"claude-hermes-bridge: {message} (server.py --help lists the options)\n")
+            sys.exit(2)
+
     parser = OneLineParser(prog="server.py", description="claude-hermes-bridge: an MCP stdio server that runs "
                            "tasks with Hermes. With no mode option it serves MCP over stdio.")
     settings = parser.add_argument_group("settings (they win over the config file)")
@@ -3054,6 +3083,7 @@ def main(argv: list[str]) -> int:
         return 0 if ok else 1
     if args.try_task is not None:
         return 0 if anyio.run(try_task, serve_command, args.try_task, args.cwd) else 1
+    assert PROTOCOL_FDS is not None, "serves_protocol() and main() disagree about this command line"
     anyio.run(serve, PROTOCOL_FDS)
     return 0
 

@@ -1,5 +1,6 @@
 """Fixtures: a throwaway bridge per test, and the rule for tests that need a real component."""
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,7 @@ from harness import IN_CI, Bridge
 
 
 @pytest.fixture
-def bridge(tmp_path: Path) -> Bridge:
+def bridge(tmp_path: Path) -> Iterator[Bridge]:
     b = Bridge.create(tmp_path)
     yield b
     b.kill_leftovers()

@@ -10,7 +10,8 @@ and a resume moves to the session's recorded folder whatever it was started in, 
 `↻ Working directory: DIR` on stderr.
 
 Directives (words in the task): !sleep=S  !exit=N  !print=BYTES  !longline=BYTES  !binary  !ansi
-!write=REL:TEXT  !delete=REL  !tool-sleep=S  !announce-move=DIR  !double-fork  !grandchild=S (a tool process in its own session that starts one more of its own)
+!write=REL:TEXT  !delete=REL  !tool-sleep=S  !announce-move=DIR  !double-fork
+!grandchild=S (a tool process in its own session that starts one more of its own)
 !ignore-term (this process and its descendants ignore SIGTERM)  !session=ID  !fresh-session  !stdout-noise
 
 With FAKE_HERMES_TRACE set, every invocation writes TRACE/<pid>.invoked (its argv), every run writes
@@ -45,7 +46,9 @@ time.sleep(seconds)
 
 DOUBLE_FORK_CODE = """
 import subprocess, sys
-subprocess.Popen([sys.executable, '-c', 'import os, sys, time; open(os.path.join(sys.argv[1], f"{os.getpid()}.child"), "w").write("orphan"); time.sleep(120)', sys.argv[1]], start_new_session=True)
+ORPHAN = ('import os, sys, time; open(os.path.join(sys.argv[1], f"{os.getpid()}.child"), "w").write("o"); '
+          'time.sleep(120)')
+subprocess.Popen([sys.executable, '-c', ORPHAN, sys.argv[1]], start_new_session=True)
 """
 
 
@@ -84,6 +87,7 @@ def session_store() -> sqlite3.Connection:
     db.execute("CREATE TABLE IF NOT EXISTS messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, "
                "role TEXT NOT NULL, content TEXT, tool_call_id TEXT, tool_calls TEXT, tool_name TEXT, "
                "timestamp REAL NOT NULL, finish_reason TEXT, active INTEGER NOT NULL DEFAULT 1)")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_session ON messages(session_id, timestamp)")  # as Hermes
     db.execute("CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, model TEXT, "
                "started_at REAL NOT NULL, ended_at REAL, message_count INTEGER DEFAULT 0, tool_call_count INTEGER "
                "DEFAULT 0, api_call_count INTEGER DEFAULT 0, input_tokens INTEGER DEFAULT 0, output_tokens INTEGER "
@@ -124,7 +128,8 @@ def open_session(args: argparse.Namespace, todo: dict[str, str]) -> str | None:
                 print(f"↻ Working directory: {row[0]}", file=sys.stderr, flush=True)
             return args.resume
         session = todo.get("session") or time.strftime("%Y%m%d_%H%M%S_") + f"{random.randrange(16**6):06x}"
-        db.execute("INSERT OR REPLACE INTO sessions (id, source, model, started_at, cwd) VALUES (?, 'cli', 'fake', ?, ?)",
+        db.execute("INSERT OR REPLACE INTO sessions (id, source, model, started_at, cwd) "
+                   "VALUES (?, 'cli', 'fake', ?, ?)",
                    (session, time.time(), os.getcwd()))
     db.close()
     return session

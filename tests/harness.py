@@ -207,7 +207,8 @@ class BridgeClient:
 
     def call(self, tool: str, **arguments: Any) -> Result:
         result = self.portal.call(self.session.call_tool, tool, arguments)
-        return Result("\n".join(c.text for c in result.content if c.type == "text"), bool(server.either(result, "is_error")))
+        text = "\n".join(c.text for c in result.content if c.type == "text")
+        return Result(text, bool(server.either(result, "is_error")))
 
     def wait_final(self, job_id: str, timeout: float = 60) -> Result:
         deadline = time.time() + timeout
@@ -225,7 +226,8 @@ REAL_HERMES_VERSIONS = {
 }
 MCPB = E2E / "mcpb" / "node_modules" / ".bin" / "mcpb"
 UV = E2E / "uv-venv" / "bin" / "uv"
-INSPECTOR = E2E / "inspector" / "node_modules" / "@modelcontextprotocol" / "inspector" / "clients" / "launcher" / "build" / "index.js"
+INSPECTOR = (E2E / "inspector" / "node_modules" / "@modelcontextprotocol" / "inspector" / "clients" / "launcher"
+             / "build" / "index.js")
 
 
 def raw_exchange(env: dict[str, str], calls: list[str], timeout: float = 20) -> list[dict[str, Any]]:
@@ -241,6 +243,7 @@ def raw_exchange(env: dict[str, str], calls: list[str], timeout: float = 20) -> 
                             stderr=subprocess.DEVNULL)
     responses: dict[int, dict[str, Any]] = {}
     pending = b""
+    assert proc.stdin is not None and proc.stdout is not None
     try:
         for request_id, line in requests:
             proc.stdin.write(line.encode() + b"\n")

@@ -72,14 +72,16 @@ class Handler(BaseHTTPRequestHandler):
         if not self.path.rstrip("/").endswith("/chat/completions"):
             self._json(404, {"error": {"message": "not found"}})
             return
-        step = next_step(request.get("messages", [])) if request.get("tools") else {"content": "scripted title"}
+        step: dict[str, Any] = (next_step(request.get("messages", [])) if request.get("tools")
+                                else {"content": "scripted title"})
         if step.get("tool_call"):
             call = step["tool_call"]
-            delta = {"role": "assistant", "content": None, "tool_calls": [
-                {"index": 0, "id": f"call_{int(time.time() * 1000)}", "type": "function",
+            call_id = f"call_{int(time.time() * 1000)}"
+            delta: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [
+                {"index": 0, "id": call_id, "type": "function",
                  "function": {"name": call["name"], "arguments": call["arguments"]}}]}
-            message = {"role": "assistant", "content": None, "tool_calls": [
-                {"id": delta["tool_calls"][0]["id"], "type": "function", "function": call}]}
+            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": call_id, "type": "function", "function": call}]}
             finish = "tool_calls"
         else:
             delta = {"role": "assistant", "content": step["content"]}

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -187,7 +188,9 @@ def test_check_fails_when_the_tools_differ_or_the_server_cannot_start(bridge, tm
     import anyio
 
     other = tmp_path / "other_server.py"
-    other.write_text('try:\n    from mcp.server.mcpserver import MCPServer as FastMCP  # mcp 2.x\nexcept ImportError:\n    from mcp.server.fastmcp import FastMCP  # mcp 1.x\n' + "mcp = FastMCP('x')\n"
+    other.write_text("try:\n    from mcp.server.mcpserver import MCPServer as FastMCP  # mcp 2.x\n"
+                     "except ImportError:\n    from mcp.server.fastmcp import FastMCP  # mcp 1.x\n"
+                     "mcp = FastMCP('x')\n"
                      "@mcp.tool()\ndef hermes_health() -> str:\n    return 'fine'\nmcp.run()\n")
     ok, report = anyio.run(server.check_server, [sys.executable, str(other)], bridge.env)
     assert not ok and any("MISMATCH" in line for line in report)
@@ -280,7 +283,7 @@ def test_skills_toolsets_and_argument_errors(bridge):
         argv = bridge.runs()[0]["argv"]
         assert "--skills=github-pr,code/review" in argv and "--toolsets=terminal,file" in argv
         assert "--max-turns=7" in argv
-        refusals = [
+        refusals: list[dict[str, Any]] = [
             dict(task=""), dict(task="   "), dict(task="x", skills=["bad name!"]), dict(task="x", skills=[""]),
             dict(task="x", timeout_s=-5), dict(task="x", timeout_s=0), dict(task="x", max_turns=0),
             dict(task="x", max_turns=100000), dict(task="a\x00b"), dict(task="x" * 200_000),

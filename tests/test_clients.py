@@ -4,10 +4,10 @@ import subprocess
 import sys
 
 import pytest
+from test_bridge import EXPECTED_ARGS, READ_ONLY
 
 from conftest import require_component
 from harness import INSPECTOR, SERVER, BridgeClient
-from test_bridge import EXPECTED_ARGS, READ_ONLY
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script")
 

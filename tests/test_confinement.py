@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -199,8 +200,8 @@ def deep_tree():
 
 
 ALIAS_BOMB = ("---\nname: bomb\na: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n"
-              + "".join(f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)},"
-                        f"*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)}]\n" for i in range(9))
+              + "".join(f"{chr(98 + i)}: &{chr(98 + i)} [" + ",".join([f"*{chr(97 + i)}"] * 9) + "]\n"
+                        for i in range(9))
               + "description: boom\n---\nbody\n")
 
 
@@ -214,13 +215,13 @@ def test_hostile_skills_are_skipped_with_a_reason_and_health_answers_meanwhile(b
         handle.truncate(1 << 30)
     (skills / "evil" / "long").mkdir(parents=True)
     (skills / "evil" / "long" / "SKILL.md").write_text("---\nname: " + "n" * 500 + "\n---\n")
-    deep = deep_tree(skills / "deep")
+    deep_tree(skills / "deep")
     (skills / "good" / "fine").mkdir(parents=True)
     (skills / "good" / "fine" / "SKILL.md").write_text("---\nname: fine\ndescription: ok\n---\n")
     process = None
     with bridge.client() as client:
         process = psutil.Process(client.server_pid)
-        answer = {}
+        answer: dict[str, Any] = {}
         worker = threading.Thread(target=lambda: answer.update(r=client.call("hermes_capabilities")))
         worker.start()
         started = time.monotonic()

@@ -1,11 +1,11 @@
 """Property-based tests of the confinement decision: for generated trees of folders and symlinks (in, out,
 chained, looping), `..`, case variants and prefix siblings, the bridge decides as a plain reference does:
 resolve every symlink, then whole-component containment."""
-import pytest
 import os
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

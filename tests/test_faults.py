@@ -1,5 +1,4 @@
 """Faults: processes killed mid-job, races, damaged and huge files, load. Nothing lost, state told truthfully."""
-import pytest
 import json
 import os
 import signal
@@ -9,6 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
+import pytest
 
 from harness import SERVER, BridgeClient, live_pids, wait_gone
 
@@ -104,7 +104,7 @@ def test_two_servers_racing_the_identical_run_start_exactly_one_hermes(bridge):
         for round_number in range(20):
             barrier = threading.Barrier(2)
 
-            def launch(client):
+            def launch(client, barrier=barrier, round_number=round_number):
                 barrier.wait()
                 return client.call("hermes_run", task=f"race {round_number} !sleep=4", wait_s=0)
             first, second = pool.map(launch, (one, two))

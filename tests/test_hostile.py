@@ -2,6 +2,7 @@
 import os
 import socket
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -123,6 +124,7 @@ def test_lone_surrogates_and_nan_never_hang_the_server(bridge):
 
 def test_numbers_out_of_range_or_of_the_wrong_type(bridge):
     with bridge.client() as client:
+        arguments: dict[str, Any]
         for arguments, word in ((dict(timeout_s=-1), "positive"), (dict(timeout_s=0), "positive"),
                                 (dict(max_turns=-3), "max_turns"), (dict(max_turns=10**9), "max_turns")):
             refused(client.call("hermes_run", task="n", **arguments), word)
@@ -134,7 +136,8 @@ def test_numbers_out_of_range_or_of_the_wrong_type(bridge):
         assert "timeout_s=1e+300 was clamped to 14400" in result.text and "clamped to 0" in result.text
         final = client.wait_final(result.field("JOB_ID"))
         assert final.field("STATUS") == "ok"
-        assert client.call("hermes_read", path=final.field("FULL_LOG"), offset=-10**30).field("RANGE").startswith("bytes 0-")
+        far_back = client.call("hermes_read", path=final.field("FULL_LOG"), offset=-10**30)
+        assert far_back.field("RANGE").startswith("bytes 0-")
     assert len(bridge.runs()) == 1
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,7 +116,8 @@ def test_the_bundle_validates_packs_and_runs_as_claude_desktop_starts_it(bridge)
     assert {"manifest.json", "server.py", "pyproject.toml", "uv.lock", ".python-version"} <= set(names)
     assert not [n for n in names if n.startswith(("tests/", ".venv/", "jobs/", "logs/", ".e2e/", "bench/"))]
 
-    folder = bridge.tmp / "home" / "Claude Extensions" / "local.mcpb.claude-hermes-bridge-contributors.claude-hermes-bridge"
+    extension_id = "local.mcpb.claude-hermes-bridge-contributors.claude-hermes-bridge"
+    folder = bridge.tmp / "home" / "Claude Extensions" / extension_id
     zipfile.ZipFile(bundle).extractall(folder)
     env = {k: v for k, v in bridge.env.items() if k != "HERMES_BRIDGE_CONFIG"}
     env.update(user_dirs(bridge.tmp), UV_PYTHON_DOWNLOADS="never", PATH=f"{uv.parent}:{os.environ['PATH']}")
@@ -125,8 +127,9 @@ def test_the_bundle_validates_packs_and_runs_as_claude_desktop_starts_it(bridge)
     before = {p for p in folder.rglob("*") if ".venv" not in p.relative_to(folder).parts}
 
     manifest = json.loads((folder / "manifest.json").read_text())
-    user_config = {"allowed_roots": [str(bridge.root)], "hermes_exe": str(bridge.hermes), "yolo": "false"}
-    args = []
+    user_config: dict[str, Any] = {"allowed_roots": [str(bridge.root)], "hermes_exe": str(bridge.hermes),
+                                   "yolo": "false"}
+    args: list[str] = []
     for arg in manifest["server"]["mcp_config"]["args"]:
         key = arg[len("${user_config."):-1] if arg.startswith("${user_config.") else None
         if key and isinstance(user_config[key], list):

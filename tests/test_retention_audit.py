@@ -1,7 +1,8 @@
 """Retention prunes finished jobs only; the audit log has one line per tool call and job state change."""
-import pytest
 import json
 import time
+
+import pytest
 
 import server
 

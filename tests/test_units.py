@@ -1,6 +1,7 @@
 """Plain-function tests: confinement, liveness, the store and rendering, without MCP."""
 import json
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -40,13 +41,13 @@ def test_liveness_needs_pid_and_start_time():
 
 def test_observe_reports_orphaned_jobs_and_supervisors_that_never_started(tmp_path):
     dead = {"pid": 2**22 + 9, "create_time": 1.0}
-    record = {"id": "20261130-000000-1", "state": "running", "supervisor": dead, "hermes": dead,
-              "created_at": time.time() - 100}
+    record: dict[str, Any] = {"id": "20261130-000000-1", "state": "running", "supervisor": dead, "hermes": dead,
+                              "created_at": time.time() - 100}
     view = server.observe(record)
-    assert view.state == "orphaned" and "Hermes is not running" in view.reason
+    assert view.state == "orphaned" and "Hermes is not running" in str(view.reason)
     record["hermes"] = server.process_identity(psutil.Process())
-    assert "still running" in server.observe(record).reason
-    never_started = {"id": "x", "state": "starting", "supervisor": None, "created_at": time.time()}
+    assert "still running" in str(server.observe(record).reason)
+    never_started: dict[str, Any] = {"id": "x", "state": "starting", "supervisor": None, "created_at": time.time()}
     assert server.observe(never_started).state == "starting"
     never_started["created_at"] -= server.START_GRACE_S + 1
     assert server.observe(never_started).state == "orphaned"  # not "starting" for ever
@@ -156,7 +157,8 @@ def test_records_are_written_whole_while_a_reader_races_and_no_temp_file_is_left
 
     store = server.JobStore(tmp_path)
     store.ensure()
-    record = {"id": "20261130-000000-1", "state": "running", "tree": [[n, 1.0] for n in range(20000)]}
+    record: dict[str, Any] = {"id": "20261130-000000-1", "state": "running",
+                              "tree": [[n, 1.0] for n in range(20000)]}
     store.write(record)
     damaged = []
     stop = threading.Event()

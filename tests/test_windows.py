@@ -45,7 +45,7 @@ def test_the_job_object_stops_a_tree_whose_middle_process_exited():
     code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
             " creationflags=0x00000200); time.sleep(1)")
     sentinel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    proc = subprocess.Popen([sys.executable, "-c", code], creationflags=server.hermes_creation_flags(True))
+    proc = subprocess.Popen([sys.executable, "-c", code], creationflags=server.hermes_creation_flags(True) or 0)
     job = server.WindowsJob()
     job.adopt(proc)
     proc.wait(30)
