@@ -53,6 +53,7 @@ PROTOCOL_FDS = guard_stdio() if __name__ == "__main__" and serves_protocol(sys.a
 
 import contextlib  # noqa: E402  (the guard must run before anything else can print)
 import dataclasses  # noqa: E402
+import enum  # noqa: E402
 import errno  # noqa: E402
 import hashlib  # noqa: E402
 import importlib.util  # noqa: E402
@@ -548,7 +549,30 @@ def audit(cfg: Config, **fields: Any) -> None:
 JOB_ID_RE = re.compile(r"\d{8}-\d{6}-\d{1,6}")
 RECORD_MAX_BYTES = 4 << 20  # a record holds the pids Hermes started; far below this
 MAX_TASK_BYTES = 4 << 20
-FINAL_STATES = ("ok", "error", "timeout", "cancelled")
+class JobState(str, enum.Enum):
+    """A job's state. A record holds the value; orphaned is never written, only observed."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    ORPHANED = "orphaned"
+
+
+FINAL_STATES = frozenset({JobState.OK, JobState.ERROR, JobState.TIMEOUT, JobState.CANCELLED})
+LIVE_STATES = frozenset({JobState.STARTING, JobState.RUNNING})
+PART_DONE_STATES = frozenset({JobState.TIMEOUT, JobState.CANCELLED, JobState.ORPHANED})
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How a job ended, as the supervisor (or a cancel of an orphan) writes it."""
+
+    state: JobState
+    exit_code: int | None
+    reason: str | None
 
 
 class DamagedRecord(Exception):
@@ -723,14 +747,14 @@ class JobStore:
         write_atomic(self.active / job_id, b"")
 
     def clear_active(self, job_id: str) -> None:
-        with_missing_ok(lambda: (self.active / job_id).unlink())
+        (self.active / job_id).unlink(missing_ok=True)
 
     def remove(self, job_id: str) -> None:
         """The record goes last: a log still held open (Windows) leaves the job listed, to be pruned later,
         instead of a log without a record left behind for ever."""
         for path in (self.log_path(job_id), self.task_path(job_id), self.cancel_path(job_id),
                      self.record_path(job_id)):
-            with_missing_ok(path.unlink)
+            path.unlink(missing_ok=True)
 
     def captured_sessions(self, scan_limit: int = 5000) -> Iterator[str]:
         """Session ids captured by jobs of this bridge, newest first, each once; bounded by scan_limit."""
@@ -755,13 +779,6 @@ class JobStore:
                 yield record, session_id
 
 
-def with_missing_ok(action: Callable[[], Any]) -> None:
-    try:
-        action()
-    except FileNotFoundError:
-        pass
-
-
 def process_identity(proc: "psutil.Process") -> dict[str, float]:
     return {"pid": proc.pid, "create_time": proc.create_time()}
 
@@ -784,31 +801,32 @@ class JobView:
     """A record plus what the disk and the process table say about it now."""
 
     record: dict[str, Any]
-    state: str
+    state: JobState
     reason: str | None = None
 
     @property
     def running(self) -> bool:
-        return self.state in ("starting", "running")
+        return self.state in LIVE_STATES
 
     @property
     def shown_state(self) -> str:
-        return "running" if self.running else self.state
+        """What a status block and a listing say: starting is shown as running."""
+        return JobState.RUNNING.value if self.running else self.state.value
 
 
 def observe(record: dict[str, Any]) -> JobView:
     """The job's state as a reader should report it: a dead supervisor without an outcome is orphaned."""
     state = record.get("state")
-    if state in FINAL_STATES:
-        return JobView(record, state, record.get("reason"))
+    if state in {final.value for final in FINAL_STATES}:
+        return JobView(record, JobState(state), record.get("reason"))
     if alive(record.get("supervisor")):
-        return JobView(record, "running" if state == "running" else "starting")
+        return JobView(record, JobState.RUNNING if state == JobState.RUNNING.value else JobState.STARTING)
     if record.get("supervisor") is None and time.time() - float(record.get("created_at", 0)) < START_GRACE_S:
-        return JobView(record, "starting")
+        return JobView(record, JobState.STARTING)
     hermes = alive(record.get("hermes"))
     hermes_note = (f"Hermes (pid {hermes.pid}) is still running; hermes_cancel stops it" if hermes
                    else "Hermes is not running")
-    return JobView(record, "orphaned", f"the job's supervisor is gone and wrote no outcome; {hermes_note}. "
+    return JobView(record, JobState.ORPHANED, f"the job's supervisor is gone and wrote no outcome; {hermes_note}. "
                    "Inspect the log and the files before re-running.")
 
 
@@ -1455,14 +1473,14 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         record = self.record
         record["supervisor"] = process_identity(psutil.Process())
-        record["state"] = "running"
+        record["state"] = JobState.RUNNING.value
         self.store.write(record)
         try:
-            state, exit_code, reason = self._run_hermes()
+            outcome = self._run_hermes()
         except Exception as exc:  # the outcome must be written whatever went wrong
             traceback.print_exc()
-            state, exit_code, reason = "error", None, f"the supervisor failed: {exc}"
-        self._finish(state, exit_code, reason)
+            outcome = Outcome(JobState.ERROR, None, f"the supervisor failed: {exc}")
+        self._finish(outcome)
         return 0
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
@@ -1480,27 +1498,27 @@ class Supervisor:
             return None
         return real
 
-    def _run_hermes(self) -> tuple[str, int | None, str | None]:
+    def _run_hermes(self) -> Outcome:
         record, cfg = self.record, self.cfg
         if self._cancel_requested():
-            return "cancelled", None, "cancelled before Hermes started"
+            return Outcome(JobState.CANCELLED, None, "cancelled before Hermes started")
         exe = find_hermes(cfg)
         if not exe:
-            return "error", None, ("Hermes executable not found (hermes_exe in config, or `hermes` on PATH); "
-                                   "see hermes_health")
+            return Outcome(JobState.ERROR, None, "Hermes executable not found (hermes_exe in config, or `hermes` on "
+                           "PATH); see hermes_health")
         if problem := executable_problem(exe):
-            return "error", None, problem
+            return Outcome(JobState.ERROR, None, problem)
         cli = known_cli(cfg, exe) or probe_cli(cfg, exe)
         task_path = self.store.task_path(self.job_id)
         task = read_capped(task_path, MAX_TASK_BYTES).decode("utf-8")
         argv = hermes_command(cli, exe, record, task, cfg)
         if problem := argv_problem(argv):
-            return "error", None, problem
+            return Outcome(JobState.ERROR, None, problem)
         folder = self._confined_folder()
         if folder is None:
-            return "error", None, (f"the job's folder {shown(record['cwd'])} no longer resolves to itself inside "
-                                   "the allowed roots (moved, removed or replaced by a symlink); Hermes was not "
-                                   "started")
+            return Outcome(JobState.ERROR, None, f"the job's folder {shown(record['cwd'])} no longer resolves to "
+                           "itself inside the allowed roots (moved, removed or replaced by a symlink); Hermes was "
+                           "not started")
         self._start_snapshot(folder)
         record["cli_flags"] = sorted(cli.flags & {"--query-file", "--in", "--oneshot"})
         record["argv"] = [QUERY_OPTION + "<task>" if part == QUERY_OPTION + task else part for part in argv]
@@ -1514,10 +1532,10 @@ class Supervisor:
         record["hermes"] = process_identity(hermes)
         record["started_at"] = time.time()
         self.store.write(record)
-        audit(cfg, event="job", job_id=self.job_id, state="running", hermes_pid=proc.pid, cwd=record["cwd"],
-              cli_flags=record["cli_flags"])
+        audit(cfg, event="job", job_id=self.job_id, state=JobState.RUNNING.value, hermes_pid=proc.pid,
+              cwd=record["cwd"], cli_flags=record["cli_flags"])
         deadline = record["started_at"] + float(record["timeout_s"])
-        outcome: tuple[str, str] | None = None
+        stopping: tuple[JobState, str] | None = None
         while True:
             try:
                 exit_code = proc.wait(timeout=POLL_S)
@@ -1525,25 +1543,27 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
             self._remember_tree(hermes)
-            if outcome:
+            if stopping:
                 continue
             if self._cancel_requested():
-                outcome = ("cancelled", "cancelled on request; the whole process tree was stopped")
+                stopping = (JobState.CANCELLED, "cancelled on request; the whole process tree was stopped")
             elif time.time() > deadline:
-                outcome = ("timeout", f"hit timeout_s={record['timeout_s']:g}; the whole process tree was "
-                           "stopped. Work may be part-done: inspect before re-running")
+                stopping = (JobState.TIMEOUT, f"hit timeout_s={record['timeout_s']:g}; the whole process tree was "
+                            "stopped. Work may be part-done: inspect before re-running")
             elif moved := self._moved_outside_roots():
-                outcome = ("error", f"Hermes moved to {shown(moved)}, outside the allowed roots (a resumed "
-                           "session runs in its recorded folder); the job was stopped at once")
-            if outcome:
-                self.note(f"{outcome[0]}: stopping Hermes (pid {proc.pid}) and its tree")
+                stopping = (JobState.ERROR, f"Hermes moved to {shown(moved)}, outside the allowed roots (a resumed "
+                            "session runs in its recorded folder); the job was stopped at once")
+            if stopping:
+                self.note(f"{stopping[0].value}: stopping Hermes (pid {proc.pid}) and its tree")
                 left = stop_tree(self.job_id, hermes, self.seen, self.cfg.kill_grace_s, self.windows_job)
                 if left:
                     self.note(f"could not stop pids {left}")
-        if outcome:
+        if stopping:
             stop_tree(self.job_id, None, self.seen, 0)  # tool processes Hermes left behind when it was stopped
-            return outcome[0], exit_code, outcome[1]
-        return ("ok", exit_code, None) if exit_code == 0 else ("error", exit_code, describe_exit(exit_code))
+            return Outcome(stopping[0], exit_code, stopping[1])
+        if exit_code == 0:
+            return Outcome(JobState.OK, exit_code, None)
+        return Outcome(JobState.ERROR, exit_code, describe_exit(exit_code))
 
     def _start_snapshot(self, folder: str) -> None:
         """The folder's files as the job starts, listed in the background so the launch is not delayed."""
@@ -1622,8 +1642,9 @@ class Supervisor:
             self.record["tree"] = [[pid, ctime] for pid, ctime in self.seen.items()]
             self.store.write(self.record)
 
-    def _finish(self, state: str, exit_code: int | None, reason: str | None) -> None:
+    def _finish(self, outcome: Outcome) -> None:
         record = self.record
+        exit_code = outcome.exit_code
         session_id = session_id_from_log(self.store.log_path(self.job_id))
         if session_id is None and record.get("session_requested") and exit_code == 0:
             session_id = record["session_requested"]  # a Hermes that prints no session line resumed it
@@ -1631,7 +1652,8 @@ class Supervisor:
         elif session_id is None and record.get("started_at"):
             session_id, how = session_started_in(self.cfg, record["cwd"], float(record["started_at"]))
             record["session_source"] = how
-        record.update(state=state, exit_code=exit_code, reason=reason, ended_at=time.time(), session_id=session_id)
+        record.update(state=outcome.state.value, exit_code=exit_code, reason=outcome.reason, ended_at=time.time(),
+                      session_id=session_id)
         try:
             changes = self._changes()
             if changes is not None:
@@ -1654,8 +1676,9 @@ class Supervisor:
         else:
             return  # the record still says running with a dead supervisor: readers report it orphaned
         self.store.clear_active(self.job_id)
-        with_missing_ok(self.store.cancel_path(self.job_id).unlink)
-        audit(self.cfg, event="job", job_id=self.job_id, state=state, exit_code=exit_code, reason=reason)
+        self.store.cancel_path(self.job_id).unlink(missing_ok=True)
+        audit(self.cfg, event="job", job_id=self.job_id, state=outcome.state.value, exit_code=exit_code,
+              reason=outcome.reason)
 
 
 def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
@@ -1674,10 +1697,10 @@ def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
     if unproven:
         reason += (f"; pids {unproven[:20]} named by the record do not carry this job's marker and were not "
                    "signalled")
-    record.update(state="cancelled", ended_at=time.time(), reason=reason)
+    record.update(state=JobState.CANCELLED.value, ended_at=time.time(), reason=reason)
     store.write(record)
     store.clear_active(job_id)
-    audit(cfg, event="job", job_id=job_id, state="cancelled", reason=reason)
+    audit(cfg, event="job", job_id=job_id, state=JobState.CANCELLED.value, reason=reason)
     return reason
 
 
@@ -1758,7 +1781,7 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest, key: str) -> di
     except OSError as exc:
         raise Refused(f"cannot write to the jobs folder {store.root}: {exc.strerror or exc}; nothing started") from None
     record = {
-        "id": job_id, "kind": request.kind, "state": "starting", "created_at": time.time(),
+        "id": job_id, "kind": request.kind, "state": JobState.STARTING.value, "created_at": time.time(),
         "task_preview": " ".join(request.task.split())[:120], "task_chars": len(request.task),
         "cwd": request.cwd, "session_requested": request.session_requested, "skills": request.skills,
         "toolsets": request.toolsets, "max_turns": request.max_turns, "timeout_s": request.timeout_s,
@@ -1788,7 +1811,7 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest, key: str) -> di
                 return record
             except OSError as exc:
                 failure = exc
-    record.update(state="error", ended_at=time.time(), reason=f"the supervisor could not start: {failure}")
+    record.update(state=JobState.ERROR.value, ended_at=time.time(), reason=f"the supervisor could not start: {failure}")
     store.write(record)
     store.clear_active(job_id)
     return record
@@ -1974,16 +1997,16 @@ def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
               f"SESSION_ID: {shown(session) if session else 'none captured'}",
               f"CWD: {shown(record.get('cwd'), 1000)}", f"ELAPSED_S: {elapsed_s(record)}",
               f"FULL_LOG: {shown(str(log))}"]
-    if view.reason and view.state != "ok":
+    if view.reason and view.state is not JobState.OK:
         lines.append(f"REASON: {shown(view.reason, 2000)}")
     if not session and record.get("session_source"):
         lines.append(f"SESSION_NOTE: none captured: {shown(record['session_source'], 1000)}")
     if record.get("session_note"):
         lines.append(f"SESSION_NOTE: {shown(record['session_note'], 1000)}")
     lines += [f"NOTE: {shown(note, 1000)}" for note in notes]
-    if view.state == "orphaned":
+    if view.state is JobState.ORPHANED:
         lines.append(f'Stop what is left with hermes_cancel(job_id="{job_id}").')
-    if view.state in ("timeout", "cancelled", "orphaned"):
+    if view.state in PART_DONE_STATES:
         lines.append("Work may be part-done: inspect the files with hermes_read before re-running.")
     if details:
         lines.append(f"USAGE: {shown(details.usage, 400)}")
@@ -2193,8 +2216,8 @@ def request_cancel(cfg: Config, job_id: Any) -> tuple[JobView, str]:
     view = job_view(cfg, job_id)
     store = JobStore(cfg.jobs_path)
     if view.state in FINAL_STATES:
-        return view, f"the job had already ended as {view.state}; nothing to cancel"
-    if view.state == "orphaned":
+        return view, f"the job had already ended as {view.state.value}; nothing to cancel"
+    if view.state is JobState.ORPHANED:
         cancel_orphan(store, cfg, view)
         return observe(store.read(view.record["id"])), "the supervisor was gone; the bridge stopped the tree"
     write_atomic(store.cancel_path(view.record["id"]), str(time.time()).encode())
@@ -2747,14 +2770,14 @@ class McpEdge:
 
     def __init__(self) -> None:
         try:
-            from mcp.server.mcpserver import Context, MCPServer
-            self.server_class: Any = MCPServer
+            module = importlib.import_module("mcp.server.mcpserver")
+            self.server_class: Any = module.MCPServer
             self.line = 2
         except ImportError:
-            from mcp.server.fastmcp import Context, FastMCP
-            self.server_class = FastMCP
+            module = importlib.import_module("mcp.server.fastmcp")
+            self.server_class = module.FastMCP
             self.line = 1
-        self.context_class: Any = Context
+        self.context_class: Any = module.Context
 
     def new_server(self, instructions: str) -> Any:
         if self.line == 2:
@@ -2773,12 +2796,17 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
     """The MCP server: the eight registrations over the bodies above. The only place tools meet MCP."""
     import inspect
 
-    from mcp.types import CallToolResult, TextContent, ToolAnnotations
+    from mcp.types import CallToolResult, ToolAnnotations
 
     mcp = edge.new_server(server_instructions(cfg))
-    read_only = ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True, openWorldHint=False)
-    launches = ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=True)
-    destructive = ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True, openWorldHint=False)
+
+    def hints(read_only: bool, destructive: bool, idempotent: bool, open_world: bool) -> ToolAnnotations:
+        """By the protocol's (camelCase) names, which both lines validate."""
+        return ToolAnnotations.model_validate({"readOnlyHint": read_only, "destructiveHint": destructive,
+                                               "idempotentHint": idempotent, "openWorldHint": open_world})
+    read_only = hints(read_only=True, destructive=False, idempotent=True, open_world=False)
+    launches = hints(read_only=False, destructive=False, idempotent=False, open_world=True)
+    destructive = hints(read_only=False, destructive=True, idempotent=True, open_world=False)
 
     def tool(annotations: ToolAnnotations, title: str) -> Callable[[Callable[..., Any]], Any]:
         """Register a tool; its docstring, without the source's indentation, is the description. A `ctx`
@@ -2792,7 +2820,8 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
     async def respond(tool_name: str, body: Callable[[Config], Awaitable[ToolResult]],
                       task: Any = None) -> CallToolResult:
         outcome = await answer(tool_name, body, task)
-        return CallToolResult(content=[TextContent(type="text", text=outcome.text)], isError=outcome.is_error)
+        return CallToolResult.model_validate({"content": [{"type": "text", "text": outcome.text}],
+                                              "isError": outcome.is_error})
 
     @tool(launches, "Run a task with Hermes")
     async def hermes_run(task: str, ctx: Any, cwd: str | None = None, max_turns: int | None = None,

@@ -3,14 +3,13 @@
 Its tool answers "pong", or with a path, the last 64 KiB of that file read with a seek (the floor for a
 status call on a big log: the same transport and the same I/O, nothing else).
 """
+import importlib
 import os
 
 try:
-    from mcp.server.mcpserver import MCPServer as FastMCP  # mcp 2.x
+    mcp = importlib.import_module("mcp.server.mcpserver").MCPServer("minimal")  # mcp 2.x
 except ImportError:
-    from mcp.server.fastmcp import FastMCP  # mcp 1.x
-
-mcp = FastMCP("minimal")
+    mcp = importlib.import_module("mcp.server.fastmcp").FastMCP("minimal")  # mcp 1.x
 
 
 @mcp.tool()
