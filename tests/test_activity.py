@@ -112,6 +112,7 @@ def test_progress_notifications_carry_the_activity_line(bridge):
         job_id = client.call("hermes_run", task="!tool-sleep=9", wait_s=0).field("JOB_ID")
         client.portal.call(lambda: client.session.call_tool("hermes_status", {"job_id": job_id, "wait_s": 20},
                                                             progress_callback=on_progress))
+        assert "Deprecat" not in client.stderr()  # no MCPDeprecationWarning on either SDK line
     assert any(m and m.startswith(f"job {job_id} is running: 1 API calls, 1 tool calls")
                and "terminal: sleep 9 (running" in m for m in messages), messages
 

@@ -4,10 +4,11 @@ import subprocess
 import sys
 
 import pytest
-from test_bridge import EXPECTED_ARGS, READ_ONLY
 
+import server
 from conftest import require_component
 from harness import INSPECTOR, SERVER, BridgeClient
+from test_bridge import EXPECTED_ARGS, READ_ONLY
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script")
 
@@ -78,5 +79,5 @@ def test_server_starts_from_a_claude_desktop_config_entry(bridge):
     desktop.write_text(json.dumps({"mcpServers": {"hermes": {"command": sys.executable, "args": [str(SERVER)]}}}))
     entry = json.loads(desktop.read_text())["mcpServers"]["hermes"]
     with BridgeClient(bridge.env, command=[entry["command"], *entry["args"]]) as client:
-        assert client.init.serverInfo.name == "hermes"
+        assert server.either(client.init, "server_info").name == "hermes"
         assert client.call("hermes_health").field("BRIDGE").startswith("claude-hermes-bridge")

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+import server
 from harness import REPO, SERVER, BridgeClient
 
 try:
@@ -181,7 +182,7 @@ def test_the_server_starts_from_the_entry_the_script_wrote(tmp_path, bridge):
     assert register(tmp_path, "--platform", "linux").returncode == 0
     entry = json.loads((tmp_path / ".config/Claude/claude_desktop_config.json").read_text())["mcpServers"]["hermes"]
     with BridgeClient(bridge.env, command=[entry["command"], *entry["args"]]) as client:
-        assert client.init.serverInfo.name == "hermes"
+        assert server.either(client.init, "server_info").name == "hermes"
         assert client.call("hermes_health").field("CONFIG").startswith(str(bridge.config))
 
 
