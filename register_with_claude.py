@@ -34,7 +34,7 @@ NEXT_STEPS = {
 }
 
 
-class Refusal(Exception):
+class Refused(Exception):
     """Something the user must fix; printed as one message, nothing written."""
 
 
@@ -120,10 +120,10 @@ def edit_json(text: str | None, path: Path, name: str, entry: dict[str, Any] | N
     try:
         data = json.loads(text) if text and text.strip() else {}
     except json.JSONDecodeError as exc:
-        raise Refusal(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+        raise Refused(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
                       "fix it by hand first, it was left untouched") from None
     if not isinstance(data, dict) or not isinstance(data.get("mcpServers", {}), dict):
-        raise Refusal(f"{path} does not hold a JSON object with an mcpServers object; left untouched")
+        raise Refused(f"{path} does not hold a JSON object with an mcpServers object; left untouched")
     servers = data.setdefault("mcpServers", {})
     if entry is None:
         if name not in servers:
@@ -148,7 +148,7 @@ def check_toml(text: str, path: Path) -> None:
     try:
         tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise Refusal(f"{path} is not valid TOML ({exc}); fix it by hand first, it was left untouched") from None
+        raise Refused(f"{path} is not valid TOML ({exc}); fix it by hand first, it was left untouched") from None
 
 
 def edit_toml(text: str | None, path: Path, name: str, entry: dict[str, Any] | None) -> str | None:
@@ -215,9 +215,9 @@ def run_check(python: str) -> None:
                               errors="replace", timeout=180, stdin=subprocess.DEVNULL,
                               env=dict(os.environ, PYTHONIOENCODING="utf-8"))
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise Refusal(f"could not run {python} {SERVER} --check: {exc}") from None
+        raise Refused(f"could not run {python} {SERVER} --check: {exc}") from None
     if done.returncode != 0:
-        raise Refusal(f"`{python} {SERVER} --check` failed (exit {done.returncode}), so nothing was written.\n"
+        raise Refused(f"`{python} {SERVER} --check` failed (exit {done.returncode}), so nothing was written.\n"
                       + (done.stdout + done.stderr).strip()
                       + "\nFix: install the requirements into that interpreter "
                       f"(\"{python}\" -m pip install -r \"{SERVER.parent / 'requirements.txt'}\") or choose "
@@ -268,7 +268,7 @@ def main(argv: list[str]) -> int:
                 and any(host == "claude-desktop" for host, _, _ in targets)
                 and is_store_python(sys.executable, sys.base_prefix)):
             to_paste = {"mcpServers": {args.name: server_entry("claude-desktop", python, args.platform)}}
-            raise Refusal("this is the Microsoft Store Python: Windows redirects the files it writes under "
+            raise Refused("this is the Microsoft Store Python: Windows redirects the files it writes under "
                           "%APPDATA% into its private LocalCache, where Claude Desktop never looks. Run this script "
                           "with a python.org Python, or paste this into "
                           f"{targets[0][1]} yourself (merge it with what is there):\n"
@@ -297,7 +297,7 @@ def main(argv: list[str]) -> int:
             print(f"{label}: {verb} {args.name}" + (f" (backup: {backup.name})" if backup else "")
                   + (" -- no config existed, so this platform's usual one was created" if created else ""))
             print(f"  next: {NEXT_STEPS[host]}")
-    except Refusal as exc:
+    except Refused as exc:
         print(f"refused: {exc}")
         return 1
     return 0

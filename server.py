@@ -1450,6 +1450,17 @@ def compare_snapshots(before: FolderSnapshot, after: FolderSnapshot) -> dict[str
             "lines": lines[:CHANGED_LINES], "more": max(0, len(lines) - CHANGED_LINES)}
 
 
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """The command the supervisor will start, once every check before it passed."""
+
+    argv: list[str]
+    shown_argv: list[str]  # the argv with the task elided, for the record
+    folder: str
+    stdin_path: Path | None  # the task file, for a Hermes that reads the task on stdin
+    cli_flags: list[str]
+
+
 class Supervisor:
     """Owns one job from a detached process: starts Hermes, enforces the timeout, obeys cancel, records."""
 
@@ -1499,6 +1510,13 @@ class Supervisor:
         return real
 
     def _run_hermes(self) -> Outcome:
+        plan = self._plan()
+        if isinstance(plan, Outcome):
+            return plan
+        return self._watch(self._start(plan))
+
+    def _plan(self) -> "LaunchPlan | Outcome":
+        """Everything checked before Hermes starts: the executable, its command line, the folder."""
         record, cfg = self.record, self.cfg
         if self._cancel_requested():
             return Outcome(JobState.CANCELLED, None, "cancelled before Hermes started")
@@ -1519,21 +1537,33 @@ class Supervisor:
             return Outcome(JobState.ERROR, None, f"the job's folder {shown(record['cwd'])} no longer resolves to "
                            "itself inside the allowed roots (moved, removed or replaced by a symlink); Hermes was "
                            "not started")
-        self._start_snapshot(folder)
-        record["cli_flags"] = sorted(cli.flags & {"--query-file", "--in", "--oneshot"})
-        record["argv"] = [QUERY_OPTION + "<task>" if part == QUERY_OPTION + task else part for part in argv]
-        with open_regular(task_path) if cli.task_on_stdin else open(os.devnull, "rb") as stdin:
-            proc = subprocess.Popen(argv, cwd=folder, stdin=stdin, stdout=sys.stderr.fileno(),
+        shown_argv = [QUERY_OPTION + "<task>" if part == QUERY_OPTION + task else part for part in argv]
+        return LaunchPlan(argv, shown_argv, folder, task_path if cli.task_on_stdin else None,
+                          sorted(cli.flags & {"--query-file", "--in", "--oneshot"}))
+
+    def _start(self, plan: "LaunchPlan") -> subprocess.Popen:
+        """Start Hermes as planned, after the folder listing has begun, and record who it is."""
+        record, cfg = self.record, self.cfg
+        self._start_snapshot(plan.folder)
+        record["cli_flags"] = plan.cli_flags
+        record["argv"] = plan.shown_argv
+        with open_regular(plan.stdin_path) if plan.stdin_path else open(os.devnull, "rb") as stdin:
+            proc = subprocess.Popen(plan.argv, cwd=plan.folder, stdin=stdin, stdout=sys.stderr.fileno(),
                                     stderr=subprocess.STDOUT, env=hermes_env(cfg, self.job_id), close_fds=True,
                                     **popen_kwargs(hermes_creation_flags(IS_WINDOWS)))
         if IS_WINDOWS:
             self.windows_job = self._job_object_for(proc)
-        hermes = psutil.Process(proc.pid)
-        record["hermes"] = process_identity(hermes)
+        record["hermes"] = process_identity(psutil.Process(proc.pid))
         record["started_at"] = time.time()
         self.store.write(record)
         audit(cfg, event="job", job_id=self.job_id, state=JobState.RUNNING.value, hermes_pid=proc.pid,
-              cwd=record["cwd"], cli_flags=record["cli_flags"])
+              cwd=record["cwd"], cli_flags=plan.cli_flags)
+        return proc
+
+    def _watch(self, proc: subprocess.Popen) -> Outcome:
+        """Until Hermes exits: remember its tree, and stop it on cancel, timeout or a move outside the roots."""
+        record = self.record
+        hermes = psutil.Process(proc.pid)
         deadline = record["started_at"] + float(record["timeout_s"])
         stopping: tuple[JobState, str] | None = None
         while True:
