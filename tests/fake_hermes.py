@@ -79,20 +79,36 @@ def parser_for(version: str) -> argparse.ArgumentParser:
     return parser
 
 
+SCHEMA = [
+    "PRAGMA journal_mode=WAL",
+    "CREATE TABLE IF NOT EXISTS messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, "
+    "role TEXT NOT NULL, content TEXT, tool_call_id TEXT, tool_calls TEXT, tool_name TEXT, "
+    "timestamp REAL NOT NULL, finish_reason TEXT, active INTEGER NOT NULL DEFAULT 1)",
+    "CREATE INDEX IF NOT EXISTS idx_messages_session ON messages(session_id, timestamp)",  # as Hermes has
+    "CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, model TEXT, "
+    "started_at REAL NOT NULL, ended_at REAL, message_count INTEGER DEFAULT 0, tool_call_count INTEGER "
+    "DEFAULT 0, api_call_count INTEGER DEFAULT 0, input_tokens INTEGER DEFAULT 0, output_tokens INTEGER "
+    "DEFAULT 0, cwd TEXT)",
+]
+
+
 def session_store() -> sqlite3.Connection:
+    """The store, created on first use. Two fakes starting together race to switch it to WAL, which SQLite
+    answers with 'database is locked' at once (no busy wait for that), so the setup is retried."""
     home = os.environ.get("HERMES_HOME") or os.path.join(os.path.expanduser("~"), ".hermes")
     os.makedirs(home, exist_ok=True)
-    db = sqlite3.connect(os.path.join(home, "state.db"), timeout=10)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("CREATE TABLE IF NOT EXISTS messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, "
-               "role TEXT NOT NULL, content TEXT, tool_call_id TEXT, tool_calls TEXT, tool_name TEXT, "
-               "timestamp REAL NOT NULL, finish_reason TEXT, active INTEGER NOT NULL DEFAULT 1)")
-    db.execute("CREATE INDEX IF NOT EXISTS idx_messages_session ON messages(session_id, timestamp)")  # as Hermes
-    db.execute("CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, model TEXT, "
-               "started_at REAL NOT NULL, ended_at REAL, message_count INTEGER DEFAULT 0, tool_call_count INTEGER "
-               "DEFAULT 0, api_call_count INTEGER DEFAULT 0, input_tokens INTEGER DEFAULT 0, output_tokens INTEGER "
-               "DEFAULT 0, cwd TEXT)")
-    return db
+    deadline = time.time() + 30
+    while True:
+        db = sqlite3.connect(os.path.join(home, "state.db"), timeout=10)
+        try:
+            for statement in SCHEMA:
+                db.execute(statement)
+            return db
+        except sqlite3.OperationalError:
+            db.close()
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05 + random.random() * 0.1)
 
 
 def record_turn(session: str, content: str | None = None, tool_command: str | None = None,
