@@ -55,6 +55,7 @@ import contextlib  # noqa: E402  (the guard must run before anything else can pr
 import dataclasses  # noqa: E402
 import enum  # noqa: E402
 import errno  # noqa: E402
+import functools  # noqa: E402
 import hashlib  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
@@ -1251,14 +1252,16 @@ class WindowsJob:
         self.kernel32.TerminateJobObject(self.handle, 1)
 
 
-def protected_pids() -> set[int]:
-    """Processes the bridge never signals, whatever a record says: pid 1, this process and its ancestors."""
+@functools.cache
+def protected_pids() -> frozenset[int]:
+    """Processes the bridge never signals, whatever a record says: pid 1, this process and its ancestors.
+    Read once per process: a stop checks it for every process on the machine (marked_processes)."""
     pids = {0, 1, os.getpid()}
     try:
         pids.update(parent.pid for parent in psutil.Process().parents())
     except psutil.Error:
         pass
-    return pids
+    return frozenset(pids)
 
 
 def carries_marker(proc: "psutil.Process", job_id: str) -> bool:
@@ -1427,11 +1430,15 @@ def snapshot_folder(folder: str, skip: list[str], max_entries: int, max_s: float
 
 
 def human_size(size: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024  # type: ignore[assignment]
-    return f"{size} B"
+    """1023 B, 1.2 KB, 3.4 MB."""
+    if size < 1024:
+        return f"{size} B"
+    scaled = size / 1024
+    for unit in ("KB", "MB"):
+        if scaled < 1024:
+            return f"{scaled:.1f} {unit}"
+        scaled /= 1024
+    return f"{scaled:.1f} GB"
 
 
 def compare_snapshots(before: FolderSnapshot, after: FolderSnapshot) -> dict[str, Any]:
@@ -2690,8 +2697,6 @@ Progress = Callable[[float, float, str], Awaitable[None]]
 
 
 async def off_loop(fn: Callable[..., T], *args: Any) -> T:
-    import functools
-
     import anyio
 
     with anyio.fail_after(DISK_DEADLINE_S):
