@@ -32,6 +32,8 @@ def guard_stdio() -> tuple[int, int]:
         if err_fd != 2:
             os.dup2(err_fd, 2)
             os.close(err_fd)
+    if sys.stderr is None:  # Python found no fd 2 at start either, and left sys.stderr unset
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
     protocol_in, protocol_out = os.dup(0), os.dup(1)
     null_fd = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null_fd, 0)
@@ -370,7 +372,7 @@ def broad_root(resolved: str) -> str | None:
     """Why a root opens far more than a project (the file system root, a drive root, the home folder)."""
     if os.path.dirname(resolved) == resolved:
         return "the root of a drive or of the file system"
-    if same_case(resolved) == same_case(os.path.realpath(os.path.expanduser("~"))):
+    if case_normalised(resolved) == case_normalised(os.path.realpath(os.path.expanduser("~"))):
         return "your home folder itself"
     return None
 
@@ -392,8 +394,9 @@ def path_advice(path_env: str, platform: str, home: str) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------ confinement
-def same_case(path: str) -> str:
-    """Windows paths compare case-insensitively; elsewhere case matters."""
+def case_normalised(path: str) -> str:
+    """The path with its case normalised where the OS does so (Windows: lower case, / as \\); macOS and
+    Linux keep it as given, so equal folders there are told by identity (within_root)."""
     return os.path.normcase(path)
 
 
@@ -427,7 +430,7 @@ def within_root(resolved: str, root: str, folds_case: bool = FOLDS_CASE,
     one of its own ancestors is the root itself (same device and inode): equal folders are equal, and
     nothing becomes reachable that is not inside the root."""
     try:
-        if os.path.commonpath([same_case(resolved), same_case(root)]) == same_case(root):
+        if os.path.commonpath([case_normalised(resolved), case_normalised(root)]) == case_normalised(root):
             return True
     except ValueError:  # different drives on Windows
         return False
@@ -580,13 +583,173 @@ class DamagedRecord(Exception):
     """A job record that cannot be read as one: listed as damaged, never fatal."""
 
 
-NUMBER_OR_NONE = (int, float, type(None))
-RECORD_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "created_at": NUMBER_OR_NONE, "started_at": NUMBER_OR_NONE, "ended_at": NUMBER_OR_NONE,
-    "timeout_s": NUMBER_OR_NONE, "exit_code": (int, type(None)), "cwd": (str, type(None)),
-    "log": (str, type(None)), "task_preview": (str,), "session_id": (str, type(None)),
-    "supervisor": (dict, type(None)), "hermes": (dict, type(None)), "tree": (list,),
+def create_time_tolerance(platform: str) -> float:
+    """How far a process start time may drift between reads: Linux derives it from boot time and clock
+    ticks (jitter of up to a tick or two), Windows and macOS report it exactly."""
+    return 0.5 if platform.startswith("linux") else 0.001
+
+
+CREATE_TIME_TOLERANCE = create_time_tolerance(sys.platform)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessId:
+    """A process as the bridge remembers it: its pid and start time together, because pids get reused.
+    In a record it is {"pid", "create_time"}; in a record's tree, a [pid, create_time] pair."""
+
+    pid: int
+    create_time: float
+
+    @classmethod
+    def of(cls, proc: "psutil.Process") -> "ProcessId":
+        return cls(proc.pid, proc.create_time())
+
+    @classmethod
+    def of_safe(cls, proc: "psutil.Process") -> "ProcessId | None":
+        try:
+            return cls.of(proc)
+        except psutil.Error:
+            return None
+
+    def process(self) -> "psutil.Process | None":
+        """The process if it still runs and is the same one (pid and start time), else None."""
+        try:
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.create_time) > CREATE_TIME_TOLERANCE:
+                return None
+            return None if proc.status() == psutil.STATUS_ZOMBIE else proc
+        except (psutil.Error, ValueError):
+            return None
+
+    def to_json(self) -> dict[str, float]:
+        return {"pid": self.pid, "create_time": self.create_time}
+
+    @classmethod
+    def from_json(cls, value: Any) -> "ProcessId":
+        if (not isinstance(value, dict) or not isinstance(value.get("pid"), int) or isinstance(value["pid"], bool)
+                or not is_number(value.get("create_time"))):
+            raise DamagedRecord("a process field is not {pid, create_time}")
+        return cls(value["pid"], float(value["create_time"]))
+
+    def to_pair(self) -> list[float]:
+        return [self.pid, self.create_time]
+
+    @classmethod
+    def from_pair(cls, value: Any) -> "ProcessId":
+        if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], int)
+                or isinstance(value[0], bool) or not is_number(value[1])):
+            raise DamagedRecord("a tree entry is not a [pid, create_time] pair")
+        return cls(value[0], float(value[1]))
+
+
+def running_process(process_id: ProcessId | None) -> "psutil.Process | None":
+    return process_id.process() if process_id else None
+
+
+def is_text_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+# What each plain field of a record may hold on disk (bool is never a number here).
+RECORD_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "kind": lambda v: isinstance(v, str),
+    "created_at": is_number, "timeout_s": is_number, "task_chars": lambda v: is_number(v) and v == int(v),
+    "task_preview": lambda v: isinstance(v, str),
+    "skills": is_text_list, "toolsets": is_text_list, "cli_flags": is_text_list, "argv": is_text_list,
+    "max_turns": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "exit_code": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "started_at": is_number, "ended_at": is_number,
+    "changes": lambda v: isinstance(v, dict),
+    "usage": lambda v: isinstance(v, dict) and all(is_number(count) for count in v.values()),
+    **{name: (lambda v: isinstance(v, str)) for name in ("cwd", "session_requested", "dedupe_key", "session_id",
+                                                          "reason", "log", "cwd_note", "usage_note",
+                                                          "session_source", "session_note")},
 }
+# Written by every launch, even when empty; the other fields appear once they are known.
+RECORD_ALWAYS_WRITTEN = ("id", "kind", "state", "created_at", "task_preview", "task_chars", "cwd",
+                         "session_requested", "skills", "toolsets", "max_turns", "timeout_s", "dedupe_key",
+                         "supervisor", "hermes", "exit_code", "session_id", "reason", "log")
+
+
+@dataclasses.dataclass
+class JobRecord:
+    """A job's record, <id>.json: what was asked, who runs it, how it ended. The fields are the JSON keys.
+
+    Hermes' shell can write the jobs folder, so from_json checks every field and raises DamagedRecord;
+    nothing read from a record is trusted further than its type (pids are proven before any signal)."""
+
+    id: str
+    kind: str = "run"
+    state: JobState = JobState.STARTING
+    created_at: float = 0.0
+    task_preview: str = ""
+    task_chars: int = 0
+    cwd: str | None = None
+    session_requested: str | None = None
+    skills: list[str] = dataclasses.field(default_factory=list)
+    toolsets: list[str] = dataclasses.field(default_factory=list)
+    max_turns: int | None = None
+    timeout_s: float = 0.0
+    dedupe_key: str | None = None
+    supervisor: ProcessId | None = None
+    hermes: ProcessId | None = None
+    exit_code: int | None = None
+    session_id: str | None = None
+    reason: str | None = None
+    log: str | None = None
+    cwd_note: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    cli_flags: list[str] | None = None
+    argv: list[str] | None = None
+    tree: list[ProcessId] = dataclasses.field(default_factory=list)  # every descendant of Hermes seen
+    changes: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    usage_note: str | None = None
+    session_source: str | None = None
+    session_note: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Any, job_id: str) -> "JobRecord":
+        if not isinstance(data, dict) or data.get("id") != job_id or not isinstance(data.get("state"), str):
+            raise DamagedRecord("not a job record (wrong shape)")
+        try:
+            state = JobState(data["state"])
+        except ValueError:
+            raise DamagedRecord(f"state {shown(data['state'], 40)} is not a job state") from None
+        fields: dict[str, Any] = {}
+        for name, check in RECORD_FIELD_CHECKS.items():
+            value = data.get(name)
+            if value is not None and not check(value):
+                raise DamagedRecord(f"field {name} has the wrong type")
+            if value is not None:
+                fields[name] = value
+        for name in ("supervisor", "hermes"):
+            if data.get(name) is not None:
+                fields[name] = ProcessId.from_json(data[name])
+        tree = data.get("tree") or []
+        if not isinstance(tree, list):
+            raise DamagedRecord("field tree has the wrong type")
+        return cls(id=job_id, state=state, tree=[ProcessId.from_pair(entry) for entry in tree], **fields)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name not in RECORD_ALWAYS_WRITTEN and value in (None, []):
+                continue
+            if isinstance(value, ProcessId):
+                value = value.to_json()
+            elif field.name == "tree":
+                value = [process_id.to_pair() for process_id in value]
+            elif isinstance(value, JobState):
+                value = value.value
+            data[field.name] = value
+        return data
 
 
 def validate_job_id(job_id: Any) -> str:
@@ -707,10 +870,10 @@ class JobStore:
             return job_id
         raise Refused("no free job id this second; try again")
 
-    def write(self, record: dict[str, Any]) -> None:
-        write_atomic(self.record_path(record["id"]), json.dumps(record, indent=1).encode())
+    def write(self, record: JobRecord) -> None:
+        write_atomic(self.record_path(record.id), json.dumps(record.to_json(), indent=1).encode())
 
-    def read(self, job_id: str) -> dict[str, Any]:
+    def read(self, job_id: str) -> JobRecord:
         try:
             data = read_capped(self.record_path(job_id), RECORD_MAX_BYTES)
         except FileNotFoundError:
@@ -718,15 +881,9 @@ class JobStore:
         except OSError as exc:
             raise DamagedRecord(f"unreadable: {exc.strerror or exc}") from None
         try:
-            record = json.loads(data)
+            return JobRecord.from_json(json.loads(data), job_id)
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise DamagedRecord(f"not JSON ({len(data)} bytes)") from None
-        if not isinstance(record, dict) or record.get("id") != job_id or not isinstance(record.get("state"), str):
-            raise DamagedRecord("not a job record (wrong shape)")
-        for field, types in RECORD_FIELD_TYPES.items():
-            if field in record and not (isinstance(record[field], types) and not isinstance(record[field], bool)):
-                raise DamagedRecord(f"field {field} has the wrong type")
-        return record
 
     def list_ids(self) -> list[str]:
         """Every job id on disk, oldest first, without opening a record."""
@@ -764,44 +921,26 @@ class JobStore:
 
     def captured_session_folder(self, session_id: str, scan_limit: int = 5000) -> str | None:
         """The folder of the newest bridge job that captured this session."""
-        return next((record["cwd"] for record, sid in self._captures(scan_limit) if sid == session_id), None)
+        return next((record.cwd for record, sid in self._captures(scan_limit) if sid == session_id), None)
 
-    def _captures(self, scan_limit: int) -> Iterator[tuple[dict[str, Any], str]]:
+    def _captures(self, scan_limit: int) -> Iterator[tuple[JobRecord, str]]:
         seen: set[str] = set()
         for job_id in reversed(self.list_ids()[-scan_limit:]):
             try:
                 record = self.read(job_id)
             except (Refused, DamagedRecord):
                 continue
-            session_id = record.get("session_id")
-            if (isinstance(session_id, str) and SESSION_NAME_RE.fullmatch(session_id) and session_id not in seen
-                    and isinstance(record.get("cwd"), str)):
+            session_id = record.session_id
+            if session_id and SESSION_NAME_RE.fullmatch(session_id) and session_id not in seen and record.cwd:
                 seen.add(session_id)
                 yield record, session_id
-
-
-def process_identity(proc: "psutil.Process") -> dict[str, float]:
-    return {"pid": proc.pid, "create_time": proc.create_time()}
-
-
-def alive(identity: dict[str, Any] | None) -> "psutil.Process | None":
-    """The process if it still runs and is the same one (pid and start time), else None: pids get reused."""
-    if not isinstance(identity, dict):
-        return None
-    try:
-        proc = psutil.Process(int(identity["pid"]))
-        if abs(proc.create_time() - float(identity["create_time"])) > CREATE_TIME_TOLERANCE:
-            return None
-        return None if proc.status() == psutil.STATUS_ZOMBIE else proc
-    except (psutil.Error, KeyError, TypeError, ValueError):
-        return None
 
 
 @dataclasses.dataclass
 class JobView:
     """A record plus what the disk and the process table say about it now."""
 
-    record: dict[str, Any]
+    record: JobRecord
     state: JobState
     reason: str | None = None
 
@@ -815,16 +954,15 @@ class JobView:
         return JobState.RUNNING.value if self.running else self.state.value
 
 
-def observe(record: dict[str, Any]) -> JobView:
+def observe(record: JobRecord) -> JobView:
     """The job's state as a reader should report it: a dead supervisor without an outcome is orphaned."""
-    state = record.get("state")
-    if state in {final.value for final in FINAL_STATES}:
-        return JobView(record, JobState(state), record.get("reason"))
-    if alive(record.get("supervisor")):
-        return JobView(record, JobState.RUNNING if state == JobState.RUNNING.value else JobState.STARTING)
-    if record.get("supervisor") is None and time.time() - float(record.get("created_at", 0)) < START_GRACE_S:
+    if record.state in FINAL_STATES:
+        return JobView(record, record.state, record.reason)
+    if running_process(record.supervisor):
+        return JobView(record, JobState.RUNNING if record.state is JobState.RUNNING else JobState.STARTING)
+    if record.supervisor is None and time.time() - record.created_at < START_GRACE_S:
         return JobView(record, JobState.STARTING)
-    hermes = alive(record.get("hermes"))
+    hermes = running_process(record.hermes)
     hermes_note = (f"Hermes (pid {hermes.pid}) is still running; hermes_cancel stops it" if hermes
                    else "Hermes is not running")
     return JobView(record, JobState.ORPHANED, f"the job's supervisor is gone and wrote no outcome; {hermes_note}. "
@@ -970,7 +1108,7 @@ def hermes_env(cfg: Config, job_id: str | None = None) -> dict[str, str]:
     return env
 
 
-def hermes_command(cli: HermesCli, exe: str, record: dict[str, Any], task: str, cfg: Config) -> list[str]:
+def hermes_command(cli: HermesCli, exe: str, record: JobRecord, task: str, cfg: Config) -> list[str]:
     """The argv for one job, from the options this Hermes declares. Every value is joined to its option
     with '=' so a task or id that starts with '-' can never be read as an option; no shell is involved."""
     argv = [exe, "chat"]
@@ -979,15 +1117,15 @@ def hermes_command(cli: HermesCli, exe: str, record: dict[str, Any], task: str, 
     if "--oneshot" in cli.flags:
         argv.append("--oneshot")
     if "--in" in cli.flags:
-        argv.append(f"--in={record['cwd']}")
-    if record.get("max_turns"):
-        argv.append(f"--max-turns={record['max_turns']}")
-    if record.get("session_requested"):
-        argv.append(f"--resume={record['session_requested']}")
-    if record.get("skills"):
-        argv.append("--skills=" + ",".join(record["skills"]))
-    if record.get("toolsets"):
-        argv.append("--toolsets=" + ",".join(record["toolsets"]))
+        argv.append(f"--in={record.cwd}")
+    if record.max_turns:
+        argv.append(f"--max-turns={record.max_turns}")
+    if record.session_requested:
+        argv.append(f"--resume={record.session_requested}")
+    if record.skills:
+        argv.append("--skills=" + ",".join(record.skills))
+    if record.toolsets:
+        argv.append("--toolsets=" + ",".join(record.toolsets))
     if cfg.yolo:
         argv.append("--yolo")
     return argv + list(cfg.extra_args)
@@ -995,8 +1133,8 @@ def hermes_command(cli: HermesCli, exe: str, record: dict[str, Any], task: str, 
 
 def command_preview(cli: HermesCli, exe: str, cfg: Config) -> str:
     """The command line a job would use, task and folder elided, for hermes_health and --check."""
-    record = {"cwd": "<cwd>", "max_turns": cfg.default_max_turns}
-    argv = hermes_command(cli, exe, record, "<task>", cfg)
+    example = JobRecord(id="<id>", state=JobState.STARTING, cwd="<cwd>", max_turns=cfg.default_max_turns)
+    argv = hermes_command(cli, exe, example, "<task>", cfg)
     return " ".join(argv) + (" (stdin: <task>)" if cli.task_on_stdin else "")
 
 
@@ -1057,14 +1195,10 @@ def session_store(cfg: Config) -> Iterator[Any]:
         connection.close()
 
 
-def query_session_store(cfg: Config, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-    with session_store(cfg) as db:
-        return db.execute(sql, params).fetchall()
-
-
 def session_folder(cfg: Config, session_id: str) -> str:
     """The folder Hermes recorded for a session: where a resume of it runs, whatever we ask."""
-    rows = query_session_store(cfg, "SELECT cwd FROM sessions WHERE id = ?", (session_id,))
+    with session_store(cfg) as db:
+        rows = db.execute("SELECT cwd FROM sessions WHERE id = ?", (session_id,)).fetchall()
     if not rows:
         raise StoreUnavailable(f"the session store holds no session {session_id}")
     if not isinstance(rows[0][0], str) or not rows[0][0].strip():
@@ -1093,7 +1227,7 @@ def matched_session(db: Any, folder: str, since: float) -> tuple[str | None, str
 
 
 def same_folder(a: str, b: str) -> bool:
-    return same_case(os.path.realpath(a)) == same_case(os.path.realpath(b))
+    return case_normalised(os.path.realpath(a)) == case_normalised(os.path.realpath(b))
 
 
 TOOL_ARGUMENT_CHARS = 160
@@ -1205,15 +1339,6 @@ def popen_kwargs(creation_flags: int | None) -> dict[str, Any]:
     return {"start_new_session": True} if creation_flags is None else {"creationflags": creation_flags}
 
 
-def create_time_tolerance(platform: str) -> float:
-    """How far a process start time may drift between reads: Linux derives it from boot time and clock
-    ticks (jitter of up to a tick or two), Windows and macOS report it exactly."""
-    return 0.5 if platform.startswith("linux") else 0.001
-
-
-CREATE_TIME_TOLERANCE = create_time_tolerance(sys.platform)
-
-
 def interrupt(proc: "psutil.Process") -> bool:
     """The polite stop: SIGTERM (CTRL_BREAK on Windows); Hermes then stops its own tools. False when it
     could not be sent, so the caller does not wait a grace period for nothing."""
@@ -1287,7 +1412,7 @@ def owned_by_job(proc: "psutil.Process", job_id: str) -> bool:
         return False
 
 
-def tree_of(root: "psutil.Process | None", seen: dict[int, float]) -> list["psutil.Process"]:
+def tree_of(root: "psutil.Process | None", seen: list[ProcessId]) -> list["psutil.Process"]:
     """The root, its descendants now, and every earlier-seen descendant that is still the same process."""
     procs: dict[int, psutil.Process] = {}
     if root is not None:
@@ -1297,11 +1422,9 @@ def tree_of(root: "psutil.Process | None", seen: dict[int, float]) -> list["psut
                 procs[child.pid] = child
         except psutil.Error:
             pass
-    for pid, create_time in seen.items():
-        if pid not in procs:
-            proc = alive({"pid": pid, "create_time": create_time})
-            if proc:
-                procs[pid] = proc
+    for process_id in seen:
+        if process_id.pid not in procs and (proc := process_id.process()):
+            procs[proc.pid] = proc
     return list(procs.values())
 
 
@@ -1310,21 +1433,14 @@ def still_running(procs: list["psutil.Process"], timeout_s: float) -> list["psut
 
     Polls instead of waiting on them: waiting would reap the supervisor's own child, Hermes, before
     subprocess does, and then Popen reports exit code 0 for a Hermes that was killed."""
-    identities = [(proc, identity) for proc in procs
-                  if (identity := process_identity_safe(proc)) and alive(identity)]
+    identities = [(proc, process_id) for proc in procs
+                  if (process_id := ProcessId.of_safe(proc)) and process_id.process()]
     deadline = time.monotonic() + timeout_s
     while True:
-        running = [proc for proc, identity in identities if alive(identity)]
+        running = [proc for proc, process_id in identities if process_id.process()]
         if not running or time.monotonic() >= deadline:
             return running
         time.sleep(0.05)
-
-
-def process_identity_safe(proc: "psutil.Process") -> dict[str, float] | None:
-    try:
-        return process_identity(proc)
-    except psutil.Error:
-        return None
 
 
 def marked_processes(job_id: str) -> list["psutil.Process"]:
@@ -1337,7 +1453,7 @@ def marked_processes(job_id: str) -> list["psutil.Process"]:
     return found
 
 
-def stop_tree(job_id: str, root: "psutil.Process | None", seen: dict[int, float], grace_s: float,
+def stop_tree(job_id: str, root: "psutil.Process | None", seen: list[ProcessId], grace_s: float,
               windows_job: "WindowsJob | None" = None) -> list[int]:
     """Interrupt the root, wait the grace period, then kill every survivor of the tree; returns survivors.
 
@@ -1468,15 +1584,27 @@ class LaunchPlan:
     cli_flags: list[str]
 
 
-class Supervisor:
-    """Owns one job from a detached process: starts Hermes, enforces the timeout, obeys cancel, records."""
+ProcessStarter = Callable[[list[str], str, Any, dict[str, str]], subprocess.Popen]
 
-    def __init__(self, job_id: str):
-        self.cfg = load_config()
-        self.store = JobStore(self.cfg.jobs_path)
+
+def start_hermes_process(argv: list[str], folder: str, stdin: Any, env: dict[str, str]) -> subprocess.Popen:
+    """Hermes' output goes to the supervisor's stderr, which is the job's log; never through a shell."""
+    return subprocess.Popen(argv, cwd=folder, stdin=stdin, stdout=sys.stderr.fileno(), stderr=subprocess.STDOUT,
+                            env=env, close_fds=True, **popen_kwargs(hermes_creation_flags(IS_WINDOWS)))
+
+
+class Supervisor:
+    """Owns one job from a detached process: starts Hermes, enforces the timeout, obeys cancel, records.
+    Its collaborators come in (config, store, the process starter), so tests can drive the loop with a fake."""
+
+    def __init__(self, job_id: str, cfg: Config, store: JobStore,
+                 start_process: ProcessStarter = start_hermes_process):
+        self.cfg = cfg
+        self.store = store
+        self.start_process = start_process
         self.job_id = job_id
         self.record = self.store.read(job_id)
-        self.seen: dict[int, float] = {}  # every descendant of Hermes seen so far: pid -> start time
+        self.known_tree = set(self.record.tree)
         self.stop_signal = False
         self.log_offset = 0
         self.windows_job: WindowsJob | None = None
@@ -1488,11 +1616,9 @@ class Supervisor:
         sys.stderr.flush()
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._on_sigterm)
-        record = self.record
-        record["supervisor"] = process_identity(psutil.Process())
-        record["state"] = JobState.RUNNING.value
-        self.store.write(record)
+        self.record.supervisor = ProcessId.of(psutil.Process())
+        self.record.state = JobState.RUNNING
+        self.store.write(self.record)
         try:
             outcome = self._run_hermes()
         except Exception as exc:  # the outcome must be written whatever went wrong
@@ -1501,7 +1627,7 @@ class Supervisor:
         self._finish(outcome)
         return 0
 
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
+    def on_sigterm(self, signum: int, frame: Any) -> None:
         self.stop_signal = True
 
     def _cancel_requested(self) -> bool:
@@ -1510,7 +1636,9 @@ class Supervisor:
     def _confined_folder(self) -> str | None:
         """Check, then use the very thing checked: the folder is re-resolved and re-confined right before
         Hermes starts, so a folder swapped for a symlink out after the launch check is not followed."""
-        folder = self.record["cwd"]
+        folder = self.record.cwd
+        if not folder:
+            return None
         real = os.path.realpath(folder)
         if real != folder or not within_any(real, self.cfg.roots) or not os.path.isdir(real):
             return None
@@ -1541,7 +1669,7 @@ class Supervisor:
             return Outcome(JobState.ERROR, None, problem)
         folder = self._confined_folder()
         if folder is None:
-            return Outcome(JobState.ERROR, None, f"the job's folder {shown(record['cwd'])} no longer resolves to "
+            return Outcome(JobState.ERROR, None, f"the job's folder {shown(record.cwd)} no longer resolves to "
                            "itself inside the allowed roots (moved, removed or replaced by a symlink); Hermes was "
                            "not started")
         shown_argv = [QUERY_OPTION + "<task>" if part == QUERY_OPTION + task else part for part in argv]
@@ -1552,26 +1680,24 @@ class Supervisor:
         """Start Hermes as planned, after the folder listing has begun, and record who it is."""
         record, cfg = self.record, self.cfg
         self._start_snapshot(plan.folder)
-        record["cli_flags"] = plan.cli_flags
-        record["argv"] = plan.shown_argv
+        record.cli_flags = plan.cli_flags
+        record.argv = plan.shown_argv
         with open_regular(plan.stdin_path) if plan.stdin_path else open(os.devnull, "rb") as stdin:
-            proc = subprocess.Popen(plan.argv, cwd=plan.folder, stdin=stdin, stdout=sys.stderr.fileno(),
-                                    stderr=subprocess.STDOUT, env=hermes_env(cfg, self.job_id), close_fds=True,
-                                    **popen_kwargs(hermes_creation_flags(IS_WINDOWS)))
+            proc = self.start_process(plan.argv, plan.folder, stdin, hermes_env(cfg, self.job_id))
         if IS_WINDOWS:
             self.windows_job = self._job_object_for(proc)
-        record["hermes"] = process_identity(psutil.Process(proc.pid))
-        record["started_at"] = time.time()
+        record.hermes = ProcessId.of(psutil.Process(proc.pid))
+        record.started_at = time.time()
         self.store.write(record)
         audit(cfg, event="job", job_id=self.job_id, state=JobState.RUNNING.value, hermes_pid=proc.pid,
-              cwd=record["cwd"], cli_flags=plan.cli_flags)
+              cwd=record.cwd, cli_flags=plan.cli_flags)
         return proc
 
     def _watch(self, proc: subprocess.Popen) -> Outcome:
         """Until Hermes exits: remember its tree, and stop it on cancel, timeout or a move outside the roots."""
         record = self.record
         hermes = psutil.Process(proc.pid)
-        deadline = record["started_at"] + float(record["timeout_s"])
+        deadline = (record.started_at or time.time()) + record.timeout_s
         stopping: tuple[JobState, str] | None = None
         while True:
             try:
@@ -1585,18 +1711,18 @@ class Supervisor:
             if self._cancel_requested():
                 stopping = (JobState.CANCELLED, "cancelled on request; the whole process tree was stopped")
             elif time.time() > deadline:
-                stopping = (JobState.TIMEOUT, f"hit timeout_s={record['timeout_s']:g}; the whole process tree was "
+                stopping = (JobState.TIMEOUT, f"hit timeout_s={record.timeout_s:g}; the whole process tree was "
                             "stopped. Work may be part-done: inspect before re-running")
             elif moved := self._moved_outside_roots():
                 stopping = (JobState.ERROR, f"Hermes moved to {shown(moved)}, outside the allowed roots (a resumed "
                             "session runs in its recorded folder); the job was stopped at once")
             if stopping:
                 self.note(f"{stopping[0].value}: stopping Hermes (pid {proc.pid}) and its tree")
-                left = stop_tree(self.job_id, hermes, self.seen, self.cfg.kill_grace_s, self.windows_job)
+                left = stop_tree(self.job_id, hermes, record.tree, self.cfg.kill_grace_s, self.windows_job)
                 if left:
                     self.note(f"could not stop pids {left}")
         if stopping:
-            stop_tree(self.job_id, None, self.seen, 0)  # tool processes Hermes left behind when it was stopped
+            stop_tree(self.job_id, None, record.tree, 0)  # tool processes Hermes left behind when it was stopped
             return Outcome(stopping[0], exit_code, stopping[1])
         if exit_code == 0:
             return Outcome(JobState.OK, exit_code, None)
@@ -1619,7 +1745,7 @@ class Supervisor:
         if self.before is None:
             return {"note": "not tracked (the start listing did not finish)"}
         cfg = self.cfg
-        after = snapshot_folder(self.record["cwd"], cfg.changed_files_skip, cfg.changed_files_max_entries,
+        after = snapshot_folder(self.record.cwd or "", cfg.changed_files_skip, cfg.changed_files_max_entries,
                                 cfg.changed_files_max_s)
         return compare_snapshots(self.before, after)
 
@@ -1631,10 +1757,10 @@ class Supervisor:
             with session_store(self.cfg) as db:
                 usage = session_usage(db, session_id)
         except StoreUnavailable as exc:
-            self.record["usage_note"] = str(exc)
+            self.record.usage_note = str(exc)
             return
         if usage:
-            self.record["usage"] = dataclasses.asdict(usage)
+            self.record.usage = dataclasses.asdict(usage)
 
     def _job_object_for(self, proc: subprocess.Popen) -> "WindowsJob | None":
         """Hermes in a job object of its own; without one (nested jobs refused) the tree walk still applies."""
@@ -1669,40 +1795,34 @@ class Supervisor:
             return
         changed = False
         for child in children:
-            try:
-                if child.pid not in self.seen:
-                    self.seen[child.pid] = child.create_time()
-                    changed = True
-            except psutil.Error:
-                continue
+            process_id = ProcessId.of_safe(child)
+            if process_id and process_id not in self.known_tree:
+                self.known_tree.add(process_id)
+                self.record.tree.append(process_id)
+                changed = True
         if changed:
-            self.record["tree"] = [[pid, ctime] for pid, ctime in self.seen.items()]
             self.store.write(self.record)
 
     def _finish(self, outcome: Outcome) -> None:
         record = self.record
         exit_code = outcome.exit_code
         session_id = session_id_from_log(self.store.log_path(self.job_id))
-        if session_id is None and record.get("session_requested") and exit_code == 0:
-            session_id = record["session_requested"]  # a Hermes that prints no session line resumed it
-            record["session_source"] = "the session resumed (this Hermes prints no session line)"
-        elif session_id is None and record.get("started_at"):
-            session_id, how = session_started_in(self.cfg, record["cwd"], float(record["started_at"]))
-            record["session_source"] = how
-        record.update(state=outcome.state.value, exit_code=exit_code, reason=outcome.reason, ended_at=time.time(),
-                      session_id=session_id)
+        if session_id is None and record.session_requested and exit_code == 0:
+            session_id = record.session_requested  # a Hermes that prints no session line resumed it
+            record.session_source = "the session resumed (this Hermes prints no session line)"
+        elif session_id is None and record.started_at and record.cwd:
+            session_id, record.session_source = session_started_in(self.cfg, record.cwd, record.started_at)
+        record.state, record.exit_code, record.reason = outcome.state, exit_code, outcome.reason
+        record.ended_at, record.session_id = time.time(), session_id
         try:
-            changes = self._changes()
-            if changes is not None:
-                record["changes"] = changes
+            record.changes = self._changes()
             self._usage(session_id)
         except Exception as exc:  # a report of the job, never a reason to lose its outcome
             self.note(f"could not list the changes or read the usage: {exc}")
-        requested = record.get("session_requested")
-        if requested and record["session_id"] and record["session_id"] != requested:
-            record["session_note"] = (f"asked to resume session {requested}, but Hermes reported session "
-                                      f"{record['session_id']}: it started a fresh session or continued a "
-                                      "compressed one under a new id")
+        requested = record.session_requested
+        if requested and session_id and session_id != requested:
+            record.session_note = (f"asked to resume session {requested}, but Hermes reported session {session_id}: "
+                                   "it started a fresh session or continued a compressed one under a new id")
         for _ in range(20):  # a full disk may free up; the outcome is worth a few seconds
             try:
                 self.store.write(record)
@@ -1722,19 +1842,17 @@ def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
     """Stop what is left of a job whose supervisor died, and write the outcome it could not. The pids come
     from the record, so only processes that prove to be this job's are signalled."""
     record = view.record
-    seen = {entry[0]: float(entry[1]) for entry in record.get("tree", []) if isinstance(entry, list)
-            and len(entry) == 2 and isinstance(entry[0], int) and isinstance(entry[1], (int, float))}
-    job_id = record["id"]
-    candidates = tree_of(alive(record.get("hermes")), seen)
+    job_id = record.id
+    candidates = tree_of(running_process(record.hermes), record.tree)
     unproven = [proc.pid for proc in candidates if not owned_by_job(proc, job_id)]
-    left = stop_tree(job_id, alive(record.get("hermes")), seen, cfg.kill_grace_s)
+    left = stop_tree(job_id, running_process(record.hermes), record.tree, cfg.kill_grace_s)
     reason = "cancelled after its supervisor had died; the bridge stopped what was left of the tree"
     if left:
         reason += f" except pids {left}"
     if unproven:
         reason += (f"; pids {unproven[:20]} named by the record do not carry this job's marker and were not "
                    "signalled")
-    record.update(state=JobState.CANCELLED.value, ended_at=time.time(), reason=reason)
+    record.state, record.ended_at, record.reason = JobState.CANCELLED, time.time(), reason
     store.write(record)
     store.clear_active(job_id)
     audit(cfg, event="job", job_id=job_id, state=JobState.CANCELLED.value, reason=reason)
@@ -1777,8 +1895,16 @@ class JobRequest:
         identity = [self.kind, self.task, self.cwd, self.session_requested, self.skills, self.toolsets]
         return hashlib.sha256(json.dumps(identity).encode()).hexdigest()
 
+    def record(self, job_id: str, log: str | None = None) -> JobRecord:
+        """The record a launch of this request starts with."""
+        return JobRecord(id=job_id, kind=self.kind, state=JobState.STARTING, created_at=time.time(),
+                         task_preview=" ".join(self.task.split())[:120], task_chars=len(self.task), cwd=self.cwd,
+                         session_requested=self.session_requested, skills=self.skills, toolsets=self.toolsets,
+                         max_turns=self.max_turns, timeout_s=self.timeout_s, dedupe_key=self.dedupe_key(), log=log,
+                         cwd_note=self.cwd_note)
 
-def launch_job(cfg: Config, request: JobRequest) -> tuple[dict[str, Any], str | None]:
+
+def launch_job(cfg: Config, request: JobRequest) -> tuple[JobRecord, str | None]:
     """Start a job, or return the identical one already running; atomic across server processes."""
     from filelock import FileLock, Timeout
 
@@ -1797,36 +1923,27 @@ def launch_job(cfg: Config, request: JobRequest) -> tuple[dict[str, Any], str | 
                     view = observe(store.read(job_id))
                 except (Refused, DamagedRecord):
                     continue
-                if view.running and view.record.get("dedupe_key") == key:
+                if view.running and view.record.dedupe_key == key:
                     return view.record, ("an identical job is already running; this is that job, "
                                          "no second Hermes was started")
                 if view.running:
                     running.append(view.record)
             if len(running) >= cfg.max_running_jobs:
-                listing = "; ".join(f"{r['id']} ({r.get('task_preview', '')[:40]})" for r in running)
+                listing = "; ".join(f"{r.id} ({r.task_preview[:40]})" for r in running)
                 raise Refused(f"{len(running)} jobs are running, the most max_running_jobs allows: {listing}. "
                               "Wait for one (hermes_status) or cancel one (hermes_cancel)")
             prune_jobs(store, cfg)
-            return start_job(cfg, store, request, key), None
+            return start_job(cfg, store, request), None
     except Timeout:
         raise Refused("another server process holds the launch lock; try again in a moment") from None
 
 
-def start_job(cfg: Config, store: JobStore, request: JobRequest, key: str) -> dict[str, Any]:
+def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
     try:
         job_id = store.claim_id(request.task.encode())
     except OSError as exc:
         raise Refused(f"cannot write to the jobs folder {store.root}: {exc.strerror or exc}; nothing started") from None
-    record = {
-        "id": job_id, "kind": request.kind, "state": JobState.STARTING.value, "created_at": time.time(),
-        "task_preview": " ".join(request.task.split())[:120], "task_chars": len(request.task),
-        "cwd": request.cwd, "session_requested": request.session_requested, "skills": request.skills,
-        "toolsets": request.toolsets, "max_turns": request.max_turns, "timeout_s": request.timeout_s,
-        "dedupe_key": key, "supervisor": None, "hermes": None, "exit_code": None, "session_id": None,
-        "reason": None, "log": str(store.log_path(job_id)),
-    }
-    if request.cwd_note:
-        record["cwd_note"] = request.cwd_note
+    record = request.record(job_id, str(store.log_path(job_id)))
     try:
         store.write(record)
         store.mark_active(job_id)
@@ -1848,7 +1965,8 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest, key: str) -> di
                 return record
             except OSError as exc:
                 failure = exc
-    record.update(state=JobState.ERROR.value, ended_at=time.time(), reason=f"the supervisor could not start: {failure}")
+    record.state, record.ended_at = JobState.ERROR, time.time()
+    record.reason = f"the supervisor could not start: {failure}"
     store.write(record)
     store.clear_active(job_id)
     return record
@@ -1857,8 +1975,8 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest, key: str) -> di
 def record_detach_mode(store: JobStore, survives_host: bool) -> None:
     """Remember whether jobs outlive the host (Windows job objects may forbid breakaway) for hermes_health.
     Best effort: the job has started by now, and a failure here must not make the launch look failed."""
-    known = read_json(store.detach_path)
-    if isinstance(known, dict) and known.get("survives_host") == survives_host:
+    recorded = read_json(store.detach_path)
+    if isinstance(recorded, dict) and recorded.get("survives_host") == survives_host:
         return
     try:
         write_atomic(store.detach_path, json.dumps({"survives_host": survives_host}).encode())
@@ -1928,10 +2046,10 @@ def log_excerpt(path: Path, max_chars: int) -> str:
             f"hermes_read(path=\"{shown(str(path))}\", offset=0, max_bytes=...)]\n...{text}")
 
 
-def elapsed_s(record: dict[str, Any]) -> int:
-    start = record.get("started_at") or record.get("created_at") or time.time()
-    end = record.get("ended_at") or time.time()
-    return max(0, int(end - float(start)))
+def elapsed_s(record: JobRecord) -> int:
+    start = record.started_at or record.created_at or time.time()
+    end = record.ended_at or time.time()
+    return max(0, int(end - start))
 
 
 @dataclasses.dataclass
@@ -1952,33 +2070,32 @@ def job_details(cfg: Config, view: JobView) -> JobDetails:
     """One short read of the session store: live counters and the current tool while the job runs; the
     usage and Hermes' own answer when it has ended. Never raises: an unreadable store is 'unavailable'."""
     record = view.record
-    started = record.get("started_at")
-    if not isinstance(started, (int, float)):
+    started = record.started_at
+    if started is None:
         reason = "unavailable: Hermes has not started yet" if view.running else "unavailable: Hermes never started"
         return JobDetails(activity=reason, usage=reason, answer=reason)
     details = JobDetails()
-    recorded = record.get("usage")
-    if not view.running and isinstance(recorded, dict):
+    if not view.running and record.usage:
         try:
-            details.usage = Usage(**recorded).line()
+            details.usage = Usage(**record.usage).line()
         except TypeError:
             pass
     try:
         with session_store(cfg) as db:
-            session = record.get("session_id") or record.get("session_requested")
-            if not session and view.running:
-                session, why = matched_session(db, record["cwd"], float(started))
+            session = record.session_id or record.session_requested
+            if not session and view.running and record.cwd:
+                session, why = matched_session(db, record.cwd, started)
                 if not session:
                     raise StoreUnavailable(why)
             if not session:
-                raise StoreUnavailable(record.get("session_source") or "no session was captured")
+                raise StoreUnavailable(record.session_source or "no session was captured")
             usage = session_usage(db, session)
             if view.running:
                 details.activity = usage.line() if usage else f"unavailable: no session {session} in the store yet"
-                details.current_tool = current_tool(db, session, float(started), time.time()) or "none yet"
+                details.current_tool = current_tool(db, session, started, time.time()) or "none yet"
             else:
                 details.usage = details.usage or (usage.line() if usage else f"unavailable: no session {session}")
-                details.answer = final_answer(db, session, float(started)) or "unavailable: Hermes wrote no reply"
+                details.answer = final_answer(db, session, started) or "unavailable: Hermes wrote no reply"
     except StoreUnavailable as exc:
         unavailable = f"unavailable: {exc}"
         details.activity = details.activity or unavailable
@@ -1987,9 +2104,9 @@ def job_details(cfg: Config, view: JobView) -> JobDetails:
     return details
 
 
-def changes_lines(record: dict[str, Any]) -> list[str]:
-    changes = record.get("changes")
-    if not isinstance(changes, dict):
+def changes_lines(record: JobRecord) -> list[str]:
+    changes = record.changes
+    if changes is None:
         return []
     if changes.get("note"):
         return [f"CHANGED_FILES: {shown(str(changes['note']))}"]
@@ -2009,15 +2126,15 @@ def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
     """The status block. The log shown is always the job's own <id>.log in the store, never a path taken
     from the record, and every value that came from disk is shown escaped."""
     record = view.record
-    job_id = record["id"]
+    job_id = record.id
     log = JobStore(cfg.jobs_path).log_path(job_id)
     notes = list(notes or [])
-    if isinstance(record.get("cwd_note"), str):
-        notes.insert(0, record["cwd_note"])
+    if record.cwd_note:
+        notes.insert(0, record.cwd_note)
     lines = [f"STATUS: {view.shown_state}", f"JOB_ID: {job_id}"]
     if view.running:
-        lines += [f"CWD: {shown(record.get('cwd'), 1000)}", f"ELAPSED_S: {elapsed_s(record)}",
-                  f"TIMEOUT_S: {record.get('timeout_s', 0):g} (hard cap we enforce)", f"FULL_LOG: {shown(str(log))}"]
+        lines += [f"CWD: {shown(record.cwd, 1000)}", f"ELAPSED_S: {elapsed_s(record)}",
+                  f"TIMEOUT_S: {record.timeout_s:g} (hard cap we enforce)", f"FULL_LOG: {shown(str(log))}"]
         if details:
             lines.append(f"ACTIVITY: {shown(details.activity, 400)}")
             if details.current_tool:
@@ -2028,18 +2145,18 @@ def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
                   "Do not re-run the task -- it is already executing.",
                   "--- OUTPUT SO FAR (tail) ---", log_excerpt(log, RUNNING_TAIL_CHARS)]
         return "\n".join(lines)
-    exit_code = record.get("exit_code")
-    session = record.get("session_id")
+    exit_code = record.exit_code
+    session = record.session_id
     lines += [f"EXIT_CODE: {'none' if exit_code is None else exit_code}",
               f"SESSION_ID: {shown(session) if session else 'none captured'}",
-              f"CWD: {shown(record.get('cwd'), 1000)}", f"ELAPSED_S: {elapsed_s(record)}",
+              f"CWD: {shown(record.cwd, 1000)}", f"ELAPSED_S: {elapsed_s(record)}",
               f"FULL_LOG: {shown(str(log))}"]
     if view.reason and view.state is not JobState.OK:
         lines.append(f"REASON: {shown(view.reason, 2000)}")
-    if not session and record.get("session_source"):
-        lines.append(f"SESSION_NOTE: none captured: {shown(record['session_source'], 1000)}")
-    if record.get("session_note"):
-        lines.append(f"SESSION_NOTE: {shown(record['session_note'], 1000)}")
+    if not session and record.session_source:
+        lines.append(f"SESSION_NOTE: none captured: {shown(record.session_source, 1000)}")
+    if record.session_note:
+        lines.append(f"SESSION_NOTE: {shown(record.session_note, 1000)}")
     lines += [f"NOTE: {shown(note, 1000)}" for note in notes]
     if view.state is JobState.ORPHANED:
         lines.append(f'Stop what is left with hermes_cancel(job_id="{job_id}").')
@@ -2077,7 +2194,7 @@ def status_result(view: JobView, cfg: Config, notes: list[str] | None = None) ->
     """The status block with what the session store adds; reads the disk, so it runs off the event loop."""
     record = view.record
     text = render_status(view, cfg, notes, job_details(cfg, view))
-    return ToolResult(text, view.shown_state, record["id"], record.get("cwd"), None if view.running else view.reason)
+    return ToolResult(text, view.shown_state, record.id, record.cwd, None if view.running else view.reason)
 
 
 def refused_result(reason: str) -> ToolResult:
@@ -2147,7 +2264,7 @@ def check_launch(cfg: Config, request: "JobRequest") -> None:
     if problem := executable_problem(exe):
         raise Refused(problem)
     cli = known_cli(cfg, exe) or probe_cli_safely(cfg, exe)
-    if cli and (problem := argv_problem(hermes_command(cli, exe, dataclasses.asdict(request), request.task, cfg))):
+    if cli and (problem := argv_problem(hermes_command(cli, exe, request.record("<id>"), request.task, cfg))):
         raise Refused(problem)
 
 
@@ -2256,8 +2373,8 @@ def request_cancel(cfg: Config, job_id: Any) -> tuple[JobView, str]:
         return view, f"the job had already ended as {view.state.value}; nothing to cancel"
     if view.state is JobState.ORPHANED:
         cancel_orphan(store, cfg, view)
-        return observe(store.read(view.record["id"])), "the supervisor was gone; the bridge stopped the tree"
-    write_atomic(store.cancel_path(view.record["id"]), str(time.time()).encode())
+        return observe(store.read(view.record.id)), "the supervisor was gone; the bridge stopped the tree"
+    write_atomic(store.cancel_path(view.record.id), str(time.time()).encode())
     return view, "cancel requested; the supervisor stops the whole process tree"
 
 
@@ -2381,11 +2498,11 @@ def list_jobs(cfg: Config, limit: int | None, state: str | None) -> str:
         if state not in (None, "") and view.shown_state != state:
             continue
         record = view.record
-        usage = record.get("usage")
+        usage = record.usage
         tokens = (f"  tokens {usage.get('tokens_in', 0):,}/{usage.get('tokens_out', 0):,}"
-                  if isinstance(usage, dict) and not view.running else "")
-        rows.append(f"{job_id}  {view.shown_state:17} {elapsed_s(record):>5}s  {shown(record.get('cwd'))}  "
-                    f"\"{shown(str(record.get('task_preview', '')), 60)}\"{tokens}")
+                  if usage and not view.running else "")
+        rows.append(f"{job_id}  {view.shown_state:17} {elapsed_s(record):>5}s  {shown(record.cwd)}  "
+                    f"\"{shown(record.task_preview, 60)}\"{tokens}")
     header = [f"JOBS: {len(ids)} on disk; showing {len(rows)}, newest first"
               + (f", state={state}" if state else "")]
     if scanned >= JOBS_SCAN_LIMIT and len(rows) < shown_limit:
@@ -2580,8 +2697,8 @@ def capabilities(cfg: Config, query: str | None, category: str | None, limit: in
     if category:
         members = sorted((s for s in skills if s["category"] == category), key=lambda s: s["name"])
         if not members:
-            known = sorted({s["category"] for s in skills})
-            raise Refused(f"no category '{shown(category)}'; categories: {', '.join(known)}")
+            categories = sorted({s["category"] for s in skills})
+            raise Refused(f"no category '{shown(category)}'; categories: {', '.join(categories)}")
         lines = [f"CATEGORY {shown(category)}: {len(members)} skills"] + [describe_skill(s) for s in members[:count]]
         return "\n".join(header + lines + [use])
     by_category: dict[str, list[str]] = {}
@@ -2637,6 +2754,7 @@ def health(cfg: Config) -> str:
         writable = f"NOT writable: {exc.strerror or exc}"
     detach = read_json(store.detach_path)
     survives = detach.get("survives_host", True) if isinstance(detach, dict) else True
+    exe_problem = executable_problem(exe) if exe else None
     if cli and exe:
         cli_lines = [f"CLI_FLAGS: {cli.describe()}", f"CLI_COMMAND: {shown(command_preview(cli, exe, cfg), 1000)}"]
     else:
@@ -2647,6 +2765,7 @@ def health(cfg: Config) -> str:
         f"PYTHON: {sys.version.split()[0]} at {sys.executable}",
         f"MCP_SDK: {dependency_version('mcp') or 'not installed'}",
         f"HERMES_EXE: {shown(exe) if exe else 'NOT FOUND: set hermes_exe in config or put hermes on PATH'}",
+        *([f"HERMES_EXE_PROBLEM: {shown(exe_problem, 500)}"] if exe_problem else []),
         f"HERMES_VERSION: {shown(version) if version else 'unknown (no hermes_agent dist-info beside the executable)'}",
         *cli_lines,
         f"HERMES_HOME: {shown(str(cfg.hermes_home_path))}",
@@ -2661,8 +2780,6 @@ def health(cfg: Config) -> str:
         f"JOBS: {job_counts(store)}",
         f"CONFIG: {shown(str(cfg.path))} ({len(cfg.problems)} problems)",
     ]
-    if exe and (problem := executable_problem(exe)):
-        lines.insert(4, f"HERMES_EXE_PROBLEM: {shown(problem, 500)}")
     if advice := path_advice(os.environ.get("PATH", ""), sys.platform, os.path.expanduser("~")):
         lines.append(f"PATH_NOTE: {shown(advice, 500)}")
     lines += [f"  - {shown(problem, 500)}" for problem in cfg.problems]
@@ -2730,7 +2847,7 @@ async def launch_and_wait(cfg: Config, request: JobRequest, wait_s: float | None
     record, duplicate = await off_loop(launch_job, cfg, request)
     if duplicate:
         notes.append(duplicate)
-    return await off_loop(status_result, await wait_for_end(cfg, record["id"], wait, progress), cfg, notes)
+    return await off_loop(status_result, await wait_for_end(cfg, record.id, wait, progress), cfg, notes)
 
 
 async def run_tool(cfg: Config, task: Any, cwd: Any, max_turns: Any, timeout_s: Any, wait_s: Any, skills: Any,
@@ -2755,13 +2872,13 @@ async def status_tool(cfg: Config, job_id: Any, wait_s: Any, progress: Progress 
     notes: list[str] = []
     view = await off_loop(job_view, cfg, job_id)
     wait = clamp_number("wait_s", wait_s, min(30.0, cfg.max_wait_s), 0, cfg.max_wait_s, notes)
-    return await off_loop(status_result, await wait_for_end(cfg, view.record["id"], wait, progress), cfg, notes)
+    return await off_loop(status_result, await wait_for_end(cfg, view.record.id, wait, progress), cfg, notes)
 
 
 async def cancel_tool(cfg: Config, job_id: Any, progress: Progress | None = None) -> ToolResult:
     view, note = await off_loop(request_cancel, cfg, job_id)
     if view.running:
-        view = await wait_for_end(cfg, view.record["id"], min(cfg.kill_grace_s + 5, cfg.max_wait_s), progress)
+        view = await wait_for_end(cfg, view.record.id, min(cfg.kill_grace_s + 5, cfg.max_wait_s), progress)
     return await off_loop(status_result, view, cfg, [note])
 
 
@@ -3125,7 +3242,10 @@ def main(argv: list[str]) -> int:
         if problem:
             sys.stderr.write(problem + "\n")
             return 2
-        return Supervisor(validate_job_id(argv[1])).run()
+        cfg = load_config()
+        supervisor = Supervisor(validate_job_id(argv[1]), cfg, JobStore(cfg.jobs_path))
+        signal.signal(signal.SIGTERM, supervisor.on_sigterm)
+        return supervisor.run()
     args = parse_command_line(argv)
     if args.version:
         print(f"claude-hermes-bridge {VERSION}")

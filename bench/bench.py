@@ -10,7 +10,6 @@ Uses the fake hermes from the tests; needs no other service.
 """
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import sqlite3
@@ -26,6 +25,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import psutil  # noqa: E402
 
+import server  # noqa: E402
 from harness import Bridge, BridgeClient  # noqa: E402
 
 MINIMAL = [sys.executable, str(Path(__file__).resolve().parent / "minimal_server.py")]
@@ -89,15 +89,11 @@ def run_until_pid(bridge: Bridge, client: BridgeClient, runs: int) -> tuple[Row,
     for n in range(runs):
         started = time.perf_counter()
         job_id = client.call("hermes_run", task=f"bench run {n} !sleep=3", wait_s=0).field("JOB_ID")
-        record_path = bridge.jobs / f"{job_id}.json"
-        while True:
-            record = json.loads(record_path.read_text())
-            if record.get("hermes"):
-                break
-            time.sleep(0.001)
+        record = wait_for_hermes(bridge, job_id)
         ours.append(ms_since(started))
         job_ids.append(job_id)
-        supervisor_rss.append(psutil.Process(record["supervisor"]["pid"]).memory_info().rss / MB)
+        assert record.supervisor is not None
+        supervisor_rss.append(psutil.Process(record.supervisor.pid).memory_info().rss / MB)
         started = time.perf_counter()
         proc = subprocess.Popen([str(bridge.hermes), "chat", "-q", f"floor {n} !sleep=3", "-Q"],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -126,9 +122,9 @@ def status_of_big_log(bridge: Bridge, ours: BridgeClient, floor: BridgeClient, l
     with open(log, "wb") as handle:
         for _ in range(log_mb * MB // len(line)):
             handle.write(line)
-    (bridge.jobs / f"{job_id}.json").write_text(json.dumps({
-        "id": job_id, "state": "ok", "exit_code": 0, "created_at": time.time(), "ended_at": time.time(),
-        "cwd": str(bridge.root), "supervisor": None, "log": str(log)}))
+    server.JobStore(bridge.jobs).write(server.JobRecord(
+        id=job_id, state=server.JobState.OK, exit_code=0, created_at=time.time(), ended_at=time.time(),
+        cwd=str(bridge.root), log=str(log)))
     rss_before = psutil.Process(ours.server_pid).memory_info().rss / MB
     times: dict[str, list[float]] = {"ours": [], "floor": []}
     for _ in range(calls):
@@ -149,11 +145,11 @@ def status_of_big_log(bridge: Bridge, ours: BridgeClient, floor: BridgeClient, l
 def fill_records(jobs: Path, count: int) -> None:
     existing = len([e for e in os.scandir(jobs) if e.name.endswith(".json")])
     day = time.strftime("%Y%m%d")
+    store = server.JobStore(jobs)
     for n in range(existing, count):
         job_id = f"{day}-{n // 1000:06d}-{n % 1000 + 1}"
-        (jobs / f"{job_id}.json").write_text(json.dumps({
-            "id": job_id, "state": "ok", "exit_code": 0, "created_at": 1.0, "ended_at": 2.0, "cwd": "/w",
-            "supervisor": None, "task_preview": f"finished job {n}"}))
+        store.write(server.JobRecord(id=job_id, state=server.JobState.OK, exit_code=0, created_at=1.0, ended_at=2.0,
+                                     cwd="/w", task_preview=f"finished job {n}"))
 
 
 def jobs_listing(sizes: list[int], runs: int) -> list[Row]:
@@ -230,11 +226,12 @@ def make_files(folder: Path, count: int) -> None:
         os.close(os.open(sub / f"f{n}.txt", os.O_CREAT | os.O_WRONLY, 0o644))
 
 
-def wait_for_hermes(bridge: Bridge, job_id: str) -> dict:
-    record_path = bridge.jobs / f"{job_id}.json"
+def wait_for_hermes(bridge: Bridge, job_id: str) -> server.JobRecord:
+    """The record once it names Hermes' process (records are written whole, so a read never sees half)."""
+    store = server.JobStore(bridge.jobs)
     while True:
-        record = json.loads(record_path.read_text())
-        if record.get("hermes"):
+        record = store.read(job_id)
+        if record.hermes:
             return record
         time.sleep(0.001)
 
@@ -287,7 +284,7 @@ def activity_rows(bridge: Bridge, client: BridgeClient, files: int, messages: in
     session = db.execute("SELECT id FROM sessions ORDER BY started_at DESC LIMIT 1").fetchone()[0]
     with db:
         db.executemany("INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, 'assistant', ?, ?)",
-                       [(session, f"message {n}", record["started_at"] - 1) for n in range(messages)])
+                       [(session, f"message {n}", (record.started_at or 0) - 1) for n in range(messages)])
     db.close()
     timed: dict[str, list[float]] = {"store": [], "none": []}
     for _ in range(calls):

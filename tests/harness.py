@@ -36,15 +36,38 @@ FAKE_PERSONALITIES = ("0.19", "0.20", "0.21")
 
 def make_fake_hermes(prefix: Path, personality: str = "0.19", version: str | None = "0.19.0") -> Path:
     """A fake install laid out like a venv: bin/hermes speaking one Hermes version's command line, and a
-    hermes_agent dist-info claiming `version` when it is set (which need not match the personality)."""
-    bin_dir = prefix / "bin"
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    exe = bin_dir / "hermes"
-    exe.write_text(f'#!/bin/sh\nFAKE_HERMES_VERSION={personality} exec "{sys.executable}" "{FAKE_HERMES}" "$@"\n')
-    exe.chmod(0o755)
+    hermes_agent dist-info claiming `version` when it is set (which need not match the personality).
+    On Windows, Scripts/hermes.exe (see windows_launcher)."""
+    if os.name == "nt":
+        exe = windows_launcher(prefix / "Scripts", personality)
+        site = prefix / "Lib" / "site-packages"
+    else:
+        bin_dir = prefix / "bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        exe = bin_dir / "hermes"
+        exe.write_text(f'#!/bin/sh\nFAKE_HERMES_VERSION={personality} exec "{sys.executable}" "{FAKE_HERMES}" "$@"\n')
+        exe.chmod(0o755)
+        site = prefix / "lib" / "python3.11" / "site-packages"
     if version:
-        (prefix / "lib" / "python3.11" / "site-packages" / f"hermes_agent-{version}.dist-info").mkdir(parents=True)
+        (site / f"hermes_agent-{version}.dist-info").mkdir(parents=True)
     return exe
+
+
+def windows_launcher(bin_dir: Path, personality: str) -> Path:
+    """hermes.exe as pip installs a console script (distlib's launcher, this Python, and a zipped script
+    that runs the fake): a real executable, because the bridge refuses a .cmd Hermes."""
+    from pip._vendor.distlib.scripts import ScriptMaker
+
+    source = bin_dir.parent / "launcher-source"
+    source.mkdir(parents=True, exist_ok=True)
+    (source / "hermes").write_text(
+        "#!python\nimport os, runpy, sys\n"
+        f"os.environ['FAKE_HERMES_VERSION'] = {personality!r}\n"
+        f"sys.argv[0] = {str(FAKE_HERMES)!r}\n"
+        f"runpy.run_path({str(FAKE_HERMES)!r}, run_name='__main__')\n")
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    [exe] = ScriptMaker(str(source), str(bin_dir)).make("hermes")  # its shebang names this Python
+    return Path(exe)
 
 
 @dataclasses.dataclass
@@ -109,6 +132,19 @@ class Bridge:
         pids = [run["pid"] for run in self.runs()]
         return pids + [int(p.stem) for p in self.trace.glob("*.child")]
 
+    def record(self, job_id: str) -> server.JobRecord:
+        return server.JobStore(self.jobs).read(job_id)
+
+    def wait_record(self, job_id: str, field: str, timeout: float = 20) -> Any:
+        """A field of a job's record once it is set, e.g. its supervisor's or Hermes' ProcessId."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            value = getattr(self.record(job_id), field)
+            if value:
+                return value
+            time.sleep(0.05)
+        raise AssertionError(f"job {job_id} never recorded {field}")
+
     def wait_for_runs(self, count: int, timeout: float = 30) -> list[dict[str, Any]]:
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -148,9 +184,10 @@ def refused(result: "Result", *words: str) -> str:
     return reason
 
 
-def nothing_started(bridge: Bridge) -> None:
-    """No Hermes ran and no job record was written."""
-    time.sleep(0.3)
+def nothing_started(bridge: Bridge, settle_s: float = 0.3) -> None:
+    """No Hermes ran and no job record was written. A refusal never writes a record, so settle_s (time for
+    a supervisor that should not exist to start Hermes) may be 0 where no record is proof enough."""
+    time.sleep(settle_s)
     assert bridge.runs() == []
     assert list(bridge.jobs.glob("2*.json")) == []
 
@@ -230,7 +267,8 @@ INSPECTOR = (E2E / "inspector" / "node_modules" / "@modelcontextprotocol" / "ins
              / "build" / "index.js")
 
 
-def raw_exchange(env: dict[str, str], calls: list[str], timeout: float = 20) -> list[dict[str, Any]]:
+def raw_exchange(env: dict[str, str], calls: list[str], timeout: float = 20,
+                 command: list[str] | None = None) -> list[dict[str, Any]]:
     """Speak JSON-RPC to a real server by hand, for bytes the official client refuses to send (NaN, lone
     surrogates). Each entry of calls is the raw JSON of one tools/call `params`; returns the responses, {} for
     a request the server did not answer within timeout."""
@@ -239,8 +277,8 @@ def raw_exchange(env: dict[str, str], calls: list[str], timeout: float = 20) -> 
     requests = [(0, init), (None, '{"jsonrpc":"2.0","method":"notifications/initialized"}')]
     requests += [(n, f'{{"jsonrpc":"2.0","id":{n},"method":"tools/call","params":{params}}}')
                  for n, params in enumerate(calls, start=1)]
-    proc = subprocess.Popen([sys.executable, str(SERVER)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(command or [sys.executable, str(SERVER)], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     responses: dict[int, dict[str, Any]] = {}
     pending = b""
     assert proc.stdin is not None and proc.stdout is not None

@@ -1,5 +1,4 @@
 """The bridge end to end, through the real stdio transport with the official MCP client."""
-import json
 import os
 import signal
 import subprocess
@@ -123,27 +122,6 @@ def test_identical_run_while_running_returns_the_same_job_and_starts_no_second_h
         assert "identical job is already running" in second.text
         client.wait_final(first.field("JOB_ID"))
         assert len(bridge.runs()) == 1
-
-
-def test_cwd_outside_the_roots_and_bad_job_ids_are_refused_and_start_nothing(bridge):
-    sibling = bridge.root.parent / (bridge.root.name + "b")
-    sibling.mkdir()
-    outside = bridge.tmp / "outside"
-    outside.mkdir()
-    (bridge.root / "escape").symlink_to(outside)
-    attempts = [str(sibling), str(bridge.root / ".." / (bridge.root.name + "b")), str(bridge.root / "escape"),
-                "relative/path", str(bridge.root / "missing")]
-    with bridge.client() as client:
-        for cwd in attempts:
-            result = client.call("hermes_run", task="anything", cwd=cwd, wait_s=0)
-            assert result.is_error, cwd
-            assert result.field("STATUS") == "refused", cwd
-        for job_id in ("../../etc/passwd", "/etc/passwd", "", "20261106-101500-1; rm -rf /"):
-            result = client.call("hermes_status", job_id=job_id, wait_s=0)
-            assert result.is_error and "is not a job id" in result.text
-    time.sleep(0.5)
-    assert bridge.runs() == []
-    assert not list(bridge.jobs.glob("*.json"))
 
 
 NOISY_WRAPPER = """
@@ -422,8 +400,7 @@ def test_cancelling_an_orphan_clears_its_active_marker(bridge):
     with bridge.client() as client:
         job_id = client.call("hermes_run", task="!sleep=60", wait_s=0).field("JOB_ID")
         bridge.wait_for_runs(1)
-        record = json.loads((bridge.jobs / f"{job_id}.json").read_text())
-        os.kill(record["supervisor"]["pid"], signal.SIGKILL)
+        os.kill(bridge.wait_record(job_id, "supervisor").pid, signal.SIGKILL)
         time.sleep(0.5)
         assert client.call("hermes_status", job_id=job_id, wait_s=0).field("STATUS") == "orphaned"
         assert client.call("hermes_cancel", job_id=job_id).field("STATUS") == "cancelled"

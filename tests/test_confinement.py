@@ -331,8 +331,7 @@ def test_the_supervisor_refuses_a_folder_swapped_for_a_symlink_after_the_check(b
                                  None, [])
     store.ensure()
     job_id = store.claim_id(request.task.encode())
-    store.write({"id": job_id, "state": "starting", "cwd": request.cwd, "timeout_s": 30, "created_at": time.time(),
-                 "task_preview": "x", "supervisor": None, "hermes": None})
+    store.write(request.record(job_id))
     (bridge.root / "proj").rmdir()
     (bridge.root / "proj").symlink_to(outside)
     env = dict(bridge.env)
@@ -340,7 +339,7 @@ def test_the_supervisor_refuses_a_folder_swapped_for_a_symlink_after_the_check(b
                           stdin=subprocess.DEVNULL, capture_output=True)
     assert done.returncode == 0
     record = store.read(job_id)
-    assert record["state"] == "error" and "no longer resolves to itself" in record["reason"]
+    assert record.state == "error" and "no longer resolves to itself" in str(record.reason)
     assert not (outside / "x.txt").exists() and bridge.runs() == []
 
 

@@ -15,20 +15,6 @@ from harness import SERVER, BridgeClient, live_pids, wait_gone
 pytestmark = pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
 
 
-def record(bridge, job_id):
-    return json.loads((bridge.jobs / f"{job_id}.json").read_text())
-
-
-def wait_record(bridge, job_id, key, timeout=20):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = record(bridge, job_id).get(key)
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} never recorded {key}")
-
-
 def test_server_killed_mid_job_repeatedly_every_job_keeps_its_real_outcome(bridge):
     expected = {}
     for exit_code in (0, 4, 0, 7):
@@ -36,7 +22,7 @@ def test_server_killed_mid_job_repeatedly_every_job_keeps_its_real_outcome(bridg
             job_id = client.call("hermes_run", task=f"survive {exit_code} !sleep=2 !exit={exit_code}",
                                  wait_s=0).field("JOB_ID")
             expected[job_id] = exit_code
-            wait_record(bridge, job_id, "hermes")
+            bridge.wait_record(job_id, "hermes")
             os.kill(client.server_pid, signal.SIGKILL)
     with bridge.client() as client:
         for job_id, exit_code in expected.items():
@@ -48,17 +34,17 @@ def test_server_killed_mid_job_repeatedly_every_job_keeps_its_real_outcome(bridg
 def test_supervisor_killed_reports_orphaned_at_once_and_cancel_stops_the_rest(bridge):
     with bridge.client() as client:
         job_id = client.call("hermes_run", task="lose my owner !grandchild=120 !sleep=120", wait_s=0).field("JOB_ID")
-        supervisor = wait_record(bridge, job_id, "supervisor")
-        hermes = wait_record(bridge, job_id, "hermes")
+        supervisor = bridge.wait_record(job_id, "supervisor")
+        hermes = bridge.wait_record(job_id, "hermes")
         deadline = time.time() + 10
         while len(bridge.traced_pids()) < 3 and time.time() < deadline:
             time.sleep(0.1)
         time.sleep(0.5)  # the supervisor records the tree every poll
-        os.kill(supervisor["pid"], signal.SIGKILL)
-        wait_gone([supervisor["pid"]])
+        os.kill(supervisor.pid, signal.SIGKILL)
+        wait_gone([supervisor.pid])
         status = client.call("hermes_status", job_id=job_id, wait_s=0)
         assert status.field("STATUS") == "orphaned"
-        assert f"Hermes (pid {hermes['pid']}) is still running" in status.field("REASON")
+        assert f"Hermes (pid {hermes.pid}) is still running" in status.field("REASON")
         assert live_pids(bridge.traced_pids())
         cancelled = client.call("hermes_cancel", job_id=job_id)
         assert cancelled.field("STATUS") == "cancelled", cancelled.text
@@ -68,8 +54,8 @@ def test_supervisor_killed_reports_orphaned_at_once_and_cancel_stops_the_rest(br
 def test_hermes_killed_from_outside_ends_error_naming_the_signal(bridge):
     with bridge.client() as client:
         job_id = client.call("hermes_run", task="get killed !sleep=60", wait_s=0).field("JOB_ID")
-        hermes = wait_record(bridge, job_id, "hermes")
-        os.kill(hermes["pid"], signal.SIGKILL)
+        hermes = bridge.wait_record(job_id, "hermes")
+        os.kill(hermes.pid, signal.SIGKILL)
         final = client.wait_final(job_id)
         assert final.field("STATUS") == "error"
         assert final.field("EXIT_CODE") == "-9"
@@ -118,10 +104,12 @@ def test_two_servers_racing_the_identical_run_start_exactly_one_hermes(bridge):
 
 def test_damaged_records_and_a_deleted_log_do_not_stop_the_server(bridge):
     bridge.jobs.mkdir()
-    damaged = {"20261101-000000-1": b"", "20261101-000000-2": b'{"id": "20261101-000000-2", "sta',
-               "20261101-000000-3": b"not json at all", "20261101-000000-4": b'{"id": 5, "state": []}',
-               "20261101-000000-5": b'{"id": "20261101-000000-5", "state": "ok", "created_at": "yesterday"}',
-               "20261101-000000-6": b'{"id": "20261101-000000-6", "state": "running", "supervisor": [1, 2]}'}
+    day = time.strftime("%Y%m%d")  # within retention, so the launch below does not prune them
+    contents = [b"", b'{"id": "ID", "sta', b"not json at all", b'{"id": 5, "state": []}',
+                b'{"id": "ID", "state": "ok", "created_at": "yesterday"}',
+                b'{"id": "ID", "state": "running", "supervisor": [1, 2]}']
+    damaged = {f"{day}-000000-{n}": content.replace(b"ID", f"{day}-000000-{n}".encode())
+               for n, content in enumerate(contents, start=1)}
     for job_id, content in damaged.items():
         (bridge.jobs / f"{job_id}.json").write_bytes(content)
     with bridge.client() as client:
@@ -130,10 +118,10 @@ def test_damaged_records_and_a_deleted_log_do_not_stop_the_server(bridge):
         for job_id in damaged:
             assert f"{job_id}  damaged" in listing.text
         assert client.call("hermes_jobs", state="damaged").text.count("damaged ") == 6
-        status = client.call("hermes_status", job_id="20261101-000000-3")
+        status = client.call("hermes_status", job_id=f"{day}-000000-3")
         assert status.is_error and "damaged" in status.text
         job_id = client.call("hermes_run", task="lose my log !sleep=2", wait_s=0).field("JOB_ID")
-        wait_record(bridge, job_id, "hermes")
+        bridge.wait_record(job_id, "hermes")
         (bridge.jobs / f"{job_id}.log").unlink()
         running = client.call("hermes_status", job_id=job_id, wait_s=0)
         assert running.field("STATUS") == "running"
@@ -250,12 +238,12 @@ def test_sigterm_to_the_supervisor_cancels_the_job_cleanly(bridge):
     with bridge.client() as client:
         job_id = client.call("hermes_run", task="shut down politely !grandchild=120 !sleep=120",
                              wait_s=0).field("JOB_ID")
-        supervisor = wait_record(bridge, job_id, "supervisor")
+        supervisor = bridge.wait_record(job_id, "supervisor")
         deadline = time.time() + 10
         while len(bridge.traced_pids()) < 3 and time.time() < deadline:
             time.sleep(0.1)
         time.sleep(0.5)
-        os.kill(supervisor["pid"], signal.SIGTERM)
+        os.kill(supervisor.pid, signal.SIGTERM)
         final = client.wait_final(job_id)
         assert final.field("STATUS") == "cancelled" and final.field("EXIT_CODE") == "130"
         assert wait_gone(bridge.traced_pids()) == []

@@ -2,49 +2,96 @@
 import os
 import socket
 import time
-from typing import Any
+from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
 
 import server
-from harness import MCP_LINE, make_fake_hermes, nothing_started, raw_exchange, refused
+from harness import MCP_LINE, Bridge, BridgeClient, make_fake_hermes, nothing_started, raw_exchange, refused
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script; FIFOs and sockets")
 
 
-def test_cwd_tricks_are_refused(bridge):
-    root = bridge.root
-    (root.parent / (root.name + "b")).mkdir()
-    outside = bridge.tmp / "outside"
-    outside.mkdir()
-    (root / "out").symlink_to(outside)
-    (root / "loop").symlink_to(root / "loop")
-    (root / "file.txt").write_text("not a folder")
-    cases = {
-        "relative/dir": "relative", "../a": "relative", str(root / ".." / (root.name + "b")): "outside",
-        str(root.parent / (root.name + "b")): "outside", str(root / "out"): "outside",
-        str(root / "loop"): "cannot be resolved", str(root / "file.txt"): "not a folder",
-        str(root / "missing"): "does not exist", str(root) + "/x\x00y": "NUL",
-        "/" + "/".join(["d" * 200] * 30): "",
-    }
-    with bridge.client() as client:
-        for cwd, word in cases.items():
-            refused(client.call("hermes_run", task="anything", cwd=cwd, wait_s=0), word)
-        bridge.configure(allowed_roots=[])
-        refused(client.call("hermes_run", task="anything", cwd=str(root), wait_s=0), "no allowed_roots")
-    nothing_started(bridge)
-
-
-def test_read_tricks_special_files_and_huge_inputs_are_refused_or_bounded(bridge):
+@pytest.fixture(scope="module")
+def playground(tmp_path_factory) -> Iterator[tuple[Bridge, BridgeClient]]:
+    """One bridge and server for the case tables below, its root laid with every trap they name: a sibling
+    folder that shares the root's prefix, symlinks out and in a loop, a file, a FIFO and a socket."""
+    bridge = Bridge.create(tmp_path_factory.mktemp("playground"))
     root = bridge.root
     (root.parent / (root.name + "b")).mkdir()
     (root.parent / (root.name + "b") / "secret.txt").write_text("secret")
     (root / "out").symlink_to("/etc")
     (root / "loop").symlink_to(root / "loop")
+    (root / "file.txt").write_text("not a folder")
     os.mkfifo(root / "fifo")
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(root / "sock"))
+    with bridge.client() as client:
+        yield bridge, client
+    listener.close()
+    bridge.kill_leftovers()
+
+
+def in_playground(root: Path, spelling: str) -> str:
+    """A case's path: <root>, <root-name> and <sibling> stand for the playground's folders."""
+    return (spelling.replace("<root-name>", root.name).replace("<root>", str(root))
+            .replace("<sibling>", str(root.parent / (root.name + "b"))))
+
+
+@pytest.mark.parametrize("cwd, word", [
+    ("relative/dir", "relative"), ("../a", "relative"), ("<root>/../<root-name>b", "outside"),
+    ("<sibling>", "outside"), ("<root>/out", "outside"), ("<root>/loop", "cannot be resolved"),
+    ("<root>/file.txt", "not a folder"), ("<root>/missing", "does not exist"), ("<root>/x\x00y", "NUL"),
+    ("/" + "/".join(["d" * 200] * 30), ""),
+], ids=["relative", "dot-dot", "sibling-via-dot-dot", "sibling-sharing-the-prefix", "symlink-out", "symlink-loop",
+        "a-file", "missing", "NUL", "too-long"])
+def test_cwd_tricks_are_refused(playground, cwd, word):
+    bridge, client = playground
+    refused(client.call("hermes_run", task="anything", cwd=in_playground(bridge.root, cwd), wait_s=0), word)
+    nothing_started(bridge, settle_s=0)
+
+
+def test_no_roots_refuses_every_run_with_the_fix(bridge):
+    bridge.configure(allowed_roots=[])
+    with bridge.client() as client:
+        refused(client.call("hermes_run", task="anything", cwd=str(bridge.root), wait_s=0), "no allowed_roots")
+    nothing_started(bridge)
+
+
+@pytest.mark.parametrize("path, word", [
+    ("relative.txt", "relative"), ("<root>/../<root-name>b/secret.txt", "outside"), ("<root>/out/passwd", "outside"),
+    ("<root>/loop", "cannot be resolved"), ("/etc/passwd", "outside"), ("<root>/\x00", "NUL"),
+    ("<root>/fifo", "not a regular file"), ("<root>/sock", "not a regular file"),
+], ids=["relative", "sibling-via-dot-dot", "symlink-out", "symlink-loop", "outside", "NUL", "fifo", "socket"])
+def test_read_tricks_are_refused(playground, path, word):
+    bridge, client = playground
+    refused(client.call("hermes_read", path=in_playground(bridge.root, path)), word)
+
+
+@pytest.mark.parametrize("tool", ["hermes_status", "hermes_cancel"])
+@pytest.mark.parametrize("job_id", ["../../etc/passwd", "/etc/passwd", "", "1" * 10_240, "20261130-000000-1;rm -rf ~",
+                                    "$(reboot)", "20261130-000000-1/../../x", "`id`", "20261130-000000-1\n"],
+                         ids=["dot-dot", "absolute", "empty", "huge", "command", "substitution", "suffix-traversal",
+                              "backticks", "newline"])
+def test_job_id_tricks_are_refused(playground, tool, job_id):
+    bridge, client = playground
+    refused(client.call(tool, job_id=job_id), "is not a job id")
+    nothing_started(bridge, settle_s=0)
+
+
+@pytest.mark.parametrize("task, word", [("", "empty"), ("  \n ", "empty"), ("a\x00b", "NUL"),
+                                        ("x" * 2**20, "command line")],
+                         ids=["empty", "blank", "NUL", "too-long-for-the-command-line"])
+def test_task_tricks_are_refused(playground, task, word):
+    bridge, client = playground
+    refused(client.call("hermes_run", task=task), word)
+    nothing_started(bridge, settle_s=0)
+
+
+def test_sparse_files_crowded_folders_and_devices_are_bounded_or_refused(bridge):
+    root = bridge.root
     with open(root / "sparse.bin", "wb") as handle:
         handle.truncate(10 * 2**30)
     crowd = root / "crowd"
@@ -52,12 +99,6 @@ def test_read_tricks_special_files_and_huge_inputs_are_refused_or_bounded(bridge
     for n in range(100_000):
         open(crowd / f"f{n:06d}", "w").close()
     with bridge.client() as client:
-        for path, word in {"relative.txt": "relative", str(root / ".." / (root.name + "b") / "secret.txt"): "outside",
-                           str(root / "out" / "passwd"): "outside", str(root / "loop"): "cannot be resolved",
-                           "/etc/passwd": "outside", str(root) + "/\x00": "NUL"}.items():
-            refused(client.call("hermes_read", path=path), word)
-        for special in ("fifo", "sock"):
-            refused(client.call("hermes_read", path=str(root / special)), "not a regular file")
         sparse = client.call("hermes_read", path=str(root / "sparse.bin"), max_bytes=10**15)
         assert sparse.field("RANGE") == f"bytes 0-262144 of {10 * 2**30}"
         assert "clamped" in sparse.text and sparse.field("BINARY").startswith("yes")
@@ -70,22 +111,11 @@ def test_read_tricks_special_files_and_huge_inputs_are_refused_or_bounded(bridge
         for device in ("/dev/zero", "/dev/null", "/dev/urandom"):
             refused(client.call("hermes_read", path=device), "not a regular file")
         assert "root:" in client.call("hermes_read", path="/etc/passwd").text
-    listener.close()
 
 
-def test_job_id_tricks_are_refused(bridge):
-    with bridge.client() as client:
-        for job_id in ("../../etc/passwd", "/etc/passwd", "", "1" * 10_240, "20261130-000000-1;rm -rf ~",
-                       "$(reboot)", "20261130-000000-1/../../x", "`id`", "20261130-000000-1\n"):
-            for tool in ("hermes_status", "hermes_cancel"):
-                refused(client.call(tool, job_id=job_id), "is not a job id")
-
-
-def test_task_tricks_reach_hermes_byte_for_byte_or_are_refused(bridge):
+def test_shell_syntax_in_a_task_reaches_hermes_byte_for_byte(bridge):
     hostile = "it's \"quoted\" $HOME $(id) `id` ; rm -rf / | cat & > /tmp/bridge-hostile-marker \\ ' \n\t émoji 🚀"
     with bridge.client() as client:
-        for task, word in (("", "empty"), ("  \n ", "empty"), ("a\x00b", "NUL"), ("x" * 2**20, "command line")):
-            refused(client.call("hermes_run", task=task), word)
         result = client.call("hermes_run", task=hostile, wait_s=20)
         assert result.field("STATUS") == "ok"
     assert bridge.runs()[0]["task"] == hostile
@@ -122,14 +152,21 @@ def test_lone_surrogates_and_nan_never_hang_the_server(bridge):
         server.clamp_number("wait_s", float("nan"), 5, 0, 45, [])
 
 
-def test_numbers_out_of_range_or_of_the_wrong_type(bridge):
+@pytest.mark.parametrize("arguments, word", [
+    (dict(timeout_s=-1), "positive"), (dict(timeout_s=0), "positive"), (dict(max_turns=-3), "max_turns"),
+    (dict(max_turns=10**9), "max_turns"), (dict(wait_s="soon"), "wait_s"), (dict(max_turns="many"), "max_turns"),
+    (dict(max_turns=1.5), "max_turns"), (dict(timeout_s=[1]), "timeout_s"),
+], ids=["negative-timeout", "zero-timeout", "negative-turns", "huge-turns", "text-wait", "text-turns",
+        "fraction-turns", "list-timeout"])
+def test_numbers_out_of_range_or_of_the_wrong_type_are_errors_naming_the_argument(playground, arguments, word):
+    bridge, client = playground
+    result = client.call("hermes_run", task="n", **arguments)
+    assert result.is_error and word in result.text, result.text
+    nothing_started(bridge, settle_s=0)
+
+
+def test_numbers_too_large_are_clamped_and_said_so(bridge):
     with bridge.client() as client:
-        arguments: dict[str, Any]
-        for arguments, word in ((dict(timeout_s=-1), "positive"), (dict(timeout_s=0), "positive"),
-                                (dict(max_turns=-3), "max_turns"), (dict(max_turns=10**9), "max_turns")):
-            refused(client.call("hermes_run", task="n", **arguments), word)
-        for arguments in (dict(wait_s="soon"), dict(max_turns="many"), dict(max_turns=1.5), dict(timeout_s=[1])):
-            assert client.call("hermes_run", task="n", **arguments).is_error, arguments
         assert client.call("hermes_jobs", limit="all").is_error
         assert "clamped" in client.call("hermes_jobs", limit=10**12).text
         result = client.call("hermes_run", task="numbers !sleep=0", timeout_s=10**300, wait_s=-10**300)

@@ -9,6 +9,7 @@ import psutil
 import pytest
 
 import server
+from harness import raw_exchange
 
 DETACHED_PROCESS = 0x00000008
 
@@ -44,7 +45,7 @@ def test_a_stop_that_cannot_be_sent_does_not_wait_the_grace_period(monkeypatch):
         time.sleep(0.2)
         monkeypatch.setattr(server, "interrupt", lambda proc: False)
         started = time.monotonic()
-        left = server.stop_tree("20261130-000000-1", psutil.Process(child.pid), {}, grace_s=60)
+        left = server.stop_tree("20261130-000000-1", psutil.Process(child.pid), [], grace_s=60)
         assert left == [] and time.monotonic() - started < 30
     finally:
         child.kill()
@@ -130,8 +131,17 @@ def test_audit_rotates_without_losing_lines_while_several_processes_write(tmp_pa
 def test_pruning_removes_the_record_last(tmp_path):
     store = server.JobStore(tmp_path)
     store.ensure()
-    store.write({"id": "20261101-000000-1", "state": "ok"})
+    store.write(server.JobRecord(id="20261101-000000-1", state=server.JobState.OK))
     store.log_path("20261101-000000-1").mkdir()  # a log that cannot be removed (held open, on Windows)
     with pytest.raises(OSError):
         store.remove("20261101-000000-1")
     assert store.record_path("20261101-000000-1").exists()  # still listed, pruned on a later launch
+
+
+@pytest.mark.posix("closes fd 2 with the shell")
+def test_a_server_started_without_a_stderr_opens_the_null_device_and_serves(bridge):
+    """A Windows GUI host can start a server with no valid fd 2; the stdio guard points it at the null
+    device before it moves stdout there, so the server serves instead of dying at its first line."""
+    command = ["/bin/sh", "-c", 'exec "$0" "$1" 2>&-', sys.executable, str(server.SERVER_FILE)]
+    [reply] = raw_exchange(bridge.env, ['{"name":"hermes_health","arguments":{}}'], command=command)
+    assert "BRIDGE: claude-hermes-bridge" in reply["result"]["content"][0]["text"]

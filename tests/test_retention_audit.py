@@ -17,7 +17,7 @@ def test_prune_removes_old_and_excess_finished_jobs_never_running_ones(tmp_path)
     today = time.strftime("%Y%m%d")
     ids = ["20200101-000000-1", "20200101-000000-2"] + [f"{today}-00000{n}-1" for n in range(1, 5)]
     for job_id in ids:
-        store.write({"id": job_id, "state": "ok"})
+        store.write(server.JobRecord(id=job_id, state=server.JobState.OK))
         store.task_path(job_id).write_text("t")
         store.log_path(job_id).write_text("log")
     store.mark_active("20200101-000000-2")  # old, but still running

@@ -1,5 +1,6 @@
 """Plain-function tests: confinement, liveness, the store and rendering, without MCP."""
 import json
+import os
 import time
 from typing import Any
 
@@ -16,51 +17,108 @@ def config_for(tmp_path, **values):
 
 
 @pytest.mark.posix("symlinks need privileges on Windows")
-def test_roots_compare_whole_components_and_resolved_paths(tmp_path):
+@pytest.mark.parametrize("bad", ["work2", "work/../work2", "work/loop", "relative:work/inner", "work/x\x00y",
+                                 "long:" + "a" * 5000])
+def test_roots_compare_whole_components_and_resolved_paths(tmp_path, bad):
     (tmp_path / "work").mkdir()
     (tmp_path / "work2").mkdir()
     (tmp_path / "work" / "inner").mkdir()
     (tmp_path / "work" / "loop").symlink_to(tmp_path / "work" / "loop")
     cfg = config_for(tmp_path, allowed_roots=[str(tmp_path / "work")])
     assert server.confine_cwd(cfg, str(tmp_path / "work" / "inner")) == str((tmp_path / "work" / "inner").resolve())
-    for bad in (str(tmp_path / "work2"), str(tmp_path / "work" / ".." / "work2"), str(tmp_path / "work" / "loop"),
-                "work/inner", str(tmp_path / "work" / "x\x00y"), "/" + "a" * 5000):
-        with pytest.raises(server.Refused):
-            server.confine_cwd(cfg, bad)
+    kind, _, rest = bad.rpartition(":")
+    path = {"relative": rest, "long": "/" + rest}.get(kind, os.path.join(tmp_path, bad))
+    with pytest.raises(server.Refused):
+        server.confine_cwd(cfg, path)
+
+
+def test_no_roots_refuses_every_folder_with_the_fix(tmp_path):
+    (tmp_path / "work").mkdir()
     with pytest.raises(server.Refused, match="no allowed_roots"):
         server.confine_cwd(config_for(tmp_path, allowed_roots=[]), str(tmp_path / "work"))
 
 
 def test_liveness_needs_pid_and_start_time():
     me = psutil.Process()
-    assert server.alive(server.process_identity(me)) is not None
-    assert server.alive({"pid": me.pid, "create_time": me.create_time() - 100}) is None  # a reused pid
-    assert server.alive({"pid": 2**22 + 7, "create_time": 1.0}) is None
-    assert server.alive(None) is None and server.alive({"pid": "x"}) is None
+    assert server.ProcessId.of(me).process() is not None
+    assert server.ProcessId(me.pid, me.create_time() - 100).process() is None  # a reused pid
+    assert server.ProcessId(2**22 + 7, 1.0).process() is None
+    assert server.running_process(None) is None
+
+
+def running_record(**fields: Any) -> server.JobRecord:
+    return server.JobRecord(id="20261130-000000-1", state=server.JobState.RUNNING, **fields)
 
 
 def test_observe_reports_orphaned_jobs_and_supervisors_that_never_started(tmp_path):
-    dead = {"pid": 2**22 + 9, "create_time": 1.0}
-    record: dict[str, Any] = {"id": "20261130-000000-1", "state": "running", "supervisor": dead, "hermes": dead,
-                              "created_at": time.time() - 100}
+    dead = server.ProcessId(2**22 + 9, 1.0)
+    record = running_record(supervisor=dead, hermes=dead, created_at=time.time() - 100)
     view = server.observe(record)
     assert view.state == "orphaned" and "Hermes is not running" in str(view.reason)
-    record["hermes"] = server.process_identity(psutil.Process())
+    record.hermes = server.ProcessId.of(psutil.Process())
     assert "still running" in str(server.observe(record).reason)
-    never_started: dict[str, Any] = {"id": "x", "state": "starting", "supervisor": None, "created_at": time.time()}
-    assert server.observe(never_started).state == "starting"
-    never_started["created_at"] -= server.START_GRACE_S + 1
+    never_started = server.JobRecord(id="x", state=server.JobState.STARTING, created_at=time.time())
+    assert server.observe(never_started).state == "starting" and server.observe(never_started).running
+    never_started.created_at -= server.START_GRACE_S + 1
     assert server.observe(never_started).state == "orphaned"  # not "starting" for ever
-    assert server.observe({"id": "x", "state": "starting", "supervisor": None, "created_at": time.time()}).running
 
 
-def test_job_ids_are_claimed_atomically_and_validated(tmp_path):
+def test_a_record_reads_back_as_the_json_a_launch_writes(tmp_path):
+    """The typed record changes nothing on disk: the keys a launch writes, in that order, and the optional
+    ones only once they are known."""
+    store = server.JobStore(tmp_path)
+    store.ensure()
+    request = server.JobRequest(kind="run", task="do  it\n", cwd="/w", max_turns=3, timeout_s=60.0, skills=["a"],
+                                toolsets=[])
+    record = request.record("20261130-000000-1", "/jobs/20261130-000000-1.log")
+    store.write(record)
+    on_disk = json.loads(store.record_path(record.id).read_text())
+    assert list(on_disk) == list(server.RECORD_ALWAYS_WRITTEN)
+    assert on_disk["state"] == "starting" and on_disk["task_preview"] == "do it" and on_disk["supervisor"] is None
+    record.hermes = server.ProcessId(42, 1.5)
+    record.tree = [server.ProcessId(43, 2.5)]
+    record.started_at = 10.0
+    store.write(record)
+    on_disk = json.loads(store.record_path(record.id).read_text())
+    assert on_disk["hermes"] == {"pid": 42, "create_time": 1.5} and on_disk["tree"] == [[43, 2.5]]
+    assert "ended_at" not in on_disk and "usage" not in on_disk
+    assert store.read(record.id) == record
+
+
+@pytest.mark.parametrize("field, value", [
+    ("state", "paused"), ("state", 1), ("created_at", "yesterday"), ("timeout_s", True), ("exit_code", 1.5),
+    ("skills", "a,b"), ("skills", [1]), ("cwd", ["/w"]), ("supervisor", [1, 2]), ("hermes", {"pid": "1"}),
+    ("hermes", {"pid": True, "create_time": 1.0}), ("tree", {"1": 2.0}), ("tree", [[1, 2.0, 3]]),
+    ("tree", [["1", 2.0]]), ("usage", {"tokens_in": "many"}), ("changes", "lots"), ("id", "20261130-000000-2"),
+])
+def test_a_record_field_of_the_wrong_shape_is_damaged_never_trusted(tmp_path, field, value):
+    store = server.JobStore(tmp_path)
+    store.ensure()
+    data = running_record(cwd="/w").to_json() | {field: value}
+    store.record_path("20261130-000000-1").write_text(json.dumps(data))
+    with pytest.raises(server.DamagedRecord):
+        store.read("20261130-000000-1")
+
+
+def test_a_record_of_an_older_bridge_with_fewer_fields_is_read(tmp_path):
+    store = server.JobStore(tmp_path)
+    store.ensure()
+    store.record_path("20261130-000000-1").write_text('{"id": "20261130-000000-1", "state": "ok", "extra": 1}')
+    record = store.read("20261130-000000-1")
+    assert record.state is server.JobState.OK and record.tree == [] and record.cwd is None
+
+
+def test_job_ids_are_claimed_atomically(tmp_path):
     store = server.JobStore(tmp_path / "jobs")
     ids = {store.claim_id(b"task") for _ in range(50)}
     assert len(ids) == 50 and all(server.JOB_ID_RE.fullmatch(i) for i in ids)
-    for bad in ("../x", "", "20261130-000000-1/../../etc", None, 5, "a" * 10_000):
-        with pytest.raises(server.Refused):
-            server.validate_job_id(bad)
+
+
+@pytest.mark.parametrize("bad", ["../x", "", "20261130-000000-1/../../etc", None, 5, "a" * 10_000],
+                         ids=["dotdot", "empty", "traversal", "none", "number", "huge"])
+def test_job_ids_are_validated(bad):
+    with pytest.raises(server.Refused):
+        server.validate_job_id(bad)
 
 
 def test_damaged_records_are_reported_not_raised(tmp_path):
@@ -104,7 +162,7 @@ def test_config_problems_name_the_spot_and_keep_defaults(tmp_path):
 def test_command_lines_join_every_value_to_its_option(form, expected):
     """A task or id starting with '-' can never be read as an option: each value is joined with '='."""
     cfg = server.Config(path=server.SERVER_DIR / "config.json", yolo=True, extra_args=["--source", "tool"])
-    record = {"cwd": "/w", "max_turns": 5, "session_requested": "S", "skills": ["a", "b"], "toolsets": ["t"]}
+    record = running_record(cwd="/w", max_turns=5, session_requested="S", skills=["a", "b"], toolsets=["t"])
     cli = server.HermesCli(server.FORM_FLAGS[form], "test")
     assert server.hermes_command(cli, "hermes", record, "-do it", cfg) == expected
 
@@ -112,7 +170,7 @@ def test_command_lines_join_every_value_to_its_option(form, expected):
 def test_the_flags_a_0_20_hermes_declares_give_in_but_not_query_file():
     cli = server.HermesCli(frozenset({"--query", "--quiet", "--in", "--resume"}), "test")
     cfg = server.Config(path=server.SERVER_DIR / "config.json")
-    argv = server.hermes_command(cli, "hermes", {"cwd": "/w"}, "task", cfg)
+    argv = server.hermes_command(cli, "hermes", running_record(cwd="/w"), "task", cfg)
     assert argv == ["hermes", "chat", "--query=task", "-Q", "--in=/w"]
 
 
@@ -157,8 +215,7 @@ def test_records_are_written_whole_while_a_reader_races_and_no_temp_file_is_left
 
     store = server.JobStore(tmp_path)
     store.ensure()
-    record: dict[str, Any] = {"id": "20261130-000000-1", "state": "running",
-                              "tree": [[n, 1.0] for n in range(20000)]}
+    record = running_record(tree=[server.ProcessId(n, 1.0) for n in range(20000)])
     store.write(record)
     damaged = []
     stop = threading.Event()
@@ -173,7 +230,7 @@ def test_records_are_written_whole_while_a_reader_races_and_no_temp_file_is_left
     reader.start()
     try:
         for n in range(50):
-            record["tree"].append([100000 + n, 2.0])
+            record.tree.append(server.ProcessId(100000 + n, 2.0))
             store.write(record)
     finally:
         stop.set()

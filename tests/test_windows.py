@@ -9,8 +9,10 @@ import psutil
 import pytest
 
 import server
+from harness import wait_gone
 
-pytestmark = pytest.mark.skipif(os.name != "nt", reason="Windows only: job objects, junctions, batch files")
+pytestmark = pytest.mark.skipif(os.name != "nt", reason="Windows only: job objects, junctions, subst drives, batch "
+                                                        "files, console windows")
 
 
 def test_a_batch_file_hermes_is_refused_before_anything_starts(tmp_path):
@@ -57,3 +59,87 @@ def test_the_job_object_stops_a_tree_whose_middle_process_exited():
     assert survivors == []
     assert sentinel.poll() is None, "an unrelated process was stopped"
     sentinel.kill()
+
+
+def free_drive_letter() -> str:
+    import string
+
+    for letter in reversed(string.ascii_uppercase[3:]):
+        if not os.path.exists(f"{letter}:\\"):
+            return f"{letter}:"
+    pytest.fail("no free drive letter for subst")
+
+
+def test_a_root_reached_through_a_subst_drive_is_the_same_folder_and_no_more(tmp_path):
+    (tmp_path / "work" / "sub").mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    drive = free_drive_letter()
+    subprocess.run(["subst", drive, str(tmp_path)], check=True, capture_output=True)
+    try:
+        root_by_drive = server.Config(path=tmp_path / "config.json", allowed_roots=[drive + "\\work"])
+        root_by_path = server.Config(path=tmp_path / "config.json", allowed_roots=[str(tmp_path / "work")])
+        assert server.confine_cwd(root_by_drive, str(tmp_path / "work" / "sub"))
+        assert server.confine_cwd(root_by_path, drive + "\\work\\sub")
+        with pytest.raises(server.Refused, match="outside"):
+            server.confine_cwd(root_by_drive, drive + "\\other")
+    finally:
+        subprocess.run(["subst", drive, "/d"], capture_output=True)
+
+
+WINDOWS_TASKS = {
+    "double-quotes": 'say "hi" and "bye"',
+    "backslashes": "C:\\path\\with\\backslashes and \\\\server\\share",
+    "trailing-backslash": "ends in a backslash \\",
+    "backslash-before-quote": 'a \\" b \\\\" c',
+    "cmd-metacharacters": "&|^%!<> (calc) %PATH% ^& \"&calc&\"",
+}
+
+
+@pytest.mark.parametrize("task", list(WINDOWS_TASKS.values()), ids=list(WINDOWS_TASKS))
+def test_a_task_reaches_hermes_byte_for_byte(bridge, task):
+    """Hermes is a real .exe here (harness.windows_launcher), so the task goes through CreateProcess' own
+    quoting, and cmd.exe never sees it."""
+    with bridge.client() as client:
+        result = client.call("hermes_run", task=task, wait_s=40)
+        assert result.field("STATUS") == "ok", result.text
+    assert bridge.runs()[-1]["task"] == task
+
+
+def visible_window_pids() -> set[int]:
+    """The processes owning a visible top-level window (a console's window belongs to its conhost.exe,
+    a child of the process that opened the console)."""
+    import ctypes
+    from ctypes import wintypes
+
+    user32 = ctypes.WinDLL("user32", use_last_error=True)  # type: ignore[attr-defined]
+    pids: set[int] = set()
+
+    @ctypes.WINFUNCTYPE(wintypes.BOOL, wintypes.HWND, wintypes.LPARAM)  # type: ignore[attr-defined]
+    def collect(hwnd: int, _: int) -> bool:
+        if user32.IsWindowVisible(hwnd):
+            pid = wintypes.DWORD()
+            user32.GetWindowThreadProcessId(hwnd, ctypes.byref(pid))
+            pids.add(pid.value)
+        return True
+    user32.EnumWindows(collect, 0)
+    return pids
+
+
+def test_no_process_of_a_job_shows_a_window_and_cancel_leaves_nothing_but_the_sentinel(bridge):
+    sentinel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        with bridge.client() as client:
+            job_id = client.call("hermes_run", task="windowless !grandchild=60 !sleep=60", wait_s=0).field("JOB_ID")
+            bridge.wait_record(job_id, "hermes")
+            deadline = time.time() + 20
+            while len(bridge.traced_pids()) < 3 and time.time() < deadline:
+                time.sleep(0.2)
+            supervisor = psutil.Process(bridge.record(job_id).supervisor.pid)
+            job_pids = {supervisor.pid} | {child.pid for child in supervisor.children(recursive=True)}
+            assert len(job_pids) >= 3
+            assert job_pids & visible_window_pids() == set()
+            assert client.call("hermes_cancel", job_id=job_id).field("STATUS") == "cancelled"
+        assert wait_gone(bridge.traced_pids() + [supervisor.pid], timeout=20) == []
+        assert sentinel.poll() is None, "an unrelated process was stopped"
+    finally:
+        sentinel.kill()
