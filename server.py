@@ -970,9 +970,9 @@ def observe(record: JobRecord) -> JobView:
 
 
 # ------------------------------------------------------------------------------------------- Hermes CLI
-# Linux caps one argument at 128 KiB (MAX_ARG_STRLEN counts the terminating NUL); Windows caps a whole
-# command line at 32,767 characters, so leave room there for the executable and the other flags.
-ARGV_TASK_LIMIT = 30_000 if IS_WINDOWS else 131072 - 1
+# Linux caps one argument at 128 KiB (MAX_ARG_STRLEN counts the terminating NUL); macOS caps the whole
+# argv and environment at 1 MiB, which an argument within this limit leaves room for.
+POSIX_ARGUMENT_LIMIT = 131072 - 1
 QUERY_OPTION = "--query="
 SESSION_ID_RE = re.compile(r"^session_id:\s*(\S+)\s*$", re.MULTILINE)
 SESSION_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
@@ -1080,9 +1080,9 @@ def argv_problem(argv: list[str], windows: bool = IS_WINDOWS) -> str | None:
         size = f"the command line would be {length} characters once quoted; Windows allows {WINDOWS_COMMAND_LINE_LIMIT}"
     else:
         longest = max(len(arg.encode("utf-8", "surrogateescape")) for arg in argv)
-        if longest <= ARGV_TASK_LIMIT:
+        if longest <= POSIX_ARGUMENT_LIMIT:
             return None
-        size = f"one argument would be {longest} bytes; this system allows {ARGV_TASK_LIMIT}"
+        size = f"one argument would be {longest} bytes; this system allows {POSIX_ARGUMENT_LIMIT}"
     return (f"{size}. This Hermes takes the task on its command line: shorten it, or write the details to a "
             "file under cwd and tell Hermes to read it")
 

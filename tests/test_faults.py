@@ -1,5 +1,4 @@
 """Faults: processes killed mid-job, races, damaged and huge files, load. Nothing lost, state told truthfully."""
-import json
 import os
 import signal
 import sys
@@ -10,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
+import server
 from harness import SERVER, BridgeClient, live_pids, wait_gone
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
@@ -155,10 +155,10 @@ def test_a_jobs_dir_that_cannot_be_written_refuses_the_launch_and_starts_nothing
 def test_a_reused_pid_is_not_taken_for_the_jobs_supervisor(bridge):
     bridge.jobs.mkdir()
     me = psutil.Process()
-    impostor = {"pid": me.pid, "create_time": me.create_time() - 3600}
-    job = {"id": "20261101-000000-9", "state": "running", "created_at": time.time() - 60, "cwd": str(bridge.root),
-           "supervisor": impostor, "hermes": impostor, "timeout_s": 60}
-    (bridge.jobs / "20261101-000000-9.json").write_text(json.dumps(job))
+    impostor = server.ProcessId(me.pid, me.create_time() - 3600)
+    server.JobStore(bridge.jobs).write(server.JobRecord(
+        id="20261101-000000-9", state=server.JobState.RUNNING, created_at=time.time() - 60, cwd=str(bridge.root),
+        supervisor=impostor, hermes=impostor, timeout_s=60))
     with bridge.client() as client:
         status = client.call("hermes_status", job_id="20261101-000000-9", wait_s=0)
         assert status.field("STATUS") == "orphaned"
@@ -172,14 +172,16 @@ def rss_mb(pid):
 def test_load_concurrent_status_many_records_and_a_1gib_log(bridge):
     bridge.configure(max_running_jobs=20, retention_max_jobs=100_000)
     bridge.jobs.mkdir()
-    finished = {"state": "ok", "exit_code": 0, "created_at": 1.0, "ended_at": 2.0, "cwd": str(bridge.root),
-                "supervisor": None, "task_preview": "old"}
+    store = server.JobStore(bridge.jobs)
+
+    def finished(job_id: str) -> server.JobRecord:
+        return server.JobRecord(id=job_id, state=server.JobState.OK, exit_code=0, created_at=1.0, ended_at=2.0,
+                                cwd=str(bridge.root), task_preview="old")
     yesterday = time.strftime("%Y%m%d", time.localtime(time.time() - 86400))
     for n in range(10_000):
-        job_id = f"{yesterday}-{n // 1000:06d}-{n % 1000 + 1}"
-        (bridge.jobs / f"{job_id}.json").write_text(json.dumps(dict(finished, id=job_id)))
+        store.write(finished(f"{yesterday}-{n // 1000:06d}-{n % 1000 + 1}"))
     big_id = f"{yesterday}-235959-1"
-    (bridge.jobs / f"{big_id}.json").write_text(json.dumps(dict(finished, id=big_id)))
+    store.write(finished(big_id))
     with open(bridge.jobs / f"{big_id}.log", "wb") as log:
         log.truncate(2**30)
         log.seek(2**30 - 20)

@@ -31,7 +31,7 @@ def test_launching_prunes_beyond_retention_max_jobs_and_never_reuses_an_id(bridg
     bridge.jobs.mkdir()
     old = [f"20261101-00000{n}-1" for n in range(1, 5)]
     for job_id in old:
-        (bridge.jobs / f"{job_id}.json").write_text(json.dumps({"id": job_id, "state": "ok"}))
+        server.JobStore(bridge.jobs).write(server.JobRecord(id=job_id, state=server.JobState.OK))
     with bridge.client() as client:
         ids = [client.call("hermes_run", task=f"job {n}", wait_s=20).field("JOB_ID") for n in range(4)]
         listing = client.call("hermes_jobs").text
