@@ -593,7 +593,12 @@ CREATE_TIME_TOLERANCE = create_time_tolerance(sys.platform)
 
 
 def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float: JSON from disk may hold NaN or Infinity, and bool is an int to Python."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_whole_number(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -630,8 +635,8 @@ class ProcessId:
 
     @classmethod
     def from_json(cls, value: Any) -> "ProcessId":
-        if (not isinstance(value, dict) or not isinstance(value.get("pid"), int) or isinstance(value["pid"], bool)
-                or not is_number(value.get("create_time"))):
+        if not (isinstance(value, dict) and is_whole_number(value.get("pid"))
+                and is_number(value.get("create_time"))):
             raise DamagedRecord("a process field is not {pid, create_time}")
         return cls(value["pid"], float(value["create_time"]))
 
@@ -640,8 +645,7 @@ class ProcessId:
 
     @classmethod
     def from_pair(cls, value: Any) -> "ProcessId":
-        if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], int)
-                or isinstance(value[0], bool) or not is_number(value[1])):
+        if not isinstance(value, list) or len(value) != 2 or not is_whole_number(value[0]) or not is_number(value[1]):
             raise DamagedRecord("a tree entry is not a [pid, create_time] pair")
         return cls(value[0], float(value[1]))
 
@@ -654,16 +658,25 @@ def is_text_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
+def is_changes(value: Any) -> bool:
+    """The changed files as compare_snapshots writes them, or a note saying why they were not tracked."""
+    if not isinstance(value, dict):
+        return False
+    if "note" in value:
+        return isinstance(value["note"], str)
+    return (all(is_whole_number(value.get(count)) for count in ("created", "modified", "deleted", "more"))
+            and is_text_list(value.get("lines")))
+
+
 # What each plain field of a record may hold on disk (bool is never a number here).
 RECORD_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
     "kind": lambda v: isinstance(v, str),
-    "created_at": is_number, "timeout_s": is_number, "task_chars": lambda v: is_number(v) and v == int(v),
+    "created_at": is_number, "timeout_s": is_number, "task_chars": is_whole_number,
     "task_preview": lambda v: isinstance(v, str),
     "skills": is_text_list, "toolsets": is_text_list, "cli_flags": is_text_list, "argv": is_text_list,
-    "max_turns": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "exit_code": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "max_turns": is_whole_number, "exit_code": is_whole_number,
     "started_at": is_number, "ended_at": is_number,
-    "changes": lambda v: isinstance(v, dict),
+    "changes": is_changes,
     "usage": lambda v: isinstance(v, dict) and all(is_number(count) for count in v.values()),
     **{name: (lambda v: isinstance(v, str)) for name in ("cwd", "session_requested", "dedupe_key", "session_id",
                                                           "reason", "log", "cwd_note", "usage_note",
@@ -2108,15 +2121,12 @@ def changes_lines(record: JobRecord) -> list[str]:
     changes = record.changes
     if changes is None:
         return []
-    if changes.get("note"):
-        return [f"CHANGED_FILES: {shown(str(changes['note']))}"]
-    try:
-        lines = [f"CHANGED_FILES: {int(changes['created'])} created, {int(changes['modified'])} modified, "
-                 f"{int(changes['deleted'])} deleted (under CWD, since the job started)"]
-    except (KeyError, TypeError, ValueError):
-        return []
-    lines += [shown(str(line), 400) for line in changes.get("lines", [])[:CHANGED_LINES]]
-    if isinstance(changes.get("more"), int) and changes["more"] > 0:
+    if "note" in changes:
+        return [f"CHANGED_FILES: {shown(changes['note'])}"]
+    lines = [f"CHANGED_FILES: {changes['created']} created, {changes['modified']} modified, "
+             f"{changes['deleted']} deleted (under CWD, since the job started)"]
+    lines += [shown(line, 400) for line in changes["lines"][:CHANGED_LINES]]
+    if changes["more"] > 0:
         lines.append(f"... and {changes['more']} more")
     return lines
 

@@ -90,6 +90,8 @@ def test_a_record_reads_back_as_the_json_a_launch_writes(tmp_path):
     ("skills", "a,b"), ("skills", [1]), ("cwd", ["/w"]), ("supervisor", [1, 2]), ("hermes", {"pid": "1"}),
     ("hermes", {"pid": True, "create_time": 1.0}), ("tree", {"1": 2.0}), ("tree", [[1, 2.0, 3]]),
     ("tree", [["1", 2.0]]), ("usage", {"tokens_in": "many"}), ("changes", "lots"), ("id", "20261130-000000-2"),
+    ("changes", {"created": 1, "modified": 0, "deleted": 0, "more": 0, "lines": 5}), ("changes", {"note": 5}),
+    ("created_at", float("nan")), ("task_chars", float("inf")), ("hermes", {"pid": 1, "create_time": float("inf")}),
 ])
 def test_a_record_field_of_the_wrong_shape_is_damaged_never_trusted(tmp_path, field, value):
     store = server.JobStore(tmp_path)
