@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 from importlib.metadata import version as installed_version
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import psutil
 from anyio.from_thread import start_blocking_portal
@@ -29,6 +29,7 @@ READ_TIMEOUT: Any = 90.0 if MCP_LINE >= 2 else timedelta(seconds=90)  # 2.x take
 SERVER = REPO / "server.py"
 FAKE_HERMES = Path(__file__).resolve().parent / "fake_hermes.py"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+T = TypeVar("T")
 
 
 FAKE_PERSONALITIES = ("0.19", "0.20", "0.21")
@@ -137,22 +138,29 @@ class Bridge:
 
     def wait_record(self, job_id: str, field: str, timeout: float = 20) -> Any:
         """A field of a job's record once it is set, e.g. its supervisor's or Hermes' ProcessId."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            value = getattr(self.record(job_id), field)
-            if value:
-                return value
-            time.sleep(0.05)
-        raise AssertionError(f"job {job_id} never recorded {field}")
+        return wait_until(lambda: getattr(self.record(job_id), field), timeout, f"job {job_id} to record {field}")
 
     def wait_for_runs(self, count: int, timeout: float = 30) -> list[dict[str, Any]]:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            runs = self.runs()
-            if len(runs) >= count:
-                return runs
-            time.sleep(0.1)
-        raise AssertionError(f"expected {count} Hermes runs, saw {len(self.runs())}")
+        return wait_until(lambda: runs if len(runs := self.runs()) >= count else None, timeout,
+                          f"{count} Hermes runs")
+
+    def wait_for_traced(self, count: int, timeout: float = 10) -> list[int]:
+        """The traced pids (fake runs and the processes they spawned) once there are count of them: a fake's
+        tree grows over a few of the supervisor's polls."""
+        return wait_until(lambda: pids if len(pids := self.traced_pids()) >= count else None, timeout,
+                          f"{count} traced processes")
+
+
+def wait_until(probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.1) -> T:
+    """probe()'s first truthy answer, polled until timeout; an AssertionError naming what never came."""
+    deadline = time.time() + timeout
+    while True:
+        answer = probe()
+        if answer:
+            return answer
+        if time.time() > deadline:
+            raise AssertionError(f"waited {timeout:g} s for {what}; it never came")
+        time.sleep(interval)
 
 
 def live_pids(pids: list[int]) -> list[int]:

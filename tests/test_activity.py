@@ -7,19 +7,16 @@ import time
 
 import pytest
 
-from harness import BridgeClient
+from harness import BridgeClient, wait_until
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script")
 
 
 def poll_until(client, job_id, predicate, timeout=30):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    def block():
         result = client.call("hermes_status", job_id=job_id, wait_s=0)
-        if predicate(result):
-            return result
-        time.sleep(0.3)
-    raise AssertionError(f"never saw the expected block; last:\n{result.text}")
+        return result if predicate(result) else None
+    return wait_until(block, timeout, f"the expected status block of job {job_id}", interval=0.3)
 
 
 def test_running_block_names_the_tool_and_the_final_block_has_usage_changes_and_answer(bridge):

@@ -91,10 +91,7 @@ def test_timeout_stops_the_whole_tree_grandchildren_included(bridge):
 def test_cancel_ends_cancelled_and_leaves_no_process(bridge):
     with bridge.client() as client:
         job_id = client.call("hermes_run", task="long !grandchild=120 !sleep=120", wait_s=0).field("JOB_ID")
-        bridge.wait_for_runs(1)
-        deadline = time.time() + 10
-        while len(bridge.traced_pids()) < 3 and time.time() < deadline:
-            time.sleep(0.1)
+        bridge.wait_for_traced(3)
         result = client.call("hermes_cancel", job_id=job_id)
         assert result.field("STATUS") == "cancelled", result.text
         assert wait_gone(bridge.traced_pids()) == []

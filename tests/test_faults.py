@@ -36,9 +36,7 @@ def test_supervisor_killed_reports_orphaned_at_once_and_cancel_stops_the_rest(br
         job_id = client.call("hermes_run", task="lose my owner !grandchild=120 !sleep=120", wait_s=0).field("JOB_ID")
         supervisor = bridge.wait_record(job_id, "supervisor")
         hermes = bridge.wait_record(job_id, "hermes")
-        deadline = time.time() + 10
-        while len(bridge.traced_pids()) < 3 and time.time() < deadline:
-            time.sleep(0.1)
+        bridge.wait_for_traced(3)
         time.sleep(0.5)  # the supervisor records the tree every poll
         os.kill(supervisor.pid, signal.SIGKILL)
         wait_gone([supervisor.pid])
@@ -69,9 +67,7 @@ def test_a_tree_that_ignores_sigterm_and_forks_new_sessions_is_gone_after_timeou
         cancelled = client.call("hermes_run", task="stubborn two !ignore-term !grandchild=300 !sleep=300",
                                 wait_s=0).field("JOB_ID")
         bridge.wait_for_runs(2)
-        deadline = time.time() + 10
-        while len(bridge.traced_pids()) < 6 and time.time() < deadline:
-            time.sleep(0.1)
+        bridge.wait_for_traced(6)
         time.sleep(0.5)
         pids = bridge.traced_pids()
         assert len(pids) == 6
@@ -241,9 +237,7 @@ def test_sigterm_to_the_supervisor_cancels_the_job_cleanly(bridge):
         job_id = client.call("hermes_run", task="shut down politely !grandchild=120 !sleep=120",
                              wait_s=0).field("JOB_ID")
         supervisor = bridge.wait_record(job_id, "supervisor")
-        deadline = time.time() + 10
-        while len(bridge.traced_pids()) < 3 and time.time() < deadline:
-            time.sleep(0.1)
+        bridge.wait_for_traced(3)
         time.sleep(0.5)
         os.kill(supervisor.pid, signal.SIGTERM)
         final = client.wait_final(job_id)
@@ -256,9 +250,7 @@ def test_cancel_stops_a_tool_that_double_forked_away_from_hermes(bridge):
     with bridge.client() as client:
         job_id = client.call("hermes_run", task="!double-fork !sleep=60", wait_s=0).field("JOB_ID")
         bridge.wait_for_runs(1)
-        deadline = time.time() + 20
-        while not list(bridge.trace.glob("*.child")) and time.time() < deadline:
-            time.sleep(0.1)
+        bridge.wait_for_traced(2, timeout=20)  # the run and its double-forked orphan
         orphans = [int(p.stem) for p in bridge.trace.glob("*.child")]
         assert orphans and all(psutil.Process(pid).ppid() != bridge.runs()[0]["pid"] for pid in orphans)
         client.call("hermes_cancel", job_id=job_id)

@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from conftest import require_component
-from harness import REAL_HERMES_VERSIONS, refused, wait_gone
+from harness import REAL_HERMES_VERSIONS, refused, wait_gone, wait_until
 from scripted_model import ScriptedModel, next_step
 
 pytestmark = pytest.mark.posix("the e2e install (tests/install_e2e.sh) is a bash script with POSIX venv paths")
@@ -48,8 +48,7 @@ def descendants(bridge, job_id):
 
 def wait_for_command(bridge, job_id, needle, timeout=90):
     """Every pid of the job's tree once a process running `needle` shows up in it."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    def tree_running_needle():
         tree = descendants(bridge, job_id)
         for proc in tree:
             try:
@@ -57,8 +56,8 @@ def wait_for_command(bridge, job_id, needle, timeout=90):
                     return [p.pid for p in tree]
             except psutil.Error:
                 continue
-        time.sleep(0.2)
-    raise AssertionError(f"no process running {needle!r} appeared in job {job_id}")
+        return None
+    return wait_until(tree_running_needle, timeout, f"a process running {needle!r} in job {job_id}", interval=0.2)
 
 
 def test_run_writes_the_file_and_captures_the_session_then_resume_continues_it(real):

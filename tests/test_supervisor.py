@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import server
-from harness import live_pids, wait_gone
+from harness import live_pids, wait_gone, wait_until
 
 pytestmark = pytest.mark.posix("the fake's processes are stopped with POSIX signals")
 
@@ -93,13 +93,8 @@ def test_a_cancel_before_hermes_starts_starts_nothing(tmp_path):
 
 
 def child_of_fake(root: Path) -> int:
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        text = (root / "child.pid").read_text() if (root / "child.pid").exists() else ""
-        if text:
-            return int(text)
-        time.sleep(0.05)
-    raise AssertionError("the fake never started its child")
+    pid_file = root / "child.pid"
+    return int(wait_until(lambda: pid_file.read_text() if pid_file.exists() else None, 20, "the fake's child"))
 
 
 @pytest.mark.parametrize("ending", ["cancel", "timeout"])

@@ -131,9 +131,7 @@ def test_no_process_of_a_job_shows_a_window_and_cancel_leaves_nothing_but_the_se
         with bridge.client() as client:
             job_id = client.call("hermes_run", task="windowless !grandchild=60 !sleep=60", wait_s=0).field("JOB_ID")
             bridge.wait_record(job_id, "hermes")
-            deadline = time.time() + 20
-            while len(bridge.traced_pids()) < 3 and time.time() < deadline:
-                time.sleep(0.2)
+            bridge.wait_for_traced(3, timeout=20)
             supervisor = psutil.Process(bridge.record(job_id).supervisor.pid)
             job_pids = {supervisor.pid} | {child.pid for child in supervisor.children(recursive=True)}
             assert len(job_pids) >= 3
