@@ -253,3 +253,29 @@ def test_register_writes_atomically_a_failed_replace_leaves_the_original(tmp_pat
         reg.write_safely(config, '{"new": 1}')
     assert config.read_text() == '{"keep": true}'
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_tool_bodies_run_without_mcp_and_every_outcome_is_a_result_with_one_audit_line(tmp_path, monkeypatch):
+    """The shared step every tool goes through: a refusal, a bug and a listing each come back as a result,
+    never raised, and each leaves one audit line taken from the result's fields."""
+    import anyio
+
+    logs = tmp_path / "logs"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"allowed_roots": [str(tmp_path)], "jobs_dir": str(tmp_path / "jobs"),
+                                  "logs_dir": str(logs)}))
+    monkeypatch.setenv("HERMES_BRIDGE_CONFIG", str(config))
+    monkeypatch.delenv(server.SETTINGS_ENV, raising=False)
+
+    async def broken(cfg: server.Config) -> server.ToolResult:
+        raise RuntimeError("boom")
+    refused = anyio.run(server.answer, "hermes_status", lambda cfg: server.status_tool(cfg, "../x", 0))
+    error = anyio.run(server.answer, "hermes_jobs", broken)
+    listing = anyio.run(server.answer, "hermes_jobs",
+                        lambda cfg: server.listing_tool(server.list_jobs, cfg, None, None))
+    assert refused.status == "refused" and refused.is_error and "is not a job id" in refused.text
+    assert error.status == "error" and "internal error in hermes_jobs: RuntimeError: boom" in error.text
+    assert listing.status == "ok" and not listing.is_error and "No jobs yet" in listing.text
+    lines = [json.loads(line) for line in (logs / "audit.log").read_text().splitlines()]
+    assert [(line["tool"], line["outcome"]) for line in lines] == [
+        ("hermes_status", "refused"), ("hermes_jobs", "error"), ("hermes_jobs", "ok")]
