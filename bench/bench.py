@@ -26,7 +26,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 import psutil  # noqa: E402
 
 import server  # noqa: E402
-from harness import Bridge, BridgeClient  # noqa: E402
+from harness import Bridge, BridgeClient, wait_until  # noqa: E402
 
 MINIMAL = [sys.executable, str(Path(__file__).resolve().parent / "minimal_server.py")]
 MB = 2**20
@@ -227,13 +227,9 @@ def make_files(folder: Path, count: int) -> None:
 
 
 def wait_for_hermes(bridge: Bridge, job_id: str) -> server.JobRecord:
-    """The record once it names Hermes' process (records are written whole, so a read never sees half)."""
-    store = server.JobStore(bridge.jobs)
-    while True:
-        record = store.read(job_id)
-        if record.hermes:
-            return record
-        time.sleep(0.001)
+    """The record once it names Hermes' process, polled every millisecond: the launch is what is timed."""
+    return wait_until(lambda: record if (record := bridge.record(job_id)).hermes else None, 60,
+                      f"job {job_id} to start Hermes", interval=0.001)
 
 
 def activity_rows(bridge: Bridge, client: BridgeClient, files: int, messages: int, runs: int,
