@@ -53,8 +53,7 @@ def serves_protocol(argv: list[str]) -> bool:
 
 PROTOCOL_FDS = guard_stdio() if __name__ == "__main__" and serves_protocol(sys.argv[1:]) else None
 
-import contextlib  # noqa: E402  (the guard must run before anything else can print)
-import dataclasses  # noqa: E402
+import dataclasses  # noqa: E402  (the guard must run before anything else can print)
 import enum  # noqa: E402
 import errno  # noqa: E402
 import functools  # noqa: E402
@@ -164,6 +163,7 @@ class Config:
     changed_files_max_s: float = 10
     problems: list[str] = dataclasses.field(default_factory=list)
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
+    file_stamp: tuple[int, int] | None = None  # the config file's mtime and size when it was read
 
     def _dir(self, value: str | None, kind: str, legacy: str) -> Path:
         """A configured folder (relative = beside the config file); by default the per-user one, except
@@ -270,7 +270,10 @@ def config_path() -> Path:
 def read_config_file(path: Path, cfg: Config) -> dict[str, Any]:
     """The file's settings; every problem is kept in cfg.problems, never raised."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        data = read_capped(path, 1 << 20, follow=True)
+        info = os.stat(path)
+        cfg.file_stamp = (info.st_mtime_ns, info.st_size)
+        raw = json.loads(data.decode("utf-8"))
     except FileNotFoundError:
         if not host_settings():
             cfg.problems.append(f"no config file at {path}: copy config.example.json to config.json and set "
@@ -322,11 +325,44 @@ def load_config(path: Path | None = None) -> Config:
             continue
         setattr(cfg, key, value)
         cfg.sources[key] = f"config file {path}"
-    for key, value in host_settings().items():
+    pinned = host_settings()
+    for key, value in pinned.items():
         setattr(cfg, key, value)
         cfg.sources[key] = "command line"
+    guard_file_settings(cfg, pinned)
     validate_config(cfg)
     return cfg
+
+
+# Options of `hermes chat` the bridge sets itself (task, folder, session, approvals, limits): extra_args may
+# not carry them, or a file a job can write could move the next job out of the roots (Hermes keeps the last
+# --in) or approve every command.
+BRIDGE_OPTIONS = ("--query", "--query-file", "--in", "--resume", "--continue", "--oneshot", "--quiet", "--yolo",
+                  "--max-turns", "--skills", "--toolsets", "--no-restore-cwd")
+BRIDGE_SHORT_OPTIONS = "qQrcst"
+
+
+def bridge_option(arg: str) -> bool:
+    """True when a command-line word sets (or could be read as) an option the bridge sets itself: exact or
+    with =value, any unambiguous prefix argparse would accept, or a short option, alone or bundled."""
+    if arg.startswith("--"):
+        name = arg.split("=", 1)[0]
+        return len(name) > 2 and any(option.startswith(name) for option in BRIDGE_OPTIONS)
+    return arg.startswith("-") and len(arg) > 1 and any(flag in BRIDGE_SHORT_OPTIONS for flag in arg[1:])
+
+
+def guard_file_settings(cfg: Config, pinned: dict[str, Any]) -> None:
+    """What a config file (which a job can write) may not do: carry an option the bridge sets in extra_args,
+    or widen what the host pinned on the command line (read_anywhere reads outside the pinned roots)."""
+    claimed = [arg for arg in cfg.extra_args if bridge_option(arg)]
+    if claimed:
+        cfg.problems.append(f"extra_args holds options the bridge sets itself ({shown(', '.join(claimed), 200)}); "
+                            "extra_args is ignored until they are removed")
+        cfg.extra_args = []
+    if "allowed_roots" in pinned and cfg.read_anywhere:
+        cfg.problems.append(f"read_anywhere in {cfg.path} is ignored: the host pinned allowed_roots on the command "
+                            "line, and a file cannot widen what the host pinned")
+        cfg.read_anywhere = False
 
 
 def validate_config(cfg: Config) -> None:
@@ -677,6 +713,7 @@ RECORD_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
     "max_turns": is_whole_number, "exit_code": is_whole_number,
     "started_at": is_number, "ended_at": is_number,
     "changes": is_changes,
+    "nonce": lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{16,64}", v) is not None,
     "usage": lambda v: isinstance(v, dict) and all(is_number(count) for count in v.values()),
     **{name: (lambda v: isinstance(v, str)) for name in ("cwd", "session_requested", "dedupe_key", "session_id",
                                                           "reason", "log", "cwd_note", "usage_note",
@@ -725,6 +762,13 @@ class JobRecord:
     usage_note: str | None = None
     session_source: str | None = None
     session_note: str | None = None
+    nonce: str | None = None  # makes the process marker unique machine-wide (see marker)
+
+    @property
+    def marker(self) -> str:
+        """The value of JOB_MARKER in this job's processes: the id alone would be shared by a job of the same
+        id in another jobs folder (another install, another test run), and a stop would kill both."""
+        return f"{self.id}:{self.nonce}" if self.nonce else self.id
 
     @classmethod
     def from_json(cls, data: Any, job_id: str) -> "JobRecord":
@@ -778,10 +822,15 @@ def job_sort_key(job_id: str) -> tuple[str, int]:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Whole-file write: a reader sees the old content or the new, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Whole-file write: a reader sees the old content or the new, never half. The temporary file has a
+    name of its own per write (mkstemp: created exclusively, never through a symlink), so two threads or
+    processes writing one record never share it, and a file planted at a predictable name is never opened."""
+    import tempfile
+
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
     try:
-        with open(tmp, "wb") as handle:
+        with open(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
@@ -794,8 +843,7 @@ def write_atomic(path: Path, data: bytes) -> None:
                     raise
                 time.sleep(0.05)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
 
 
 class NotRegularFile(OSError):
@@ -839,15 +887,38 @@ def read_json(path: Path | str, cap: int = 1 << 20) -> Any:
         return None
 
 
+CREATE_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+                | getattr(os, "O_BINARY", 0))
+APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+RECORD_LOCK_S = 5.0
+
+
+def create_exclusive(path: Path) -> int:
+    """A new regular file, or FileExistsError when anything (a FIFO, a symlink, a file) has the name."""
+    return os.open(path, CREATE_FLAGS, 0o600)
+
+
+def open_append(path: Path) -> Any:
+    """A file the bridge created, opened to append without following a symlink or blocking on a FIFO that
+    replaced it; anything but a regular file raises NotRegularFile."""
+    fd = os.open(path, APPEND_FLAGS)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotRegularFile(0, "not a regular file", str(path))
+    return os.fdopen(fd, "ab")
+
+
 class JobStore:
     """The jobs folder: <id>.json record, <id>.log output, <id>.task text, active/<id> while unfinished."""
 
     def __init__(self, root: Path):
         self.root = root
         self.active = root / "active"
+        self.locks = root / "locks"
 
     def ensure(self) -> None:
         self.active.mkdir(parents=True, exist_ok=True)
+        self.locks.mkdir(exist_ok=True)
 
     def record_path(self, job_id: str) -> Path:
         return self.root / f"{job_id}.json"
@@ -867,24 +938,49 @@ class JobStore:
         return self.root / "detach.json"
 
     def claim_id(self, task: bytes) -> str:
-        """A new id, claimed by creating its task file exclusively so two processes never share one."""
+        """A new id, claimed by creating its task file and its log exclusively, so two processes never share
+        one. Ids are predictable, so a job may have planted a FIFO, a symlink or a file at a future id's
+        names: such an id is skipped for the next, and nothing planted is ever opened or followed."""
         self.ensure()
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for counter in range(1, 1_000_000):
             job_id = f"{stamp}-{counter}"
+            if any(os.path.lexists(path) for path in (self.record_path(job_id), self.cancel_path(job_id))):
+                continue
             try:
-                fd = os.open(self.task_path(job_id), os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_BINARY", 0))
+                task_fd = create_exclusive(self.task_path(job_id))
             except FileExistsError:
                 continue
             try:
-                os.write(fd, task)
+                os.close(create_exclusive(self.log_path(job_id)))
+            except FileExistsError:
+                os.close(task_fd)
+                self.task_path(job_id).unlink(missing_ok=True)
+                continue
+            try:
+                os.write(task_fd, task)
             finally:
-                os.close(fd)
+                os.close(task_fd)
             return job_id
         raise Refused("no free job id this second; try again")
 
-    def write(self, record: JobRecord) -> None:
-        write_atomic(self.record_path(record.id), json.dumps(record.to_json(), indent=1).encode())
+    def record_lock(self, job_id: str) -> Any:
+        from filelock import FileLock
+
+        return FileLock(str(self.locks / f"{job_id}.lock"), timeout=RECORD_LOCK_S)
+
+    def write(self, record: JobRecord) -> bool:
+        """Write the record whole, unless the disk already holds an outcome: an outcome is final, so a
+        cancel that took a job for an orphan never replaces what its supervisor has just written (checked
+        under the record's lock). False when the record was left as it was."""
+        with self.record_lock(record.id):
+            try:
+                if self.read(record.id).state in FINAL_STATES:
+                    return False
+            except (Refused, DamagedRecord):
+                pass
+            write_atomic(self.record_path(record.id), json.dumps(record.to_json(), indent=1).encode())
+            return True
 
     def read(self, job_id: str) -> JobRecord:
         try:
@@ -924,7 +1020,7 @@ class JobStore:
         """The record goes last: a log still held open (Windows) leaves the job listed, to be pruned later,
         instead of a log without a record left behind for ever."""
         for path in (self.log_path(job_id), self.task_path(job_id), self.cancel_path(job_id),
-                     self.record_path(job_id)):
+                     self.locks / f"{job_id}.lock", self.record_path(job_id)):
             path.unlink(missing_ok=True)
 
     def captured_sessions(self, scan_limit: int = 5000) -> Iterator[str]:
@@ -1080,6 +1176,21 @@ def probe_cli(cfg: Config, exe: str) -> HermesCli:
     return HermesCli(frozenset(flags), "declared by `hermes chat --help`, probed just now")
 
 
+UNKNOWN_OPTION_RE = re.compile(rb"unrecognized arguments|no such option|unknown option")
+
+
+def forget_cli(cfg: Config, exe: str) -> None:
+    """Drop this executable's cached options, so the next launch probes again: a cache rewritten by a job
+    (or made stale some other way) then costs one job, not every later one."""
+    path = flags_cache_path(cfg)
+    cache = read_json(path)
+    if isinstance(cache, dict) and cache.pop(exe_fingerprint(exe), None) is not None:
+        try:
+            write_atomic(path, json.dumps(cache, indent=1).encode())
+        except OSError:
+            pass
+
+
 WINDOWS_COMMAND_LINE_LIMIT = 32_767 - 1_024  # CreateProcess' limit, with a margin
 
 
@@ -1110,14 +1221,14 @@ def executable_problem(exe: str, windows: bool = IS_WINDOWS) -> str | None:
     return None
 
 
-def hermes_env(cfg: Config, job_id: str | None = None) -> dict[str, str]:
-    """Hermes inherits the server's environment; a job's processes also carry its id, the proof that lets
-    the bridge signal them (see owned_by_job)."""
+def hermes_env(cfg: Config, marker: str | None = None) -> dict[str, str]:
+    """Hermes inherits the server's environment; a job's processes also carry its marker, part of the proof
+    that lets the bridge signal them (see Ownership)."""
     env = {key: value for key, value in os.environ.items() if key != SETTINGS_ENV}
     if cfg.hermes_home:
         env["HERMES_HOME"] = str(cfg.hermes_home_path)
-    if job_id:
-        env[JOB_MARKER] = job_id
+    if marker:
+        env[JOB_MARKER] = marker
     return env
 
 
@@ -1171,6 +1282,7 @@ def session_id_from_log(path: Path) -> str | None:
 
 
 # Hermes 0.19-0.20 print these when a resumed session moves to its recorded folder (cli.py, hermes_cli/main.py).
+MOVE_ANNOUNCEMENT_BYTES = 16384
 FOLDER_MOVE_RE = re.compile(r"^(?:↻ Working directory|↪ restored workspace dir): (.+?)\s*$", re.MULTILINE)
 
 
@@ -1182,49 +1294,96 @@ def session_store_path(cfg: Config) -> Path:
     return cfg.hermes_home_path / "state.db"
 
 
-@contextlib.contextmanager
-def session_store(cfg: Config) -> Iterator[Any]:
-    """Hermes' SQLite store, read-only: one short-lived connection with a short busy timeout, so Hermes
-    writing (WAL, short BEGIN IMMEDIATE transactions) never blocks us for long, nor we it. Every failure
-    becomes StoreUnavailable with the reason."""
+STORE_DEADLINE_S = 3.0
+STORE_FILE_SUFFIXES = ("", "-journal", "-wal", "-shm")  # the database and the side files SQLite opens
+STORE_READS_IN_FLIGHT: dict[str, threading.Thread] = {}
+
+
+def check_store_files(path: Path) -> None:
+    """The database and every side file that exists must be a regular file: SQLite opens them blocking,
+    so a FIFO planted as state.db-journal would hang the read for ever."""
+    for suffix in STORE_FILE_SUFFIXES:
+        side = Path(f"{path}{suffix}")
+        try:
+            info = os.stat(side) if not suffix else os.lstat(side)
+        except FileNotFoundError:
+            if not suffix:
+                raise StoreUnavailable(f"no session store at {path}") from None
+            continue
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot look at {side}: {exc.strerror or exc}") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise StoreUnavailable(f"{side} is not a regular file")
+
+
+def read_store(cfg: Config, query: Callable[[Any], T], deadline_s: float = STORE_DEADLINE_S) -> T:
+    """query(connection) on Hermes' SQLite store, read-only, answered within deadline_s or not at all.
+
+    One short-lived connection with a short busy timeout, so Hermes writing (WAL, short BEGIN IMMEDIATE
+    transactions) never blocks us for long, nor we it. The query runs in a thread the caller does not wait
+    past: a store that never answers (a side file swapped for a FIFO after the check, a lock held for ever)
+    costs one abandoned thread, and while it hangs later reads of that store fail at once instead of piling
+    up. Every failure, and every row that is not what Hermes writes, becomes StoreUnavailable."""
     import sqlite3
 
     path = session_store_path(cfg)
-    try:
-        info = os.stat(path)
-    except OSError:
-        raise StoreUnavailable(f"no session store at {path}") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise StoreUnavailable(f"{path} is not a regular file")
-    try:
-        connection = sqlite3.connect(path.absolute().as_uri() + "?mode=ro", uri=True, timeout=1)
-    except sqlite3.Error as exc:
-        raise StoreUnavailable(f"cannot open the session store {path}: {exc}") from None
-    try:
-        yield connection
-    except sqlite3.Error as exc:
-        raise StoreUnavailable(f"the session store {path} cannot answer: {exc}") from None
-    finally:
-        connection.close()
+    key = str(path.absolute())
+    stuck = STORE_READS_IN_FLIGHT.get(key)
+    if stuck is not None and stuck.is_alive():
+        raise StoreUnavailable(f"an earlier read of the session store {path} has not returned (a file beside it "
+                               "may be a FIFO, or held by a lock)")
+    check_store_files(path)
+    answer: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            connection = sqlite3.connect(path.absolute().as_uri() + "?mode=ro", uri=True, timeout=1,
+                                         check_same_thread=False)
+            try:
+                answer["value"] = query(connection)
+            finally:
+                connection.close()
+        except sqlite3.Error as exc:
+            answer["error"] = StoreUnavailable(f"the session store {path} cannot answer: {exc}")
+        except StoreUnavailable as exc:
+            answer["error"] = exc
+        except (ValueError, TypeError, OverflowError, RecursionError, MemoryError) as exc:
+            answer["error"] = StoreUnavailable(f"a row of the session store {path} is not what Hermes writes "
+                                               f"({type(exc).__name__})")
+
+    thread = threading.Thread(target=work, name="session-store", daemon=True)
+    STORE_READS_IN_FLIGHT[key] = thread
+    thread.start()
+    thread.join(deadline_s)
+    if thread.is_alive():
+        raise StoreUnavailable(f"the session store {path} did not answer within {deadline_s:g} s (a file beside it "
+                               "may be a FIFO, or held by a lock)")
+    if "error" in answer:
+        raise answer["error"]
+    return cast(T, answer["value"])
 
 
 def session_folder(cfg: Config, session_id: str) -> str:
-    """The folder Hermes recorded for a session: where a resume of it runs, whatever we ask."""
-    with session_store(cfg) as db:
-        rows = db.execute("SELECT cwd FROM sessions WHERE id = ?", (session_id,)).fetchall()
+    """The folder Hermes recorded for a session: where a resume of it runs, whatever we ask. A relative
+    folder would be resolved against the server's own folder, so it is refused like a missing one."""
+    rows = read_store(cfg, lambda db: db.execute("SELECT cwd FROM sessions WHERE id = ? LIMIT 2",
+                                                 (session_id,)).fetchall())
     if not rows:
         raise StoreUnavailable(f"the session store holds no session {session_id}")
-    if not isinstance(rows[0][0], str) or not rows[0][0].strip():
-        raise StoreUnavailable(f"the session store records no folder for session {session_id}")
-    return rows[0][0]
+    folder = rows[0][0]
+    if not isinstance(folder, str) or not folder.strip() or len(folder) > 4096 or "\x00" in folder:
+        raise StoreUnavailable(f"the session store records no usable folder for session {session_id}")
+    if not os.path.isabs(folder):
+        raise StoreUnavailable(f"the session store records a relative folder ({shown(folder)}) for session "
+                               f"{session_id}")
+    return folder
 
 
 def session_started_in(cfg: Config, folder: str, since: float) -> tuple[str | None, str]:
     """The one session recorded in `folder` that started at or after `since`, for a Hermes that prints no
     session line; with none or several, None and why."""
     try:
-        with session_store(cfg) as db:
-            return matched_session(db, folder, since)
+        return read_store(cfg, lambda db: matched_session(db, folder, since))
     except StoreUnavailable as exc:
         return None, str(exc)
 
@@ -1260,30 +1419,68 @@ class Usage:
                 f"out {self.tokens_out:,}")
 
 
+COUNTER_LIMIT = 1 << 53
+JSON_CELL_MAX_CHARS = 65536
+JSON_CELL_MAX_DEPTH = 16
+ANSWER_MAX_CHARS = 1 << 20
+JSON_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def store_counter(value: Any) -> int:
+    """A counter of the store: a whole number in range (None, as Hermes leaves an unset one, is 0)."""
+    if value is None:
+        return 0
+    if not is_whole_number(value) or not 0 <= value < COUNTER_LIMIT:
+        raise StoreUnavailable(f"a counter of the session store is not a count ({shown(value, 40)})")
+    return cast(int, value)
+
+
+def store_time(value: Any) -> float:
+    """A timestamp of the store: a finite number of seconds (SQLite keeps 1e999 as infinity)."""
+    if not is_number(value) or not 0 <= value < 1e11:
+        raise StoreUnavailable(f"a timestamp of the session store is not a time ({shown(value, 40)})")
+    return float(value)
+
+
+def json_cell(raw: Any) -> Any:
+    """A JSON cell of the store, parsed only once its size and nesting are known to be sane (a value nested
+    50,000 deep would exhaust the parser's recursion); None when it is not such a cell."""
+    if not isinstance(raw, str) or len(raw) > JSON_CELL_MAX_CHARS:
+        return None
+    depth = deepest = 0
+    for bracket in re.findall(r"[\[\]{}]", JSON_STRING_RE.sub("", raw)):
+        depth += 1 if bracket in "[{" else -1
+        deepest = max(deepest, depth)
+    if deepest > JSON_CELL_MAX_DEPTH:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
 def session_usage(db: Any, session_id: str) -> Usage | None:
     row = db.execute("SELECT api_call_count, tool_call_count, input_tokens, output_tokens FROM sessions "
                      "WHERE id = ?", (session_id,)).fetchone()
-    return Usage(*(int(value or 0) for value in row)) if row else None
+    return Usage(*(store_counter(value) for value in row)) if row else None
 
 
 def describe_tool_call(raw: Any) -> str | None:
     """'terminal: <command>' (or the tool's name and the start of its arguments) from a tool_calls cell."""
-    try:
-        calls = json.loads(raw) if isinstance(raw, str) else None
-        if not isinstance(calls, list) or not calls or not isinstance(calls[-1], dict):
-            return None
-        function = calls[-1].get("function") or {}
-        name = str(function.get("name") or "tool")
-        arguments = function.get("arguments")
-        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-    except (ValueError, TypeError, AttributeError, IndexError, KeyError):
+    calls = json_cell(raw)
+    if not isinstance(calls, list) or not calls or not isinstance(calls[-1], dict):
         return None
+    function = calls[-1].get("function")
+    function = function if isinstance(function, dict) else {}
+    name = function.get("name") if isinstance(function.get("name"), str) else "tool"
+    arguments = function.get("arguments")
+    parsed = json_cell(arguments) if isinstance(arguments, str) else arguments
     shown_args = parsed.get("command") if isinstance(parsed, dict) and isinstance(parsed.get("command"), str) else (
-        json.dumps(parsed, ensure_ascii=False) if parsed is not None else "")
+        json.dumps(parsed, ensure_ascii=False)[:TOOL_ARGUMENT_CHARS * 2] if parsed is not None else "")
     shown_args = " ".join(str(shown_args).split())
     if len(shown_args) > TOOL_ARGUMENT_CHARS:
         shown_args = shown_args[:TOOL_ARGUMENT_CHARS] + "..."
-    return f"{name}: {shown_args}"
+    return f"{shown(name, 60)}: {shown_args}"
 
 
 def current_tool(db: Any, session_id: str, since: float, now: float) -> str | None:
@@ -1294,27 +1491,28 @@ def current_tool(db: Any, session_id: str, since: float, now: float) -> str | No
                      "id DESC LIMIT 1", (session_id, since)).fetchone()
     if not row:
         return None
+    called_at = store_time(row[1])
+    calls = json_cell(row[0])
+    if not isinstance(calls, list):
+        raise StoreUnavailable("the last tool call in the session store is not a JSON list of a sane size and depth")
     described = describe_tool_call(row[0])
     if not described:
         return None
-    try:
-        call_ids = [call.get("id") for call in json.loads(row[0]) if isinstance(call, dict)]
-    except ValueError:
-        call_ids = []
+    call_ids = [call.get("id") for call in calls if isinstance(call, dict) and isinstance(call.get("id"), str)][:100]
     answered = db.execute(f"SELECT COUNT(*) FROM messages WHERE session_id = ? AND timestamp >= ? AND role = 'tool' "
                           f"AND tool_call_id IN ({','.join('?' * len(call_ids)) or 'NULL'})",
-                          (session_id, row[1] or 0, *call_ids)).fetchone()[0]
-    if call_ids and answered >= len(call_ids):
+                          (session_id, called_at, *call_ids)).fetchone()[0]
+    if call_ids and store_counter(answered) >= len(call_ids):
         return f"{described} (finished)"
-    return f"{described} (running {max(0, int(now - float(row[1] or now)))} s)"
+    return f"{described} (running {max(0, int(now - called_at))} s)"
 
 
 def final_answer(db: Any, session_id: str, since: float) -> str | None:
     """Hermes' own last reply in this job: the last assistant message with text written since the job
     started (stdout also holds diff previews, and the log holds warnings)."""
-    row = db.execute("SELECT content FROM messages WHERE session_id = ? AND timestamp >= ? AND role = 'assistant' "
-                     "AND content IS NOT NULL AND content != '' ORDER BY timestamp DESC, id DESC LIMIT 1",
-                     (session_id, since)).fetchone()
+    row = db.execute("SELECT substr(content, 1, ?) FROM messages WHERE session_id = ? AND timestamp >= ? AND "
+                     "role = 'assistant' AND content IS NOT NULL AND content != '' ORDER BY timestamp DESC, id DESC "
+                     "LIMIT 1", (ANSWER_MAX_CHARS, session_id, since)).fetchone()
     return row[0] if row and isinstance(row[0], str) else None
 
 
@@ -1402,27 +1600,66 @@ def protected_pids() -> frozenset[int]:
     return frozenset(pids)
 
 
-def carries_marker(proc: "psutil.Process", job_id: str) -> bool:
+def carries_marker(proc: "psutil.Process", marker: str) -> bool:
     try:
-        return proc.environ().get(JOB_MARKER) == job_id
+        return proc.environ().get(JOB_MARKER) == marker
     except (psutil.Error, OSError):  # another user's process, or gone
         return False
 
 
-def owned_by_job(proc: "psutil.Process", job_id: str) -> bool:
-    """Proof that a process belongs to this job before any signal: it carries the job's marker in its
-    environment, or descends from a process that does (a tool that scrubbed its environment). A record on
-    disk is only a claim: Hermes' shell, or any local process, can write one naming any pid.
-    psutil reads the environment the same way on Linux, macOS and Windows."""
-    if proc.pid in protected_pids():
+# Linux re-parents orphans to the nearest subreaper, so a supervisor that is one holds the whole tree of its
+# job below it, whatever a tool does to its session or environment.
+HAS_SUBREAPER = sys.platform.startswith("linux")
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make this process (a supervisor) the reaper of its descendants' orphans; False where it cannot."""
+    if not HAS_SUBREAPER:
         return False
-    if carries_marker(proc, job_id):
-        return True
+    import ctypes
+
     try:
-        return any(carries_marker(parent, job_id) and parent.pid not in protected_pids()
-                   for parent in proc.parents())
-    except psutil.Error:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
         return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Ownership:
+    """The proof that a process is a job's, checked before any signal; a record on disk is only a claim
+    (Hermes' shell, or any local process, can write one naming any pid).
+
+    marker: JOB_MARKER's value in the job's processes (the id and a random nonce, so unique machine-wide).
+    anchors: live processes proven to be the job's: its supervisor, or for an orphan its Hermes. On Linux a
+    process must descend from an anchor (the subreaper keeps every descendant there), so a process that only
+    copied the marker into its environment is never signalled. Elsewhere the exact marker on the process or
+    on one of its ancestors is the proof (a tool that scrubbed its environment is still below a marked one)."""
+
+    marker: str
+    anchors: frozenset[int] = frozenset()
+    require_descent: bool = HAS_SUBREAPER
+
+    def owns(self, proc: "psutil.Process") -> bool:
+        if proc.pid in protected_pids():
+            return False
+        try:
+            ancestors = proc.parents()
+        except psutil.Error:
+            return False
+        if self.require_descent:
+            return proc.pid in self.anchors or any(parent.pid in self.anchors for parent in ancestors)
+        return carries_marker(proc, self.marker) or any(
+            parent.pid not in protected_pids() and carries_marker(parent, self.marker) for parent in ancestors)
+
+    def descendants(self) -> list["psutil.Process"]:
+        found = []
+        for pid in self.anchors:
+            try:
+                found += psutil.Process(pid).children(recursive=True)
+            except psutil.Error:
+                continue
+        return found
 
 
 def tree_of(root: "psutil.Process | None", seen: list[ProcessId]) -> list["psutil.Process"]:
@@ -1456,35 +1693,67 @@ def still_running(procs: list["psutil.Process"], timeout_s: float) -> list["psut
         time.sleep(0.05)
 
 
-def marked_processes(job_id: str) -> list["psutil.Process"]:
+def marked_processes(marker: str) -> list["psutil.Process"]:
     """Every process carrying this job's marker, wherever it was re-parented: a tool that double-forked, or
     a process forked while the tree was being stopped, is no longer below Hermes but still carries it."""
     found = []
     for proc in psutil.process_iter():
-        if proc.pid not in protected_pids() and carries_marker(proc, job_id):
+        if proc.pid not in protected_pids() and carries_marker(proc, marker):
             found.append(proc)
     return found
 
 
-def stop_tree(job_id: str, root: "psutil.Process | None", seen: list[ProcessId], grace_s: float,
-              windows_job: "WindowsJob | None" = None) -> list[int]:
-    """Interrupt the root, wait the grace period, then kill every survivor of the tree; returns survivors.
+@dataclasses.dataclass
+class StopReport:
+    """What a stop did, for the job's reason line: never "the whole tree" unless that was verified."""
+
+    stopped: int
+    survivors: list[int]
+    disowned: list[int]  # carry the marker but could not be proven the job's: not signalled
+    complete: bool  # the tree is known whole (a subreaper supervisor held it)
+
+    def describe(self) -> str:
+        if self.survivors:
+            text = (f"stopped {self.stopped} processes, but pids {self.survivors[:20]} could not be verified gone; "
+                    "stop them by hand")
+        elif self.complete:
+            text = f"the whole process tree ({self.stopped} processes) was stopped and verified gone"
+        else:
+            text = (f"{self.stopped} processes (found below Hermes and by the job's marker) were stopped and verified "
+                    "gone; a tool that left both the tree and its environment cannot be found on this system")
+        if self.disowned:
+            text += (f"; pids {self.disowned[:20]} carry the job's marker but do not descend from the job, so they "
+                     "were not signalled")
+        return text
+
+
+def stop_tree(owner: Ownership, root: "psutil.Process | None", seen: list[ProcessId], grace_s: float,
+              windows_job: "WindowsJob | None" = None, complete: bool = False) -> StopReport:
+    """Interrupt the root, wait the grace period, then kill every survivor of the tree.
 
     Hermes starts each tool command in its own session, so a process-group kill would miss them: the
-    snapshot by parentage (plus the pids seen earlier, plus every process carrying the job's marker) is
-    what gets killed, and only what proves to be this job's (owned_by_job). The marker sweep repeats until
-    nothing new appears, so a process forked during the stop is caught too.
-    """
-    def owned(procs: list["psutil.Process"]) -> list["psutil.Process"]:
-        return [proc for proc in procs if owned_by_job(proc, job_id)]
+    snapshot by parentage (below the root, below the anchors, the pids seen earlier, and every process
+    carrying the job's marker) is what gets killed, and only what the owner proves to be the job's. The
+    marker sweep repeats until nothing new appears, so a process forked during the stop is caught too."""
+    targets: list[psutil.Process] = []
 
-    root = root if root is not None and owned_by_job(root, job_id) else None
-    snapshot = owned(tree_of(root, seen)) + marked_processes(job_id)
+    def proven(procs: list["psutil.Process"]) -> list["psutil.Process"]:
+        """The processes not yet targeted that prove to be the job's, now: a process stays a target once
+        proven, since stopping its parent re-parents it out of the tree."""
+        known = {proc.pid for proc in targets}
+        unique = {proc.pid: proc for proc in procs if proc.pid not in known}
+        return [proc for proc in unique.values() if owner.owns(proc)]
+
+    root = root if root is not None and owner.owns(root) else None
+    marked = marked_processes(owner.marker)
+    targets += proven(tree_of(root, seen) + owner.descendants() + marked)
+    disowned = sorted({proc.pid for proc in marked} - {proc.pid for proc in targets})
     if root is not None and interrupt(root):
         still_running([root], grace_s)
     if windows_job is not None:
         windows_job.terminate()
-    survivors = still_running(snapshot + owned(tree_of(root, seen)), 0)
+    targets += proven(tree_of(root, seen) + owner.descendants())
+    survivors = still_running(targets, 0)
     for _ in range(5):
         for proc in survivors:
             try:
@@ -1492,11 +1761,12 @@ def stop_tree(job_id: str, root: "psutil.Process | None", seen: list[ProcessId],
             except psutil.Error:
                 pass
         survivors = still_running(survivors, 3)
-        late = [proc for proc in marked_processes(job_id) if proc.pid not in {p.pid for p in survivors}]
+        late = proven(marked_processes(owner.marker) + owner.descendants())
         if not late:
             break
+        targets += late
         survivors += late
-    return [proc.pid for proc in survivors]
+    return StopReport(len(targets), [proc.pid for proc in survivors], disowned, complete)
 
 
 def describe_exit(code: int) -> str:
@@ -1519,17 +1789,33 @@ CHANGED_LINES = 50
 
 @dataclasses.dataclass
 class FolderSnapshot:
-    """The files under a job's folder (relative path -> size, mtime), or why they were not listed."""
+    """The files under a job's folder (relative path -> size, mtime), or why they were not listed; identity
+    is the folder's own device and inode, taken without following a symlink."""
 
     files: dict[str, tuple[int, int]]
     taken_ns: int
     note: str | None = None
+    identity: tuple[int, int] | None = None
+
+
+def lstat_folder(folder: str) -> tuple[int, int] | None:
+    """The folder's device and inode, or None when it is no folder (a symlink is not followed)."""
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino) if stat.S_ISDIR(info.st_mode) else None
 
 
 def snapshot_folder(folder: str, skip: list[str], max_entries: int, max_s: float) -> FolderSnapshot:
     """Every file under folder, walked iteratively without following symlinks (a link is listed, never
-    entered), skipping folders named in skip; bounded by entries and seconds, past which it says so."""
+    entered), skipping folders named in skip; bounded by entries and seconds, past which it says so. The
+    folder must be the same folder before and after the walk: a job that swapped it for a symlink would
+    otherwise have files from elsewhere listed as its changes."""
     taken_ns = time.time_ns()
+    identity = lstat_folder(folder)
+    if identity is None:
+        return FolderSnapshot({}, taken_ns, "not tracked (CWD is no longer a folder; replaced by a symlink?)")
     deadline = time.monotonic() + max_s
     files: dict[str, tuple[int, int]] = {}
     pending = [folder]
@@ -1555,7 +1841,9 @@ def snapshot_folder(folder: str, skip: list[str], max_entries: int, max_s: float
             continue
         if time.monotonic() > deadline:
             return FolderSnapshot({}, taken_ns, f"not tracked (listing CWD took more than {max_s:g} s)")
-    return FolderSnapshot(files, taken_ns)
+    if lstat_folder(folder) != identity:
+        return FolderSnapshot({}, taken_ns, "not tracked (CWD was replaced while it was being listed)")
+    return FolderSnapshot(files, taken_ns, identity=identity)
 
 
 def human_size(size: int) -> str:
@@ -1575,6 +1863,8 @@ def compare_snapshots(before: FolderSnapshot, after: FolderSnapshot) -> dict[str
     A file changed while the first snapshot was being taken counts as created by the job."""
     if before.note or after.note:
         return {"note": before.note or after.note}
+    if before.identity != after.identity:
+        return {"note": "not tracked (CWD was replaced by another folder or a symlink during the job)"}
     old = {path: meta for path, meta in before.files.items() if meta[1] < before.taken_ns}
     created = sorted(path for path in after.files if path not in old)
     modified = sorted(path for path in after.files if path in old and after.files[path] != old[path])
@@ -1611,12 +1901,14 @@ class Supervisor:
     Its collaborators come in (config, store, the process starter), so tests can drive the loop with a fake."""
 
     def __init__(self, job_id: str, cfg: Config, store: JobStore,
-                 start_process: ProcessStarter = start_hermes_process):
+                 start_process: ProcessStarter = start_hermes_process, subreaper: bool = False):
         self.cfg = cfg
         self.store = store
         self.start_process = start_process
+        self.subreaper = subreaper  # orphans of the job's tools re-parent to this process (Linux)
         self.job_id = job_id
         self.record = self.store.read(job_id)
+        self.owner = Ownership(self.record.marker, frozenset({os.getpid()}))
         self.known_tree = set(self.record.tree)
         self.stop_signal = False
         self.log_offset = 0
@@ -1631,7 +1923,10 @@ class Supervisor:
     def run(self) -> int:
         self.record.supervisor = ProcessId.of(psutil.Process())
         self.record.state = JobState.RUNNING
-        self.store.write(self.record)
+        if not self.store.write(self.record):
+            self.note("the job already has an outcome (cancelled as an orphan before this supervisor started); "
+                      "Hermes was not started")
+            return 0
         try:
             outcome = self._run_hermes()
         except Exception as exc:  # the outcome must be written whatever went wrong
@@ -1661,7 +1956,7 @@ class Supervisor:
         plan = self._plan()
         if isinstance(plan, Outcome):
             return plan
-        return self._watch(self._start(plan))
+        return self._watch(self._start(plan), plan.argv[0])
 
     def _plan(self) -> "LaunchPlan | Outcome":
         """Everything checked before Hermes starts: the executable, its command line, the folder."""
@@ -1696,7 +1991,7 @@ class Supervisor:
         record.cli_flags = plan.cli_flags
         record.argv = plan.shown_argv
         with open_regular(plan.stdin_path) if plan.stdin_path else open(os.devnull, "rb") as stdin:
-            proc = self.start_process(plan.argv, plan.folder, stdin, hermes_env(cfg, self.job_id))
+            proc = self.start_process(plan.argv, plan.folder, stdin, hermes_env(cfg, self.record.marker))
         if IS_WINDOWS:
             self.windows_job = self._job_object_for(proc)
         record.hermes = ProcessId.of(psutil.Process(proc.pid))
@@ -1706,12 +2001,13 @@ class Supervisor:
               cwd=record.cwd, cli_flags=plan.cli_flags)
         return proc
 
-    def _watch(self, proc: subprocess.Popen) -> Outcome:
+    def _watch(self, proc: subprocess.Popen, exe: str) -> Outcome:
         """Until Hermes exits: remember its tree, and stop it on cancel, timeout or a move outside the roots."""
         record = self.record
         hermes = psutil.Process(proc.pid)
         deadline = (record.started_at or time.time()) + record.timeout_s
         stopping: tuple[JobState, str] | None = None
+        report: StopReport | None = None
         while True:
             try:
                 exit_code = proc.wait(timeout=POLL_S)
@@ -1722,23 +2018,30 @@ class Supervisor:
             if stopping:
                 continue
             if self._cancel_requested():
-                stopping = (JobState.CANCELLED, "cancelled on request; the whole process tree was stopped")
+                stopping = (JobState.CANCELLED, "cancelled on request")
             elif time.time() > deadline:
-                stopping = (JobState.TIMEOUT, f"hit timeout_s={record.timeout_s:g}; the whole process tree was "
-                            "stopped. Work may be part-done: inspect before re-running")
+                stopping = (JobState.TIMEOUT, f"hit timeout_s={record.timeout_s:g}. Work may be part-done: inspect "
+                            "before re-running")
             elif moved := self._moved_outside_roots():
                 stopping = (JobState.ERROR, f"Hermes moved to {shown(moved)}, outside the allowed roots (a resumed "
                             "session runs in its recorded folder); the job was stopped at once")
             if stopping:
                 self.note(f"{stopping[0].value}: stopping Hermes (pid {proc.pid}) and its tree")
-                left = stop_tree(self.job_id, hermes, record.tree, self.cfg.kill_grace_s, self.windows_job)
-                if left:
-                    self.note(f"could not stop pids {left}")
-        if stopping:
-            stop_tree(self.job_id, None, record.tree, 0)  # tool processes Hermes left behind when it was stopped
-            return Outcome(stopping[0], exit_code, stopping[1])
+                report = stop_tree(self.owner, hermes, record.tree, self.cfg.kill_grace_s, self.windows_job)
+                if report.survivors:
+                    self.note(f"could not stop pids {report.survivors}")
+        if stopping and report:
+            # tool processes Hermes left behind when it was stopped
+            late = stop_tree(self.owner, None, record.tree, 0)
+            report = StopReport(report.stopped + late.stopped,
+                                late.survivors + [pid for pid in report.survivors if pid not in late.survivors
+                                                  and psutil.pid_exists(pid)],
+                                sorted(set(report.disowned + late.disowned)), self.subreaper)
+            return Outcome(stopping[0], exit_code, f"{stopping[1]}; {report.describe()}")
         if exit_code == 0:
             return Outcome(JobState.OK, exit_code, None)
+        if exit_code == 2 and UNKNOWN_OPTION_RE.search(read_tail(self.store.log_path(self.job_id), 65536)[0]):
+            forget_cli(self.cfg, exe)
         return Outcome(JobState.ERROR, exit_code, describe_exit(exit_code))
 
     def _start_snapshot(self, folder: str) -> None:
@@ -1767,8 +2070,7 @@ class Supervisor:
         if not session_id:
             return
         try:
-            with session_store(self.cfg) as db:
-                usage = session_usage(db, session_id)
+            usage = read_store(self.cfg, lambda db: session_usage(db, session_id))
         except StoreUnavailable as exc:
             self.record.usage_note = str(exc)
             return
@@ -1786,12 +2088,15 @@ class Supervisor:
             return None
 
     def _moved_outside_roots(self) -> str | None:
-        """The backstop: a folder Hermes announced moving to that lies outside the roots, read from the new
-        part of its log."""
+        """The backstop for a resume: a folder Hermes announced moving to that lies outside the roots, read
+        from the new part of its log. Hermes announces the move as it starts, so only the start of the log
+        is read: later text is tool output, which may print anything, and a plain run never moves."""
+        if not self.record.session_requested or self.log_offset >= MOVE_ANNOUNCEMENT_BYTES:
+            return None
         try:
             with open_regular(self.store.log_path(self.job_id)) as log:
                 log.seek(self.log_offset)
-                data = log.read(1 << 20)
+                data = log.read(MOVE_ANNOUNCEMENT_BYTES - self.log_offset)
         except OSError:
             return None
         cut = data.rfind(b"\n") + 1  # a line still being written is read on the next poll
@@ -1802,8 +2107,12 @@ class Supervisor:
         return None
 
     def _remember_tree(self, hermes: "psutil.Process") -> None:
+        """Record every process of the job seen: Hermes' descendants and, as a subreaper, the orphans that
+        were re-parented to this supervisor (they are no longer below Hermes)."""
         try:
             children = hermes.children(recursive=True)
+            if self.subreaper:
+                children += [proc for proc in psutil.Process().children(recursive=True) if proc.pid != hermes.pid]
         except psutil.Error:
             return
         changed = False
@@ -1853,20 +2162,22 @@ class Supervisor:
 
 def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
     """Stop what is left of a job whose supervisor died, and write the outcome it could not. The pids come
-    from the record, so only processes that prove to be this job's are signalled."""
+    from the record, so only processes that prove to be this job's are signalled: its Hermes, when it still
+    runs and carries the job's exact marker, anchors the rest."""
     record = view.record
     job_id = record.id
-    candidates = tree_of(running_process(record.hermes), record.tree)
-    unproven = [proc.pid for proc in candidates if not owned_by_job(proc, job_id)]
-    left = stop_tree(job_id, running_process(record.hermes), record.tree, cfg.kill_grace_s)
-    reason = "cancelled after its supervisor had died; the bridge stopped what was left of the tree"
-    if left:
-        reason += f" except pids {left}"
+    hermes = running_process(record.hermes)
+    anchors = frozenset({hermes.pid}) if hermes and carries_marker(hermes, record.marker) else frozenset()
+    owner = Ownership(record.marker, anchors)
+    unproven = [proc.pid for proc in tree_of(hermes, record.tree) if not owner.owns(proc)]
+    report = stop_tree(owner, hermes if anchors else None, record.tree, cfg.kill_grace_s)
+    reason = f"cancelled after its supervisor had died; {report.describe()}"
     if unproven:
         reason += (f"; pids {unproven[:20]} named by the record do not carry this job's marker and were not "
                    "signalled")
     record.state, record.ended_at, record.reason = JobState.CANCELLED, time.time(), reason
-    store.write(record)
+    if not store.write(record):
+        return "the supervisor wrote the job's outcome first; it stands"
     store.clear_active(job_id)
     audit(cfg, event="job", job_id=job_id, state=JobState.CANCELLED.value, reason=reason)
     return reason
@@ -1952,20 +2263,25 @@ def launch_job(cfg: Config, request: JobRequest) -> tuple[JobRecord, str | None]
 
 
 def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
+    """Claim an id, write the record, start the supervisor. Runs under the launch lock, so nothing here
+    opens, reads or waits on a file a job could have planted (see claim_id, open_append, write_atomic)."""
+    import secrets
+
     try:
         job_id = store.claim_id(request.task.encode())
     except OSError as exc:
         raise Refused(f"cannot write to the jobs folder {store.root}: {exc.strerror or exc}; nothing started") from None
     record = request.record(job_id, str(store.log_path(job_id)))
+    record.nonce = secrets.token_hex(16)
     try:
         store.write(record)
         store.mark_active(job_id)
-        log = open(store.log_path(job_id), "ab")
+        log = open_append(store.log_path(job_id))
     except OSError as exc:
         store.clear_active(job_id)
         store.remove(job_id)
         raise Refused(f"cannot write the job record in {store.root}: {exc.strerror or exc}; nothing started") from None
-    env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path), **{JOB_MARKER: job_id})
+    env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path), **{JOB_MARKER: record.marker})
     bytecode_cache = str(user_dir("cache") / "bytecode")  # outside the install folder (a bundle's is read-only)
     argv = [sys.executable, "-c", SUPERVISOR_BOOT, str(SERVER_DIR), bytecode_cache, "--supervise", job_id]
     with log:
@@ -2087,34 +2403,33 @@ def job_details(cfg: Config, view: JobView) -> JobDetails:
     if started is None:
         reason = "unavailable: Hermes has not started yet" if view.running else "unavailable: Hermes never started"
         return JobDetails(activity=reason, usage=reason, answer=reason)
-    details = JobDetails()
+    kept_usage = None
     if not view.running and record.usage:
         try:
-            details.usage = Usage(**record.usage).line()
+            kept_usage = Usage(**record.usage).line()
         except TypeError:
             pass
-    try:
-        with session_store(cfg) as db:
-            session = record.session_id or record.session_requested
-            if not session and view.running and record.cwd:
-                session, why = matched_session(db, record.cwd, started)
-                if not session:
-                    raise StoreUnavailable(why)
+
+    def query(db: Any) -> JobDetails:
+        session = record.session_id or record.session_requested
+        if not session and view.running and record.cwd:
+            session, why = matched_session(db, record.cwd, started)
             if not session:
-                raise StoreUnavailable(record.session_source or "no session was captured")
-            usage = session_usage(db, session)
-            if view.running:
-                details.activity = usage.line() if usage else f"unavailable: no session {session} in the store yet"
-                details.current_tool = current_tool(db, session, started, time.time()) or "none yet"
-            else:
-                details.usage = details.usage or (usage.line() if usage else f"unavailable: no session {session}")
-                details.answer = final_answer(db, session, started) or "unavailable: Hermes wrote no reply"
+                raise StoreUnavailable(why)
+        if not session:
+            raise StoreUnavailable(record.session_source or "no session was captured")
+        usage = session_usage(db, session)
+        if view.running:
+            return JobDetails(activity=usage.line() if usage else f"unavailable: no session {session} in the store yet",
+                              current_tool=current_tool(db, session, started, time.time()) or "none yet")
+        return JobDetails(usage=kept_usage or (usage.line() if usage else f"unavailable: no session {session}"),
+                          answer=final_answer(db, session, started) or "unavailable: Hermes wrote no reply")
+
+    try:
+        return read_store(cfg, query)
     except StoreUnavailable as exc:
         unavailable = f"unavailable: {exc}"
-        details.activity = details.activity or unavailable
-        details.usage = details.usage or unavailable
-        details.answer = details.answer or unavailable
-    return details
+        return JobDetails(activity=unavailable, usage=kept_usage or unavailable, answer=unavailable)
 
 
 def changes_lines(record: JobRecord) -> list[str]:
@@ -2128,6 +2443,21 @@ def changes_lines(record: JobRecord) -> list[str]:
     lines += [shown(line, 400) for line in changes["lines"][:CHANGED_LINES]]
     if changes["more"] > 0:
         lines.append(f"... and {changes['more']} more")
+    return lines
+
+
+ANSWER_PREFIX = "| "
+
+
+def quoted_answer(answer: str, max_chars: int) -> list[str]:
+    """Hermes' reply as lines of its section: escapes and control characters removed as in the log tail,
+    every line (U+2028 and U+2029 break lines too) behind ANSWER_PREFIX, so no text of Hermes can pass for a
+    field line such as STATUS: or JOB_ID:. Cut at max_chars, saying how much."""
+    text = clean_str(answer)
+    cut = len(text) - max_chars
+    lines = [ANSWER_PREFIX + line for line in text[:max_chars].splitlines()] or [ANSWER_PREFIX]
+    if cut > 0:
+        lines.append(f"[cut: {cut} more characters]")
     return lines
 
 
@@ -2176,10 +2506,7 @@ def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
         lines.append(f"USAGE: {shown(details.usage, 400)}")
     lines += changes_lines(record)
     if details:
-        answer = details.answer or ""
-        if len(answer) > cfg.max_output_chars:
-            answer = answer[:cfg.max_output_chars] + f"\n[cut: {len(answer) - cfg.max_output_chars} more characters]"
-        lines += ["--- HERMES ANSWER ---", answer]
+        lines += ["--- HERMES ANSWER ---", *quoted_answer(details.answer or "", cfg.max_output_chars)]
     lines += ["--- HERMES OUTPUT ---", log_excerpt(log, cfg.max_output_chars)]
     return "\n".join(lines)
 
@@ -2514,7 +2841,7 @@ def list_jobs(cfg: Config, limit: int | None, state: str | None) -> str:
         rows.append(f"{job_id}  {view.shown_state:17} {elapsed_s(record):>5}s  {shown(record.cwd)}  "
                     f"\"{shown(record.task_preview, 60)}\"{tokens}")
     header = [f"JOBS: {len(ids)} on disk; showing {len(rows)}, newest first"
-              + (f", state={state}" if state else "")]
+              + (f", state={shown(state, 40)}" if state else "")]
     if scanned >= JOBS_SCAN_LIMIT and len(rows) < shown_limit:
         header.append(f"NOTE: scanned the newest {JOBS_SCAN_LIMIT} records only")
     header += [f"NOTE: {note}" for note in notes]
@@ -2708,7 +3035,8 @@ def capabilities(cfg: Config, query: str | None, category: str | None, limit: in
         members = sorted((s for s in skills if s["category"] == category), key=lambda s: s["name"])
         if not members:
             categories = sorted({s["category"] for s in skills})
-            raise Refused(f"no category '{shown(category)}'; categories: {', '.join(categories)}")
+            raise Refused(f"no category '{shown(category, 80)}'; categories: {shown(', '.join(categories), 1000)} "
+                          f"({len(categories)} in all; hermes_capabilities() lists them)")
         lines = [f"CATEGORY {shown(category)}: {len(members)} skills"] + [describe_skill(s) for s in members[:count]]
         return "\n".join(header + lines + [use])
     by_category: dict[str, list[str]] = {}
@@ -2717,7 +3045,8 @@ def capabilities(cfg: Config, query: str | None, category: str | None, limit: in
     lines = [f"CATEGORIES: {len(by_category)}"]
     for name in sorted(by_category)[:count]:
         names = sorted(by_category[name])
-        lines.append(f"{name} ({len(names)}): {', '.join(names[:5])}" + (", ..." if len(names) > 5 else ""))
+        lines.append(f"{shown(name, 80)} ({len(names)}): {shown(', '.join(names[:5]), 400)}"
+                     + (", ..." if len(names) > 5 else ""))
     return "\n".join(header + lines + ["Narrow with hermes_capabilities(query=...) or (category=...). " + use])
 
 
@@ -2748,8 +3077,10 @@ def job_counts(store: JobStore) -> str:
     return f"{len(ids)} on disk; by state ({scope}): {by_state}"
 
 
-def health(cfg: Config) -> str:
-    """Everything a user needs to see why the bridge cannot work, without starting any process."""
+def health(cfg: Config, at_start: Config | None = None) -> str:
+    """Everything a user needs to see why the bridge cannot work, without starting any process. at_start:
+    the config as the server loaded it when it started, so a change of the file since (a job can write it)
+    is said, not silently obeyed."""
     exe = find_hermes(cfg)
     version = hermes_version_on_disk(exe) if exe else None
     cli = known_cli(cfg, exe)
@@ -2790,6 +3121,9 @@ def health(cfg: Config) -> str:
         f"JOBS: {job_counts(store)}",
         f"CONFIG: {shown(str(cfg.path))} ({len(cfg.problems)} problems)",
     ]
+    if at_start is not None and cfg.file_stamp != at_start.file_stamp:
+        lines.append("CONFIG_CHANGED: the config file changed after this server started; the settings above are "
+                     "read from it now. If you did not change it, a job may have: check it")
     if advice := path_advice(os.environ.get("PATH", ""), sys.platform, os.path.expanduser("~")):
         lines.append(f"PATH_NOTE: {shown(advice, 500)}")
     lines += [f"  - {shown(problem, 500)}" for problem in cfg.problems]
@@ -2820,6 +3154,7 @@ def server_instructions(cfg: Config) -> str:
 # touches the disk runs in a worker thread with a deadline (off_loop), so a slow disk or a hostile file
 # never holds the event loop, and one slow call never delays another.
 DISK_DEADLINE_S = 20.0
+PROGRESS_EVERY_S = 5.0
 Progress = Callable[[float, float, str], Awaitable[None]]
 
 
@@ -2835,14 +3170,14 @@ async def wait_for_end(cfg: Config, job_id: str, wait_s: float, progress: Progre
     import anyio
 
     deadline = time.monotonic() + wait_s
-    next_progress = time.monotonic() + 5
+    next_progress = time.monotonic()  # the first notification at once, then every PROGRESS_EVERY_S
     while True:
         view = await off_loop(job_view, cfg, job_id)
         now = time.monotonic()
         if not view.running or now >= deadline:
             return view
         if progress is not None and now >= next_progress:
-            next_progress = now + 5
+            next_progress = now + PROGRESS_EVERY_S
             try:
                 details = await off_loop(job_details, cfg, view)
                 await progress(wait_s - (deadline - now), wait_s, details.progress_line(job_id))
@@ -3037,7 +3372,7 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
     async def hermes_health() -> CallToolResult:
         """Is Hermes found, which options its command line declares, config problems, allowed roots, job
         counts. Instant: starts no process."""
-        return await respond("hermes_health", lambda cfg: listing_tool(health, cfg))
+        return await respond("hermes_health", lambda now: listing_tool(health, now, cfg))
 
     @tool(destructive, "Cancel a Hermes job")
     async def hermes_cancel(job_id: str, ctx: Any) -> CallToolResult:
@@ -3232,13 +3567,31 @@ def parse_command_line(argv: list[str]) -> Any:
     return args
 
 
+def host_hermes_exe(value: str) -> str:
+    """--hermes-exe as an absolute path, fixed when the server starts: a bare name is looked up on PATH now,
+    and a relative path is refused (it would name whatever sits in the folder the host started us in)."""
+    import shutil
+
+    expanded = os.path.expanduser(value)
+    if os.path.isabs(expanded):
+        return expanded
+    bare = os.sep not in expanded and (os.altsep is None or os.altsep not in expanded)
+    found = shutil.which(expanded) if bare else None
+    if found:
+        return os.path.abspath(found)
+    why = "is not on PATH" if bare else "is a relative path"
+    sys.stderr.write(f"claude-hermes-bridge: --hermes-exe {value!r} {why}; give Hermes' absolute path "
+                     "(server.py --help lists the options)\n")
+    sys.exit(2)
+
+
 def settings_of(args: Any) -> dict[str, Any]:
     """The host's settings from parsed options; an empty value (an unset bundle field) is no setting."""
     settings: dict[str, Any] = {}
     if args.allowed_roots:
         settings["allowed_roots"] = [os.path.expanduser(root) for root in args.allowed_roots if root]
     if args.hermes_exe:
-        settings["hermes_exe"] = os.path.abspath(os.path.expanduser(args.hermes_exe))
+        settings["hermes_exe"] = host_hermes_exe(args.hermes_exe)
     if args.hermes_home:
         settings["hermes_home"] = os.path.abspath(os.path.expanduser(args.hermes_home))
     if args.yolo is not None:
@@ -3253,7 +3606,8 @@ def main(argv: list[str]) -> int:
             sys.stderr.write(problem + "\n")
             return 2
         cfg = load_config()
-        supervisor = Supervisor(validate_job_id(argv[1]), cfg, JobStore(cfg.jobs_path))
+        supervisor = Supervisor(validate_job_id(argv[1]), cfg, JobStore(cfg.jobs_path),
+                                subreaper=become_subreaper())
         signal.signal(signal.SIGTERM, supervisor.on_sigterm)
         return supervisor.run()
     args = parse_command_line(argv)

@@ -13,6 +13,9 @@ Directives (words in the task): !sleep=S  !exit=N  !print=BYTES  !longline=BYTES
 !write=REL:TEXT  !delete=REL  !tool-sleep=S  !announce-move=DIR  !double-fork
 !grandchild=S (a tool process in its own session that starts one more of its own)
 !ignore-term (this process and its descendants ignore SIGTERM)  !session=ID  !fresh-session  !stdout-noise
+!escape (a tool that drops the job's environment and double-forks into a new session: `env -i sh -c
+'(setsid sleep 300 &)'`; its pid is traced)  !store-fifo=SUFFIX (after its last row, makes state.db+SUFFIX a
+FIFO, as a hostile job could: -journal, -wal, or "" for the database itself)
 
 With FAKE_HERMES_TRACE set, every invocation writes TRACE/<pid>.invoked (its argv), every run writes
 TRACE/<pid>.json (argv, cwd, task, env) and every process it spawns writes TRACE/<pid>.child, so tests can
@@ -192,6 +195,8 @@ def main() -> int:
         print(f"↻ Working directory: {todo['announce-move']}", file=sys.stderr, flush=True)
     if "double-fork" in todo:  # a tool whose child outlives it, re-parented away from Hermes
         subprocess.run([sys.executable, "-c", DOUBLE_FORK_CODE, trace], check=True)
+    if "escape" in todo:
+        subprocess.run(["env", "-i", "sh", "-c", '(setsid sleep 300 & : > "$1/$!.child")', "sh", trace], check=True)
     if "grandchild" in todo:
         subprocess.Popen([sys.executable, "-c", CHILD_CODE, trace, todo["grandchild"] or "60",
                           "1" if "ignore-term" in todo else "0", "1", CHILD_CODE], start_new_session=True)
@@ -230,6 +235,11 @@ def main() -> int:
     out.write(f"FAKE DONE: {task[:60]}\n")
     out.flush()
     record_turn(session, content=f"FAKE ANSWER: {task[:60]}")
+    if "store-fifo" in todo:
+        store = os.path.join(os.environ.get("HERMES_HOME") or os.path.expanduser("~/.hermes"), "state.db")
+        if not todo["store-fifo"]:
+            os.replace(store, store + ".real")
+        os.mkfifo(store + todo["store-fifo"])
     if version < "0.21":
         sys.stderr.write(f"session_id: {session}\n")
         sys.stderr.flush()

@@ -200,6 +200,14 @@ def nothing_started(bridge: Bridge, settle_s: float = 0.3) -> None:
     assert list(bridge.jobs.glob("2*.json")) == []
 
 
+def hermes_answer(text: str) -> str:
+    """The HERMES ANSWER section of a final block, its lines without the prefix that marks them as quoted."""
+    section = text.split("--- HERMES ANSWER ---\n", 1)[1].split("\n--- HERMES OUTPUT ---", 1)[0]
+    lines = section.split("\n")
+    assert all(line.startswith(server.ANSWER_PREFIX) for line in lines), section
+    return "\n".join(line[len(server.ANSWER_PREFIX):] for line in lines)
+
+
 @dataclasses.dataclass
 class Result:
     text: str

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from harness import BridgeClient, wait_until
+from harness import BridgeClient, hermes_answer, wait_until
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script")
 
@@ -36,7 +36,7 @@ def test_running_block_names_the_tool_and_the_final_block_has_usage_changes_and_
     assert final.field("CHANGED_FILES") == "0 created, 1 modified, 1 deleted (under CWD, since the job started)"
     assert "~ edit.txt (11 B)" in final.text and "- gone.txt" in final.text
     assert "keep.txt" not in final.text and "dep.js" not in final.text
-    answer = final.text.split("--- HERMES ANSWER ---\n", 1)[1].split("\n--- HERMES OUTPUT ---", 1)[0]
+    answer = hermes_answer(final.text)
     assert answer == f"FAKE ANSWER: {task}"
 
 

@@ -114,15 +114,24 @@ def test_a_store_that_cannot_answer_refuses_unknown_sessions_but_not_ones_the_br
             holder.close()
 
 
-def test_supervisor_stops_a_job_whose_hermes_announces_a_folder_outside_the_roots(bridge):
+def test_supervisor_stops_a_resume_whose_hermes_announces_a_folder_outside_the_roots(bridge):
     outside = bridge.tmp / "elsewhere"
     outside.mkdir()
     with bridge.client() as client:
-        result = client.call("hermes_run", task=f"!announce-move={outside} !sleep=30 !grandchild=60", wait_s=0)
+        session = client.call("hermes_run", task="make a session", wait_s=20).field("SESSION_ID")
+        result = client.call("hermes_resume", session_id=session, task=f"!announce-move={outside} !sleep=30 "
+                             "!grandchild=60", wait_s=0)
         final = client.wait_final(result.field("JOB_ID"), timeout=30)
     assert final.field("STATUS") == "error", final.text
     assert f"Hermes moved to {outside}, outside the allowed roots" in final.field("REASON")
     assert wait_gone(bridge.traced_pids()) == []
+
+
+def test_a_plain_run_whose_output_reads_like_a_move_is_not_stopped(bridge):
+    """Only a resume moves; the backstop reads nothing of a plain run (whose tools may print anything)."""
+    with bridge.client() as client:
+        final = client.call("hermes_run", task="!announce-move=/ print a line that looks like a move", wait_s=30)
+    assert final.field("STATUS") == "ok", final.text
 
 
 # ------------------------------------------------------------------------ 2. a relative root opens nothing
@@ -280,15 +289,20 @@ def test_a_forged_record_naming_the_server_cannot_make_it_kill_itself(bridge):
         assert psutil.pid_exists(client.server_pid)
 
 
-def test_owned_by_job_needs_the_marker_and_never_the_protected_pids():
-    marked = subprocess.Popen(["sleep", "30"], env=dict(os.environ, HERMES_BRIDGE_JOB="20261130-000000-1"))
+def test_ownership_needs_the_exact_marker_or_descent_and_never_the_protected_pids():
+    marker = "20261130-000000-1:" + "ab" * 16
+    marked = subprocess.Popen(["sleep", "30"], env=dict(os.environ, HERMES_BRIDGE_JOB=marker))
     plain = subprocess.Popen(["sleep", "30"])
     try:
         time.sleep(0.2)
-        assert server.owned_by_job(psutil.Process(marked.pid), "20261130-000000-1")
-        assert not server.owned_by_job(psutil.Process(marked.pid), "20261130-000000-2")
-        assert not server.owned_by_job(psutil.Process(plain.pid), "20261130-000000-1")
-        assert not server.owned_by_job(psutil.Process(), "20261130-000000-1")
+        by_marker = server.Ownership(marker, require_descent=False)
+        assert by_marker.owns(psutil.Process(marked.pid))
+        assert not server.Ownership("20261130-000000-1", require_descent=False).owns(psutil.Process(marked.pid))
+        assert not by_marker.owns(psutil.Process(plain.pid))
+        by_descent = server.Ownership(marker, frozenset({os.getpid()}), require_descent=True)
+        assert by_descent.owns(psutil.Process(marked.pid))
+        assert not server.Ownership(marker, frozenset(), require_descent=True).owns(psutil.Process(marked.pid))
+        assert not by_descent.owns(psutil.Process()) and not by_marker.owns(psutil.Process())
     finally:
         marked.kill()
         plain.kill()
@@ -299,7 +313,8 @@ def test_jobs_carry_the_marker_so_cancel_still_stops_the_whole_tree(bridge):
         job_id = client.call("hermes_run", task="!sleep=60 !grandchild=60", wait_s=0).field("JOB_ID")
         bridge.wait_for_runs(1)
         time.sleep(1)
-        assert bridge.runs()[0]["marker"] == job_id
+        marker = bridge.runs()[0]["marker"]
+        assert marker == bridge.record(job_id).marker and marker.startswith(job_id + ":")
         assert client.call("hermes_cancel", job_id=job_id).field("STATUS") in ("cancelled", "running")
         client.wait_final(job_id)
     assert wait_gone(bridge.traced_pids()) == []

@@ -45,8 +45,9 @@ def test_a_stop_that_cannot_be_sent_does_not_wait_the_grace_period(monkeypatch):
         time.sleep(0.2)
         monkeypatch.setattr(server, "interrupt", lambda proc: False)
         started = time.monotonic()
-        left = server.stop_tree("20261130-000000-1", psutil.Process(child.pid), [], grace_s=60)
-        assert left == [] and time.monotonic() - started < 30
+        owner = server.Ownership("20261130-000000-1", frozenset({os.getpid()}))
+        report = server.stop_tree(owner, psutil.Process(child.pid), [], grace_s=60)
+        assert report.survivors == [] and time.monotonic() - started < 30
     finally:
         child.kill()
         child.wait()

@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from conftest import require_component
-from harness import REAL_HERMES_VERSIONS, refused, wait_gone, wait_until
+from harness import REAL_HERMES_VERSIONS, hermes_answer, refused, wait_gone, wait_until
 from scripted_model import ScriptedModel, next_step
 
 pytestmark = pytest.mark.posix("the e2e install (tests/install_e2e.sh) is a bash script with POSIX venv paths")
@@ -211,7 +211,7 @@ def test_activity_changed_files_and_hermes_own_answer(real):
     assert re.match(r"\d+ API calls, [1-9]\d* tool calls, tokens in [\d,]+ / out [\d,]+$", final.field("USAGE"))
     assert final.field("CHANGED_FILES") == "1 created, 1 modified, 1 deleted (under CWD, since the job started)"
     assert "+ created.txt (3 B)" in final.text and "~ existing.txt (11 B)" in final.text and "- gone.txt" in final.text
-    answer = final.text.split("--- HERMES ANSWER ---\n", 1)[1].split("\n--- HERMES OUTPUT ---", 1)[0]
+    answer = hermes_answer(final.text)
     expected = next_step([r for r in model.requests() if r.get("tools")][-1]["messages"])["content"]
     assert answer == expected and expected.startswith("SCRIPTED DONE: ") and "changed three" in expected
     assert "Deprecated" not in answer and "⚠" not in answer
