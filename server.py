@@ -1095,12 +1095,69 @@ FORM_FLAGS = {
 LONG_FLAG_RE = re.compile(rb"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
-def find_hermes(cfg: Config) -> str | None:
+@dataclasses.dataclass(frozen=True)
+class HermesExe:
+    """The Hermes executable the bridge would start, where that choice came from, and why it cannot be
+    started (None when it can)."""
+
+    path: str | None
+    source: str
+    problem: str | None = None
+
+    @property
+    def usable(self) -> str | None:
+        return self.path if self.problem is None else None
+
+
+def locate_hermes(cfg: Config) -> HermesExe:
+    """hermes_exe (command line or config file), else `hermes` on PATH; each problem named with the path
+    and where it came from, so "not found" never hides which file is wrong and how."""
     import shutil
 
     if cfg.hermes_exe_path:
-        return cfg.hermes_exe_path if os.path.isfile(cfg.hermes_exe_path) else None
-    return shutil.which("hermes")
+        source = ("--hermes-exe on the command line" if cfg.sources.get("hermes_exe") == "command line"
+                  else f"hermes_exe in {cfg.path}")
+        path = cfg.hermes_exe_path
+    else:
+        found = shutil.which("hermes")
+        if not found:
+            return HermesExe(None, "PATH", "no `hermes` on the server's PATH: install Hermes (see README, Hermes "
+                             "first), or set hermes_exe to its absolute path")
+        path, source = found, "PATH"
+    problem = hermes_file_problem(path) or executable_problem(path)
+    return HermesExe(path, source, f"{shown(path)} (from {source}) {problem}" if problem else None)
+
+
+def hermes_file_problem(path: str) -> str | None:
+    """What is wrong with this file as a program to start, in words: missing, a folder, not executable, or a
+    script whose interpreter (its #! line) is gone, as when the venv it was installed in was moved."""
+    import shutil
+
+    if not os.path.exists(path):
+        return "does not exist"
+    if os.path.isdir(path):
+        return "is a folder, not the hermes program (point at the executable inside it, e.g. bin/hermes)"
+    if not IS_WINDOWS and not os.access(path, os.X_OK):
+        return "is not executable (no execute permission): chmod +x it, or point at the real hermes"
+    try:
+        with open_regular(path, follow=True) as handle:
+            head = handle.read(4096)
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    if IS_WINDOWS or not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
+    if not words:
+        return "has an empty #! line"
+    if os.path.basename(words[0]) == "env" and len(words) > 1:
+        if shutil.which(words[1]):
+            return None
+        return f"names `{shown(words[1], 200)}` in its #! line, which is not on PATH"
+    interpreter = words[0]
+    if not os.path.exists(interpreter):
+        return (f"is a script whose interpreter {shown(interpreter, 300)} (its #! line) does not exist: the "
+                "environment Hermes was installed in was moved or removed; reinstall Hermes")
+    return None
 
 
 def hermes_version_on_disk(exe: str) -> str | None:
@@ -1963,12 +2020,11 @@ class Supervisor:
         record, cfg = self.record, self.cfg
         if self._cancel_requested():
             return Outcome(JobState.CANCELLED, None, "cancelled before Hermes started")
-        exe = find_hermes(cfg)
+        hermes = locate_hermes(cfg)
+        exe = hermes.usable
         if not exe:
-            return Outcome(JobState.ERROR, None, "Hermes executable not found (hermes_exe in config, or `hermes` on "
-                           "PATH); see hermes_health")
-        if problem := executable_problem(exe):
-            return Outcome(JobState.ERROR, None, problem)
+            return Outcome(JobState.ERROR, None, f"Hermes cannot be started: {hermes.problem}. Nothing was run; "
+                           "hermes_health (or `server.py --check` in a terminal) shows what the bridge finds")
         cli = known_cli(cfg, exe) or probe_cli(cfg, exe)
         task_path = self.store.task_path(self.job_id)
         task = read_capped(task_path, MAX_TASK_BYTES).decode("utf-8")
@@ -2595,11 +2651,11 @@ def check_launch(cfg: Config, request: "JobRequest") -> None:
     """The last launch checks, once everything else is valid: the executable may be started, and the
     command line fits. The first launch with a new Hermes probes it here (off the event loop), so a task
     too long for its command line is refused before anything starts."""
-    exe = find_hermes(cfg)
-    if not exe:
-        return  # the job reports it, with the fix; hermes_health names it too
-    if problem := executable_problem(exe):
-        raise Refused(problem)
+    hermes = locate_hermes(cfg)
+    if hermes.problem:
+        raise Refused(f"Hermes cannot be started: {hermes.problem}. hermes_health (or `server.py --check` in a "
+                      "terminal) shows what the bridge finds")
+    exe = cast(str, hermes.path)
     cli = known_cli(cfg, exe) or probe_cli_safely(cfg, exe)
     if cli and (problem := argv_problem(hermes_command(cli, exe, request.record("<id>"), request.task, cfg))):
         raise Refused(problem)
@@ -3077,11 +3133,18 @@ def job_counts(store: JobStore) -> str:
     return f"{len(ids)} on disk; by state ({scope}): {by_state}"
 
 
+def hermes_version_line(exe: str | None, version: str | None) -> str:
+    if exe is None:
+        return "unknown: no usable Hermes"
+    return shown(version) if version else "unknown (no hermes_agent dist-info beside the executable)"
+
+
 def health(cfg: Config, at_start: Config | None = None) -> str:
     """Everything a user needs to see why the bridge cannot work, without starting any process. at_start:
     the config as the server loaded it when it started, so a change of the file since (a job can write it)
     is said, not silently obeyed."""
-    exe = find_hermes(cfg)
+    hermes = locate_hermes(cfg)
+    exe = hermes.usable
     version = hermes_version_on_disk(exe) if exe else None
     cli = known_cli(cfg, exe)
     store = JobStore(cfg.jobs_path)
@@ -3095,7 +3158,6 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
         writable = f"NOT writable: {exc.strerror or exc}"
     detach = read_json(store.detach_path)
     survives = detach.get("survives_host", True) if isinstance(detach, dict) else True
-    exe_problem = executable_problem(exe) if exe else None
     if cli and exe:
         cli_lines = [f"CLI_FLAGS: {cli.describe()}", f"CLI_COMMAND: {shown(command_preview(cli, exe, cfg), 1000)}"]
     else:
@@ -3105,9 +3167,9 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
         f"BRIDGE: claude-hermes-bridge {VERSION}",
         f"PYTHON: {sys.version.split()[0]} at {sys.executable}",
         f"MCP_SDK: {dependency_version('mcp') or 'not installed'}",
-        f"HERMES_EXE: {shown(exe) if exe else 'NOT FOUND: set hermes_exe in config or put hermes on PATH'}",
-        *([f"HERMES_EXE_PROBLEM: {shown(exe_problem, 500)}"] if exe_problem else []),
-        f"HERMES_VERSION: {shown(version) if version else 'unknown (no hermes_agent dist-info beside the executable)'}",
+        f"HERMES_EXE: {shown(exe) if exe else 'NOT USABLE: ' + shown(hermes.problem, 600)}",
+        f"HERMES_EXE_SOURCE: {shown(hermes.source, 600)}",
+        f"HERMES_VERSION: {hermes_version_line(exe, version)}",
         *cli_lines,
         f"HERMES_HOME: {shown(str(cfg.hermes_home_path))}",
         f"YOLO: {'on: Hermes auto-approves dangerous commands' if cfg.yolo else 'off'}",
@@ -3495,7 +3557,7 @@ async def check_server(command: list[str], env: dict[str, str] | None = None,
         if line.startswith(("HERMES_EXE", "HERMES_VERSION", "CLI_FLAGS", "CLI_COMMAND", "ALLOWED_ROOTS", "CONFIG",
                             "  - ")):
             report.append(line.strip())
-    if "NOT FOUND" in text:
+    if "NOT USABLE" in text:
         report.append("WARN: Hermes is not installed or not found; jobs will end in error until it is")
     return ok, report
 
@@ -3599,6 +3661,27 @@ def settings_of(args: Any) -> dict[str, Any]:
     return settings
 
 
+UNSET_PLACEHOLDER_RE = re.compile(r"\$\{user_config\.[^}]*\}")
+
+
+def without_unset_settings(argv: list[str]) -> list[str]:
+    """The command line without the settings a bundle host left unset. Claude Desktop (mcpb's
+    getMcpConfigForManifest) keeps `${user_config.key}` as it is when an optional field is empty, so
+    `--hermes-exe '${user_config.hermes_exe}'` means "no --hermes-exe": an option whose every value is such a
+    placeholder is dropped with them."""
+    kept: list[str] = []
+    index = 0
+    while index < len(argv):
+        end = index + 1
+        while end < len(argv) and not argv[end].startswith("-"):
+            end += 1
+        option, values = argv[index], argv[index + 1:end]
+        if not (option.startswith("-") and values and all(UNSET_PLACEHOLDER_RE.fullmatch(v) for v in values)):
+            kept += [arg for arg in argv[index:end] if not UNSET_PLACEHOLDER_RE.fullmatch(arg)]
+        index = end
+    return kept
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "--supervise":  # the fast path: no argparse, no MCP
         problem = missing_dependencies(need_mcp=False)
@@ -3610,7 +3693,7 @@ def main(argv: list[str]) -> int:
                                 subreaper=become_subreaper())
         signal.signal(signal.SIGTERM, supervisor.on_sigterm)
         return supervisor.run()
-    args = parse_command_line(argv)
+    args = parse_command_line(without_unset_settings(argv))
     if args.version:
         print(f"claude-hermes-bridge {VERSION}")
         return 0

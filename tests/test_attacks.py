@@ -33,8 +33,9 @@ def final_record(store: server.JobStore, job_id: str, timeout: float = 60) -> se
 def test_a_cancel_stops_only_its_own_job_when_another_jobs_folder_has_the_same_id(tmp_path):
     first, second = Bridge.create(tmp_path / "first"), Bridge.create(tmp_path / "second")
     cfgs = [config_of(first), config_of(second)]
+    tasks = ["keeps running !sleep=4", "is cancelled !sleep=60 !grandchild=60"]
     requests = [server.job_request(cfg, "run", task, None, None, None, None, None, None, [])
-                for cfg, task in zip(cfgs, ["keeps running !sleep=4", "is cancelled !sleep=60 !grandchild=60"], strict=True)]
+                for cfg, task in zip(cfgs, tasks, strict=True)]
     for _ in range(5):  # the ids match when both launches fall in one second
         records = [server.launch_job(cfg, request)[0] for cfg, request in zip(cfgs, requests, strict=True)]
         if records[0].id == records[1].id:
@@ -178,7 +179,9 @@ def finished_view(tmp_path: Path, session: str = "s1") -> server.JobView:
 BAD_ROWS = {
     "text-counter": ("INSERT OR REPLACE INTO sessions (id, started_at, api_call_count) VALUES ('s1', 1, 'many')", ()),
     "deep-tool-calls": ("INSERT INTO messages (session_id, role, tool_calls, timestamp) VALUES ('s1', 'assistant', "
-                        "?, ?)", ("[" * 50_000 + "]" * 50_000, time.time())),
+                        "?, CAST(strftime('%s', 'now') AS REAL))", ("[" * 50_000 + "]" * 50_000,)),
+    "nested-tool-calls": ("INSERT INTO messages (session_id, role, tool_calls, timestamp) VALUES ('s1', "
+                          "'assistant', ?, CAST(strftime('%s', 'now') AS REAL))", ("[" * 100 + "]" * 100,)),
     "infinite-time": ("INSERT INTO messages (session_id, role, tool_calls, timestamp) VALUES ('s1', 'assistant', "
                       "'[{\"id\": \"c\", \"function\": {\"name\": \"terminal\"}}]', 1e999)", ()),
 }

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -103,7 +103,7 @@ def test_try_runs_one_task_as_a_host_would_and_exits_0_only_on_ok(bridge):
     assert failed.returncode == 1 and "STATUS: error" in failed.stdout and "EXIT_CODE: 3" in failed.stdout
 
 
-def test_the_bundle_validates_packs_and_runs_as_claude_desktop_starts_it(bridge):
+def test_the_bundle_validates_packs_and_runs_as_claude_desktop_starts_it_with_fields_left_empty(bridge):
     mcpb = require_component(MCPB, "the MCP Bundle CLI")
     uv = require_component(UV, "uv")
     validated = subprocess.run([str(mcpb), "validate", str(REPO / "manifest.json")], capture_output=True, text=True,
@@ -126,28 +126,41 @@ def test_the_bundle_validates_packs_and_runs_as_claude_desktop_starts_it(bridge)
     assert installed.returncode == 0, installed.stderr
     before = {p for p in folder.rglob("*") if ".venv" not in p.relative_to(folder).parts}
 
-    manifest = json.loads((folder / "manifest.json").read_text())
-    user_config: dict[str, Any] = {"allowed_roots": [str(bridge.root)], "hermes_exe": str(bridge.hermes),
-                                   "yolo": "false"}
-    args: list[str] = []
-    for arg in manifest["server"]["mcp_config"]["args"]:
-        key = arg[len("${user_config."):-1] if arg.startswith("${user_config.") else None
-        if key and isinstance(user_config[key], list):
-            args += user_config[key]  # a multiple field standing alone becomes one argument per folder
-        elif key:
-            args.append(user_config[key])
-        else:
-            args.append(arg.replace("${__dirname}", str(folder)))
-    command = [shutil.which(manifest["server"]["mcp_config"]["command"], path=env["PATH"]), *args]
-    with BridgeClient(env, command=command) as client:
-        assert sorted(t.name for t in client.portal.call(client.session.list_tools).tools)[0] == "hermes_cancel"
-        result = client.call("hermes_run", task="from the bundle !write=made.txt:bundle", wait_s=30)
-        if result.field("STATUS") == "running":
-            result = client.wait_final(result.field("JOB_ID"))
-    assert result.field("STATUS") == "ok", result.text
-    assert (bridge.root / "made.txt").read_text() == "bundle"
+    second_root = bridge.tmp / "roots" / "b"
+    second_root.mkdir()
+    env["PATH"] = f"{bridge.hermes.parent}:{env['PATH']}"  # where an empty hermes_exe must find Hermes
+    settings_cases: list[tuple[dict[str, Any], Path]] = [
+        ({"allowed_roots": [str(bridge.root)]}, bridge.root),  # only the folders: the rest left empty
+        ({"allowed_roots": [str(bridge.root)], "hermes_exe": str(bridge.hermes), "yolo": True}, bridge.root),
+        ({"allowed_roots": [str(bridge.root), str(second_root)]}, second_root),  # several folders
+    ]
+    for user_config, cwd in settings_cases:
+        config = desktop_command(folder, user_config)
+        command = [shutil.which(config["command"], path=env["PATH"]), *config["args"]]
+        with BridgeClient(env, command=command) as client:
+            assert sorted(t.name for t in client.portal.call(client.session.list_tools).tools)[0] == "hermes_cancel"
+            health = client.call("hermes_health")
+            assert health.field("HERMES_EXE") == str(bridge.hermes), (user_config, health.text)
+            result = client.call("hermes_run", task=f"from the bundle !write=made.txt:{len(user_config)}",
+                                 cwd=str(cwd), wait_s=30)
+            if result.field("STATUS") == "running":
+                result = client.wait_final(result.field("JOB_ID"))
+        assert result.field("STATUS") == "ok", (user_config, result.text)
+        assert (cwd / "made.txt").read_text() == str(len(user_config))
+        assert ("--yolo" in bridge.runs()[-1]["argv"]) == bool(user_config.get("yolo"))
     after = {p for p in folder.rglob("*") if ".venv" not in p.relative_to(folder).parts}
     assert after == before, f"written inside the bundle's folder: {sorted(map(str, after - before))}"
+
+
+def desktop_command(folder: Path, user_config: dict[str, Any]) -> dict[str, Any]:
+    """The command Claude Desktop builds for the installed bundle: mcpb's own getMcpConfigForManifest."""
+    helper = Path(__file__).with_name("mcpb_config.mjs")
+    package = MCPB.parent.parent / "@anthropic-ai" / "mcpb"
+    done = subprocess.run(["node", str(helper), str(package), str(folder / "manifest.json"), str(folder),
+                           json.dumps(user_config)], capture_output=True, text=True, timeout=60, check=True)
+    config = json.loads(done.stdout)
+    assert config and config["command"] == "uv", done.stdout
+    return cast(dict[str, Any], config)
 
 
 def test_the_wheel_runs_through_uvx(tmp_path):
