@@ -101,11 +101,16 @@ def host_configs(host: str, platform: str) -> tuple[list[Path], Path]:
 
 # --------------------------------------------------------------------------------------------- editing
 def server_entry(host: str, python: str, platform: str = "linux", hermes: str | None = None,
-                 uvx: bool = False, roots: list[str] | None = None) -> dict[str, Any]:
-    """The host's entry: the clone's interpreter and server.py, or `uvx claude-hermes-bridge` (the wheel
-    from PyPI); the allowed roots as the server's own options when given."""
-    entry: dict[str, Any] = {"command": "uvx", "args": ["claude-hermes-bridge"]} if uvx else {
-        "command": python, "args": [str(SERVER)]}
+                 uvx: bool = False, roots: list[str] | None = None, uvx_from: str | None = None) -> dict[str, Any]:
+    """The host's entry: the clone's interpreter and server.py, `uvx claude-hermes-bridge` (the package from
+    the package index), or `uvx --from <wheel or folder> claude-hermes-bridge`; the allowed roots as the
+    server's own options when given."""
+    if uvx_from:
+        entry: dict[str, Any] = {"command": "uvx", "args": ["--from", uvx_from, "claude-hermes-bridge"]}
+    elif uvx:
+        entry = {"command": "uvx", "args": ["claude-hermes-bridge"]}
+    else:
+        entry = {"command": python, "args": [str(SERVER)]}
     if roots:
         entry["args"] += ["--allowed-roots", *roots]
     if platform == "macos":
@@ -208,21 +213,38 @@ def write_safely(path: Path, new_text: str) -> Path | None:
 
 
 # ----------------------------------------------------------------------------------------------- main
-def run_check(python: str) -> None:
-    """The server's own self-check with the interpreter the host will use; refuse to register on failure."""
+CHECK_INCOMPLETE = 3  # server.py --check: the server works, but no job can run yet
+
+
+def run_check(entry: dict[str, Any], uvx: bool) -> None:
+    """The server's own self-check, through the very command the entry will hold (its interpreter, or uvx);
+    refuse to register when it fails, and repeat why no job can run yet when it passes incomplete."""
+    command = [shutil.which(entry["command"]) or entry["command"], *entry["args"], "--check"]
+    shown = " ".join([entry["command"], *entry["args"], "--check"])
     try:
-        done = subprocess.run([python, str(SERVER), "--check"], capture_output=True, encoding="utf-8",
-                              errors="replace", timeout=180, stdin=subprocess.DEVNULL,
-                              env=dict(os.environ, PYTHONIOENCODING="utf-8"))
+        done = subprocess.run(command, capture_output=True, encoding="utf-8", errors="replace", timeout=600,
+                              stdin=subprocess.DEVNULL,
+                              env=dict(os.environ, **entry.get("env", {}), PYTHONIOENCODING="utf-8"))
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise Refused(f"could not run {python} {SERVER} --check: {exc}") from None
-    if done.returncode != 0:
-        raise Refused(f"`{python} {SERVER} --check` failed (exit {done.returncode}), so nothing was written.\n"
-                      + (done.stdout + done.stderr).strip()
-                      + "\nFix: install the requirements into that interpreter "
-                      f"(\"{python}\" -m pip install -r \"{SERVER.parent / 'requirements.txt'}\") or choose "
-                      "another with --python")
-    print(f"check passed: {python} runs the server")
+        raise Refused(f"could not run `{shown}`: {exc}" + (UVX_ALTERNATIVES if uvx else "")) from None
+    said = (done.stdout + done.stderr).strip()
+    if done.returncode not in (0, CHECK_INCOMPLETE):
+        fix = UVX_ALTERNATIVES if uvx else (
+            "\nFix: install the requirements into that interpreter "
+            f"(\"{entry['command']}\" -m pip install -r \"{SERVER.parent / 'requirements.txt'}\") or choose another "
+            "with --python")
+        raise Refused(f"`{shown}` failed (exit {done.returncode}), so nothing was written.\n{said[-3000:]}{fix}")
+    print(f"check passed: `{shown}` starts the server")
+    if done.returncode == CHECK_INCOMPLETE:
+        for line in said.splitlines():
+            if line.startswith(("CHECK: INCOMPLETE", "HERMES_EXE: NOT USABLE", "ALLOWED_ROOTS: NONE")):
+                print(f"  warning: {line}")
+
+
+UVX_ALTERNATIVES = (
+    "\nThe entry would not start. Alternatives: --uvx-from <wheel or folder> (registers `uvx --from <path> "
+    "claude-hermes-bridge`, e.g. a wheel built with `uv build` or this clone's folder), or register this clone "
+    "without --uvx.")
 
 
 def plan(args: argparse.Namespace) -> list[tuple[str, Path, bool]]:
@@ -249,6 +271,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--remove", action="store_true", help="take the entry out instead")
     parser.add_argument("--uvx", action="store_true",
                         help="register `uvx claude-hermes-bridge` (the package from PyPI) instead of this clone")
+    parser.add_argument("--uvx-from", metavar="PATH",
+                        help="register `uvx --from PATH claude-hermes-bridge` (a wheel or a source folder)")
     parser.add_argument("--allowed-roots", nargs="+", metavar="DIR",
                         help="pass the folders Hermes may work in as server options (else config.json's)")
     parser.add_argument("--platform", choices=("windows", "macos", "linux"), default=this_platform(),
@@ -273,13 +297,16 @@ def main(argv: list[str]) -> int:
                           "with a python.org Python, or paste this into "
                           f"{targets[0][1]} yourself (merge it with what is there):\n"
                           + json.dumps(to_paste, indent=2))
-        if not args.remove and not args.uvx:
-            run_check(python)
+        uvx_from = str(Path(args.uvx_from).expanduser().absolute()) if args.uvx_from else None
+
+        def entry_for(host: str) -> dict[str, Any]:
+            return server_entry(host, python, args.platform, shutil.which("hermes"), args.uvx, roots, uvx_from)
+        if not args.remove:
+            run_check(entry_for("claude-desktop"), uvx=bool(args.uvx or uvx_from))
         for host, path, created in targets:
             editor: Callable[..., str | None] = edit_toml if host == "codex" else edit_json
             old = path.read_text(encoding="utf-8") if path.exists() else None
-            entry = None if args.remove else server_entry(host, python, args.platform, shutil.which("hermes"),
-                                                          args.uvx, roots)
+            entry = None if args.remove else entry_for(host)
             new = editor(old, path, args.name, entry)
             label = f"{host}: {path}"
             if new is None:

@@ -44,7 +44,7 @@ def guard_stdio() -> tuple[int, int]:
 
 # Options after which the process does something else than serve the protocol; any other command line
 # serves it (the host's settings are options too), so the guard runs first.
-NOT_SERVING = ("--check", "--version", "--supervise", "--try", "--help", "-h")
+NOT_SERVING = ("--check", "--version", "--supervise", "--try", "--help", "-h", "--init-config")
 
 
 def serves_protocol(argv: list[str]) -> bool:
@@ -95,6 +95,11 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
 
 
+def plural(count: int, noun: str) -> str:
+    """'1 problem', '2 problems'."""
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
 def dependency_version(package: str) -> str | None:
     import importlib.metadata
 
@@ -114,7 +119,7 @@ def missing_dependencies(need_mcp: bool) -> str | None:
         if found is None or not (1, 24) <= version_tuple(found)[:2] < (3, 0):
             return (f"claude-hermes-bridge needs the MCP Python SDK {MCP_SUPPORTED} (1.24 or later on the 1.x line, "
                     f"or 2.x); interpreter {sys.executable} has {'no mcp' if found is None else 'mcp ' + found}. "
-                    f"Fix: \"{sys.executable}\" -m pip install \"{MCP_SUPPORTED}\"")
+                    f"Fix: {fix}")
     for module, package in (("psutil", "psutil"), ("yaml", "PyYAML"), ("filelock", "filelock"),
                             ("platformdirs", "platformdirs")):
         if importlib.util.find_spec(module) is None:
@@ -258,13 +263,38 @@ def user_dir(kind: str) -> Path:
     return Path(getattr(platformdirs, f"user_{kind}_dir")(APP_NAME, appauthor=False))
 
 
+def config_places() -> list[tuple[str, Path | None]]:
+    """Where the config is looked for, in order: (what, path); the first that exists is used, and with none
+    the per-user one (where --init-config writes)."""
+    override = os.environ.get("HERMES_BRIDGE_CONFIG")
+    return [("HERMES_BRIDGE_CONFIG", Path(override).expanduser().resolve() if override else None),
+            ("beside server.py", SERVER_DIR / "config.json"),
+            ("the per-user folder", user_dir("config") / "config.json")]
+
+
 def config_path() -> Path:
     """HERMES_BRIDGE_CONFIG, else config.json beside server.py (the clone route), else the per-user one."""
-    override = os.environ.get("HERMES_BRIDGE_CONFIG")
+    places = config_places()
+    override, beside, per_user = (path for _, path in places)
     if override:
-        return Path(override).expanduser().resolve()
-    beside = SERVER_DIR / "config.json"
-    return beside if beside.exists() else user_dir("config") / "config.json"
+        return override
+    return beside if beside and beside.exists() else cast(Path, per_user)
+
+
+def config_search() -> str:
+    """Every place looked at for the config, in order, and what was there: for --check."""
+    found = []
+    for what, path in config_places():
+        state = "not set" if path is None else ("found" if path.exists() else "none")
+        found.append(f"{what}: {path or ''} ({state})".replace(":  (", " ("))
+    return "; ".join(found)
+
+
+def config_fix() -> str:
+    """How to make a config, in the words that fit this install: a clone has config.example.json to copy."""
+    if (SERVER_DIR / "config.example.json").exists():
+        return "copy config.example.json to config.json and set allowed_roots"
+    return "run `claude-hermes-bridge --init-config --allowed-roots DIR` (or server.py --init-config)"
 
 
 def read_config_file(path: Path, cfg: Config) -> dict[str, Any]:
@@ -276,8 +306,7 @@ def read_config_file(path: Path, cfg: Config) -> dict[str, Any]:
         raw = json.loads(data.decode("utf-8"))
     except FileNotFoundError:
         if not host_settings():
-            cfg.problems.append(f"no config file at {path}: copy config.example.json to config.json and set "
-                                "allowed_roots (or pass --allowed-roots)")
+            cfg.problems.append(f"no config file at {path}: {config_fix()} (or pass --allowed-roots)")
         return {}
     except json.JSONDecodeError as exc:
         cfg.problems.append(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}; "
@@ -1472,8 +1501,8 @@ class Usage:
     tokens_out: int
 
     def line(self) -> str:
-        return (f"{self.api_calls} API calls, {self.tool_calls} tool calls, tokens in {self.tokens_in:,} / "
-                f"out {self.tokens_out:,}")
+        return (f"{plural(self.api_calls, 'API call')}, {plural(self.tool_calls, 'tool call')}, "
+                f"tokens in {self.tokens_in:,} / out {self.tokens_out:,}")
 
 
 COUNTER_LIMIT = 1 << 53
@@ -3181,7 +3210,7 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
         "JOBS_SURVIVE_HOST: " + ("yes" if survives else "NO: the host's job object forbids breakaway, so jobs "
                                  "die when the host closes"),
         f"JOBS: {job_counts(store)}",
-        f"CONFIG: {shown(str(cfg.path))} ({len(cfg.problems)} problems)",
+        f"CONFIG: {shown(str(cfg.path))} ({plural(len(cfg.problems), 'problem')})",
     ]
     if at_start is not None and cfg.file_stamp != at_start.file_stamp:
         lines.append("CONFIG_CHANGED: the config file changed after this server started; the settings above are "
@@ -3487,7 +3516,7 @@ async def serve(protocol_fds: tuple[int, int]) -> None:
     cfg = load_config()
     sys.stderr.write(f"claude-hermes-bridge {VERSION}: python {sys.version.split()[0]} ({sys.executable}), "
                      f"mcp {dependency_version('mcp') or 'not installed'}, config {cfg.path} "
-                     f"({len(cfg.problems)} problems)\n")
+                     f"({plural(len(cfg.problems), 'problem')})\n")
     sys.stderr.flush()
     edge = McpEdge()
     server = build_server(cfg, edge)
@@ -3557,9 +3586,70 @@ async def check_server(command: list[str], env: dict[str, str] | None = None,
         if line.startswith(("HERMES_EXE", "HERMES_VERSION", "CLI_FLAGS", "CLI_COMMAND", "ALLOWED_ROOTS", "CONFIG",
                             "  - ")):
             report.append(line.strip())
-    if "NOT USABLE" in text:
-        report.append("WARN: Hermes is not installed or not found; jobs will end in error until it is")
     return ok, report
+
+
+def hermes_runs(cfg: Config, exe: str) -> tuple[bool, str]:
+    """Start the Hermes found once, `hermes --version`, bounded: a file that exists is not yet a Hermes that
+    runs (a broken venv, a wrong architecture, a missing library)."""
+    try:
+        done = subprocess.run([exe, "--version"], stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+                              env=hermes_env(cfg))
+    except (OSError, subprocess.SubprocessError) as exc:
+        return False, f"NO: `{exe} --version` could not run: {exc}"
+    said = clean_text(done.stdout + done.stderr).strip().splitlines()
+    first = shown(said[0], 200) if said else "(it printed nothing)"
+    if done.returncode != 0:
+        return False, f"NO: `{exe} --version` exited {done.returncode}: {first}"
+    return True, f"yes: {first}"
+
+
+def check(serve_command: list[str]) -> int:
+    """--check: the server as a host starts it, then Hermes started once. Exit 0 (CHECK: OK) when a job can
+    run; 3 (CHECK: INCOMPLETE) when the server works but no job can run yet (no Hermes, no roots), saying
+    why; 1 (CHECK: FAILED) when the server or the Hermes found does not work."""
+    import anyio
+
+    ok, report = anyio.run(check_server, serve_command)
+    report.insert(1, f"config search: {config_search()}")
+    blockers: list[str] = []
+    if ok:
+        cfg = load_config()
+        hermes = locate_hermes(cfg)
+        if hermes.usable:
+            ran, line = hermes_runs(cfg, hermes.usable)
+            report.append(f"HERMES_RUNS: {line}")
+            ok = ran
+        else:
+            blockers.append(f"no usable Hermes: {hermes.problem}")
+        if not cfg.roots:
+            blockers.append(f"no allowed roots: pass --allowed-roots DIR, or {config_fix()}")
+    print("\n".join(report))
+    if not ok:
+        print("CHECK: FAILED")
+        return 1
+    if blockers:
+        print("CHECK: INCOMPLETE: the server works, but no job can run yet: " + "; ".join(blockers))
+        return 3
+    print("CHECK: OK")
+    return 0
+
+
+def init_config(settings: dict[str, Any], force: bool) -> int:
+    """--init-config: a starting config in the per-user folder (the one a bundle or uvx install reads),
+    every key at its default and the given settings filled in; an existing file is kept unless force."""
+    path = cast(Path, config_places()[-1][1])
+    if path.exists() and not force:
+        sys.stderr.write(f"claude-hermes-bridge: {path} exists; nothing written (add --force to replace it)\n")
+        return 1
+    defaults = Config(path=path)
+    values = {key: settings.get(key, getattr(defaults, key)) for key in CONFIG_TYPES}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, (json.dumps(values, indent=2) + "\n").encode())
+    print(f"wrote {path}")
+    if not values["allowed_roots"]:
+        print("next: list the folders Hermes may work in under allowed_roots, then run --check")
+    return 0
 
 
 async def try_task(command: list[str], task: str, cwd: str | None) -> bool:
@@ -3619,6 +3709,9 @@ def parse_command_line(argv: list[str]) -> Any:
     modes.add_argument("--try", dest="try_task", metavar="TASK", help="run one task through the server as a "
                        "host would, and wait for its end")
     modes.add_argument("--version", action="store_true")
+    modes.add_argument("--init-config", action="store_true", help="write a starting config.json in the per-user "
+                       "folder, with the settings given here filled in")
+    parser.add_argument("--force", action="store_true", help="with --init-config: replace an existing file")
     parser.add_argument("--cwd", metavar="DIR", help="with --try: the folder to run the task in")
     args = parser.parse_args(argv)
     for root in args.allowed_roots or []:
@@ -3698,6 +3791,8 @@ def main(argv: list[str]) -> int:
         print(f"claude-hermes-bridge {VERSION}")
         return 0
     settings = settings_of(args)
+    if args.init_config:
+        return init_config(settings, args.force)
     if settings:
         os.environ[SETTINGS_ENV] = json.dumps(settings)
     problem = missing_dependencies(need_mcp=True)
@@ -3708,10 +3803,7 @@ def main(argv: list[str]) -> int:
 
     serve_command = [sys.executable, str(SERVER_FILE)]
     if args.check:
-        ok, report = anyio.run(check_server, serve_command)
-        print("\n".join(report))
-        print("CHECK: OK" if ok else "CHECK: FAILED")
-        return 0 if ok else 1
+        return check(serve_command)
     if args.try_task is not None:
         return 0 if anyio.run(try_task, serve_command, args.try_task, args.cwd) else 1
     assert PROTOCOL_FDS is not None, "serves_protocol() and main() disagree about this command line"

@@ -29,10 +29,10 @@ def test_running_block_names_the_tool_and_the_final_block_has_usage_changes_and_
         task = "!tool-sleep=4 !write=edit.txt:new-content !delete=gone.txt"
         job_id = client.call("hermes_run", task=task, wait_s=0).field("JOB_ID")
         running = poll_until(client, job_id, lambda r: "CURRENT_TOOL: terminal: sleep 4 (running" in r.text)
-        assert running.field("ACTIVITY") == "1 API calls, 1 tool calls, tokens in 1,000 / out 100"
+        assert running.field("ACTIVITY") == "1 API call, 1 tool call, tokens in 1,000 / out 100"
         final = client.wait_final(job_id)
     assert final.field("STATUS") == "ok", final.text
-    assert final.field("USAGE") == "2 API calls, 1 tool calls, tokens in 2,000 / out 200"
+    assert final.field("USAGE") == "2 API calls, 1 tool call, tokens in 2,000 / out 200"
     assert final.field("CHANGED_FILES") == "0 created, 1 modified, 1 deleted (under CWD, since the job started)"
     assert "~ edit.txt (11 B)" in final.text and "- gone.txt" in final.text
     assert "keep.txt" not in final.text and "dep.js" not in final.text
@@ -110,7 +110,7 @@ def test_progress_notifications_carry_the_activity_line(bridge):
         client.portal.call(lambda: client.session.call_tool("hermes_status", {"job_id": job_id, "wait_s": 20},
                                                             progress_callback=on_progress))
         assert "Deprecat" not in client.stderr()  # no MCPDeprecationWarning on either SDK line
-    assert any(m and m.startswith(f"job {job_id} is running: 1 API calls, 1 tool calls")
+    assert any(m and m.startswith(f"job {job_id} is running: 1 API call, 1 tool call")
                and "terminal: sleep 9 (running" in m for m in messages), messages
 
 
@@ -141,4 +141,4 @@ def test_a_later_server_process_reports_the_same_final_block(bridge):
         job_id = client.call("hermes_run", task="!write=a.txt:1", wait_s=20).field("JOB_ID")
     with BridgeClient(bridge.env) as later:
         final = later.call("hermes_status", job_id=job_id)
-    assert final.field("USAGE").startswith("1 API calls") and final.field("CHANGED_FILES").startswith("1 created")
+    assert final.field("USAGE").startswith("1 API call,") and final.field("CHANGED_FILES").startswith("1 created")

@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 
 from conftest import require_component
-from harness import MCPB, REPO, SERVER, UV, BridgeClient
+from harness import MCPB, REPO, SERVER, UV, BridgeClient, make_fake_hermes
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script")
 
@@ -174,10 +174,13 @@ def test_the_wheel_runs_through_uvx(tmp_path):
     root.mkdir()
     env = dict(os.environ, **user_dirs(tmp_path), UV_PYTHON_DOWNLOADS="never")
     env.pop("HERMES_BRIDGE_CONFIG", None)
+    hermes = make_fake_hermes(tmp_path / "hermes-venv")
     done = subprocess.run([str(uv.parent / "uvx"), "--from", str(wheel), "claude-hermes-bridge", "--allowed-roots",
-                           str(root), "--check"], capture_output=True, text=True, timeout=600, env=env)
+                           str(root), "--hermes-exe", str(hermes), "--check"], capture_output=True, text=True,
+                          timeout=600, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "CHECK: OK" in done.stdout and f"ALLOWED_ROOTS: {root}" in done.stdout
+    assert "HERMES_RUNS: yes: Hermes Agent v0.19.0 (fake)" in done.stdout
 
 
 def test_register_writes_the_uvx_entry_on_request(tmp_path):
