@@ -1,0 +1,53 @@
+"""The user's page stays a user's page: every link in README.md and docs/ leads somewhere, README is short,
+puts Hermes and installing before configuration, and gives the test command CI runs."""
+import re
+from pathlib import Path
+
+import pytest
+
+from harness import REPO
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+LINK_RE = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+TEST_COMMAND = ("python3 -m venv .venv && .venv/bin/python -m pip install -r requirements-dev.txt && "
+                ".venv/bin/python -m pytest")
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    found = set()
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_relative_link_leads_to_a_file_and_heading_that_exist(page):
+    broken = []
+    for target in LINK_RE.findall(page.read_text(encoding="utf-8")):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            broken.append(f"{target}: no file {linked}")
+        elif anchor and anchor not in anchors(linked):
+            broken.append(f"{target}: no heading #{anchor} in {linked.name}")
+    assert broken == []
+
+
+def test_readme_is_a_users_page_hermes_and_install_before_configuration():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.encode()) <= 20 * 1024
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    order = [next(i for i, heading in enumerate(headings) if word in heading)
+             for word in ("Hermes first", "Install", "Configuration")]
+    assert order == sorted(order), headings
+
+
+def test_readme_gives_the_test_command_ci_runs():
+    assert TEST_COMMAND in (REPO / "README.md").read_text(encoding="utf-8")
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    assert "-r requirements-dev.txt" in ci and "\n.venv/bin/python -m pytest\n" in ci
