@@ -83,7 +83,7 @@ SERVER_DIR = SERVER_FILE.parent
 IS_WINDOWS = os.name == "nt"
 TOOL_NAMES = (
     "hermes_run", "hermes_resume", "hermes_status", "hermes_jobs",
-    "hermes_read", "hermes_capabilities", "hermes_health", "hermes_cancel",
+    "hermes_read", "hermes_capabilities", "hermes_health", "hermes_cancel", "hermes_approve",
 )
 
 
@@ -134,6 +134,7 @@ class Refused(Exception):
 
 # ----------------------------------------------------------------------------------------------- config
 MAX_WAIT_CEILING_S = 50.0
+APPROVAL_MODES = ("deny", "ask", "yolo")
 START_GRACE_S = 30.0  # a launched job whose supervisor has not reported by then is orphaned
 
 
@@ -152,7 +153,10 @@ class Config:
     max_wait_s: float = 45
     max_output_chars: int = 8000
     max_running_jobs: int = 4
-    yolo: bool = False
+    yolo: bool = False  # the older spelling of approvals: "yolo"
+    approvals: str | None = None  # deny, ask or yolo; see approval_mode
+    approval_timeout_s: float = 300
+    hermes_driver: str = "auto"
     hermes_cli_form: str = "auto"
     extra_args: list[str] = dataclasses.field(default_factory=list)
     jobs_dir: str | None = None
@@ -213,6 +217,12 @@ class Config:
         return expanded if os.path.isabs(expanded) else str(self.path.parent / expanded)
 
     @property
+    def approval_mode(self) -> str:
+        """What the bridge answers when Hermes asks before a dangerous command: deny (the default), ask
+        (relay the question to the user), or yolo (allow). `yolo: true` is the older spelling of yolo."""
+        return self.approvals or ("yolo" if self.yolo else "deny")
+
+    @property
     def hermes_home_path(self) -> Path:
         if self.hermes_home:
             return Path(os.path.expanduser(self.hermes_home))
@@ -235,6 +245,9 @@ CONFIG_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
     "max_output_chars": ("a whole number", (int,)),
     "max_running_jobs": ("a whole number", (int,)),
     "yolo": ("true or false", (bool,)),
+    "approvals": ('"deny", "ask" or "yolo"', (str,)),
+    "approval_timeout_s": ("a number of seconds", (int, float)),
+    "hermes_driver": ('"auto", "acp" or "cli"', (str,)),
     "hermes_cli_form": ('"auto", "query-file" or "query-arg"', (str,)),
     "extra_args": ("a list of strings", (list,)),
     "jobs_dir": ("a folder path or null", (str, type(None))),
@@ -331,7 +344,7 @@ def host_settings() -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k in HOST_SETTING_KEYS} if isinstance(settings, dict) else {}
 
 
-HOST_SETTING_KEYS = ("allowed_roots", "hermes_exe", "hermes_home", "yolo")
+HOST_SETTING_KEYS = ("allowed_roots", "hermes_exe", "hermes_home", "yolo", "approvals")
 
 
 def load_config(path: Path | None = None) -> Config:
@@ -388,6 +401,9 @@ def guard_file_settings(cfg: Config, pinned: dict[str, Any]) -> None:
         cfg.problems.append(f"extra_args holds options the bridge sets itself ({shown(', '.join(claimed), 200)}); "
                             "extra_args is ignored until they are removed")
         cfg.extra_args = []
+    if "approvals" not in pinned and pinned.get("yolo") is False and cfg.approvals == "yolo":
+        cfg.problems.append(f"approvals yolo in {cfg.path} is lowered to ask: the host pinned --yolo false")
+        cfg.approvals = "ask"
     if "allowed_roots" in pinned and cfg.read_anywhere:
         cfg.problems.append(f"read_anywhere in {cfg.path} is ignored: the host pinned allowed_roots on the command "
                             "line, and a file cannot widen what the host pinned")
@@ -407,6 +423,12 @@ def validate_config(cfg: Config) -> None:
         elif broad_root(os.path.realpath(expanded)):
             cfg.problems.append(f"allowed root {root!r} is {broad_root(os.path.realpath(expanded))}: every "
                                 "folder under it is open to jobs and hermes_read; list project folders instead")
+    if cfg.approvals is not None and cfg.approvals not in APPROVAL_MODES:
+        cfg.problems.append(f"approvals {shown(cfg.approvals, 40)} is not deny, ask or yolo (deny used)")
+        cfg.approvals = "deny"
+    if cfg.hermes_driver not in ("auto", "acp", "cli"):
+        cfg.problems.append(f"hermes_driver {shown(cfg.hermes_driver, 40)} is not auto, acp or cli (auto used)")
+        cfg.hermes_driver = "auto"
     if cfg.hermes_cli_form not in ("auto", "query-file", "query-arg"):
         cfg.problems.append(f"hermes_cli_form {cfg.hermes_cli_form!r} is not auto, query-file or query-arg "
                             "(auto used)")
@@ -416,7 +438,7 @@ def validate_config(cfg: Config) -> None:
                             "(hosts cut calls off at about 60 s); clamped")
         cfg.max_wait_s = min(max(cfg.max_wait_s, 1), MAX_WAIT_CEILING_S)
     for key, low in (("default_timeout_s", 1), ("max_timeout_s", 1), ("max_output_chars", 200),
-                     ("max_running_jobs", 1), ("kill_grace_s", 0), ("retention_days", 0),
+                     ("approval_timeout_s", 5), ("max_running_jobs", 1), ("kill_grace_s", 0), ("retention_days", 0),
                      ("retention_max_jobs", 1), ("audit_max_bytes", 10_000), ("changed_files_max_entries", 0),
                      ("changed_files_max_s", 0)):
         value = getattr(cfg, key)
@@ -723,6 +745,11 @@ def is_text_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
+def is_text_fields(value: Any, names: tuple[str, ...]) -> bool:
+    """A dict whose named fields are all text."""
+    return isinstance(value, dict) and all(isinstance(value.get(name), str) for name in names)
+
+
 def is_changes(value: Any) -> bool:
     """The changed files as compare_snapshots writes them, or a note saying why they were not tracked."""
     if not isinstance(value, dict):
@@ -743,6 +770,14 @@ RECORD_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
     "started_at": is_number, "ended_at": is_number,
     "changes": is_changes,
     "nonce": lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{16,64}", v) is not None,
+    "driver": lambda v: v in ("cli", "acp"),
+    "approval_mode": lambda v: v in APPROVAL_MODES,
+    "acp": lambda v: isinstance(v, dict) and all(isinstance(k, str) and (isinstance(x, str) or is_number(x))
+                                                 for k, x in v.items()),
+    "approval": lambda v: is_text_fields(v, ("id", "what")) and is_number(v.get("asked_at"))
+    and is_number(v.get("expires_at")),
+    "decisions": lambda v: isinstance(v, list) and len(v) <= 1000
+    and all(is_text_fields(d, ("id", "what", "decision", "by")) for d in v),
     "usage": lambda v: isinstance(v, dict) and all(is_number(count) for count in v.values()),
     **{name: (lambda v: isinstance(v, str)) for name in ("cwd", "session_requested", "dedupe_key", "session_id",
                                                           "reason", "log", "cwd_note", "usage_note",
@@ -792,6 +827,11 @@ class JobRecord:
     session_source: str | None = None
     session_note: str | None = None
     nonce: str | None = None  # makes the process marker unique machine-wide (see marker)
+    driver: str | None = None  # cli or acp (older records: cli)
+    approval_mode: str | None = None  # deny, ask or yolo, as the job was started with
+    acp: dict[str, Any] | None = None  # the job's activity from Hermes' ACP events
+    approval: dict[str, Any] | None = None  # a question of Hermes waiting for an answer
+    decisions: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # every question and who answered
 
     @property
     def marker(self) -> str:
@@ -961,6 +1001,10 @@ class JobStore:
     def cancel_path(self, job_id: str) -> Path:
         return self.root / f"{job_id}.cancel"
 
+    def answer_path(self, job_id: str) -> Path:
+        """The answer to the question a job waits on (hermes_approve or an elicitation writes it)."""
+        return self.root / f"{job_id}.answer"
+
     @property
     def detach_path(self) -> Path:
         """Whether jobs outlive the host, as the last launch found it (Windows job objects may forbid it)."""
@@ -974,7 +1018,8 @@ class JobStore:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for counter in range(1, 1_000_000):
             job_id = f"{stamp}-{counter}"
-            if any(os.path.lexists(path) for path in (self.record_path(job_id), self.cancel_path(job_id))):
+            if any(os.path.lexists(path) for path in (self.record_path(job_id), self.cancel_path(job_id),
+                                                      self.answer_path(job_id))):
                 continue
             try:
                 task_fd = create_exclusive(self.task_path(job_id))
@@ -1049,7 +1094,7 @@ class JobStore:
         """The record goes last: a log still held open (Windows) leaves the job listed, to be pruned later,
         instead of a log without a record left behind for ever."""
         for path in (self.log_path(job_id), self.task_path(job_id), self.cancel_path(job_id),
-                     self.locks / f"{job_id}.lock", self.record_path(job_id)):
+                     self.answer_path(job_id), self.locks / f"{job_id}.lock", self.record_path(job_id)):
             path.unlink(missing_ok=True)
 
     def captured_sessions(self, scan_limit: int = 5000) -> Iterator[str]:
@@ -1087,8 +1132,18 @@ class JobView:
         return self.state in LIVE_STATES
 
     @property
+    def pending_approval(self) -> dict[str, Any] | None:
+        """The question Hermes waits on, while it still waits."""
+        approval = self.record.approval
+        if self.running and approval and time.time() < approval["expires_at"]:
+            return approval
+        return None
+
+    @property
     def shown_state(self) -> str:
-        """What a status block and a listing say: starting is shown as running."""
+        """What a status block and a listing say: starting is shown as running, a question as needs_approval."""
+        if self.pending_approval:
+            return "needs_approval"
         return JobState.RUNNING.value if self.running else self.state.value
 
 
@@ -1311,6 +1366,8 @@ def hermes_env(cfg: Config, marker: str | None = None) -> dict[str, str]:
     """Hermes inherits the server's environment; a job's processes also carry its marker, part of the proof
     that lets the bridge signal them (see Ownership)."""
     env = {key: value for key, value in os.environ.items() if key != SETTINGS_ENV}
+    if cfg.approval_mode != "yolo":
+        env.pop("HERMES_YOLO_MODE", None)  # an approval bypass the user did not choose for the bridge
     if cfg.hermes_home:
         env["HERMES_HOME"] = str(cfg.hermes_home_path)
     if marker:
@@ -1336,7 +1393,7 @@ def hermes_command(cli: HermesCli, exe: str, record: JobRecord, task: str, cfg: 
         argv.append("--skills=" + ",".join(record.skills))
     if record.toolsets:
         argv.append("--toolsets=" + ",".join(record.toolsets))
-    if cfg.yolo:
+    if cfg.approval_mode == "yolo":
         argv.append("--yolo")
     return argv + list(cfg.extra_args)
 
@@ -1600,6 +1657,435 @@ def final_answer(db: Any, session_id: str, since: float) -> str | None:
                      "role = 'assistant' AND content IS NOT NULL AND content != '' ORDER BY timestamp DESC, id DESC "
                      "LIMIT 1", (ANSWER_MAX_CHARS, session_id, since)).fetchone()
     return row[0] if row and isinstance(row[0], str) else None
+
+
+# ------------------------------------------------------------------------------------- Hermes ACP driver
+# Hermes' Agent Client Protocol (`hermes acp`, JSON-RPC 2.0 over its stdin and stdout, with Hermes' `acp`
+# extra): Hermes asks before a dangerous command or a file edit, reports its tools and its answer as events,
+# and stops on session/cancel. The bridge is the client. Checked with Hermes 0.19.0 and 0.22.2.
+ACP_SESSION_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+ACP_LINE_MAX = 8 << 20
+ACP_CANCEL_GRACE_S = 3.0
+ACP_EXIT_GRACE_S = 5.0
+ACP_OUTPUT_CHARS = 2000
+HERMES_019_APPROVAL_TIMEOUT_S = 60.0  # Hermes 0.19's ACP denies an unanswered question after a fixed 60 s
+ACP_EXTRA_FIX = ("install Hermes' acp extra (pip install 'hermes-agent[acp]' in Hermes' environment; on 0.22: "
+                 "hermes pm install --extra acp)")
+
+
+ACP_RECHECK_S = 600  # a "no" is asked again after this: installing the extra does not touch the hermes script
+
+
+def known_acp(cfg: Config, exe: str) -> bool | None:
+    """Whether this Hermes can speak ACP, as an earlier probe found; None when it was never asked, or when a
+    "no" is old enough that the extra may have been installed since."""
+    cache = read_json(flags_cache_path(cfg))
+    found = cache.get(exe_fingerprint(exe) + "|acp") if isinstance(cache, dict) else None
+    if not (isinstance(found, dict) and isinstance(found.get("acp"), bool) and is_number(found.get("at"))):
+        return None
+    if not found["acp"] and time.time() - found["at"] > ACP_RECHECK_S:
+        return None
+    return cast(bool, found["acp"])
+
+
+def forget_acp(cfg: Config, exe: str) -> None:
+    """Drop a cached "yes" that proved wrong (the extra was removed): the next launch asks again."""
+    path = flags_cache_path(cfg)
+    cache = read_json(path)
+    if isinstance(cache, dict) and cache.pop(exe_fingerprint(exe) + "|acp", None) is not None:
+        try:
+            write_atomic(path, json.dumps(cache, indent=1).encode())
+        except OSError:
+            pass
+
+
+def acp_available(cfg: Config, exe: str) -> bool:
+    """Whether this Hermes can speak ACP (`hermes acp --check` exits 0 only with its acp extra), asked once
+    per executable and cached beside the CLI options."""
+    known = known_acp(cfg, exe)
+    if known is not None:
+        return known
+    key = exe_fingerprint(exe) + "|acp"
+    path = flags_cache_path(cfg)
+    cache = read_json(path)
+    cache = cache if isinstance(cache, dict) else {}
+    try:
+        done = subprocess.run([exe, "acp", "--check"], stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+                              env=hermes_env(cfg))
+    except (OSError, subprocess.SubprocessError):
+        return False  # not cached: asked again next time
+    cache[key] = {"acp": done.returncode == 0, "at": time.time()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(cache, indent=1).encode())
+    except OSError:
+        pass
+    return done.returncode == 0
+
+
+def driver_line(cfg: Config, exe: str | None, probe: bool) -> str:
+    """DRIVER for hermes_health (probe=False: never starts Hermes) and --check (probe=True)."""
+    if exe is None:
+        return "DRIVER: unknown: no usable Hermes"
+    if cfg.hermes_driver == "cli":
+        return f"DRIVER: cli (hermes_driver cli in {shown(str(cfg.path))})"
+    if not probe and known_acp(cfg, exe) is None:
+        return "DRIVER: not known yet: the first job asks `hermes acp --check` once and caches the answer"
+    try:
+        driver, why = choose_driver(cfg, exe)
+    except Refused as exc:
+        return f"DRIVER: NONE: {exc}"
+    return f"DRIVER: {driver} ({why})"
+
+
+def choose_driver(cfg: Config, exe: str, session: str | None = None) -> tuple[str, str]:
+    """The driver a job runs with, and why. A resume keeps the driver its session was made with: ACP
+    sessions are UUIDs, and CLI and ACP sessions do not mix (a CLI session loaded over ACP answers refusal)."""
+    if session is not None and ACP_SESSION_RE.fullmatch(session):
+        if not acp_available(cfg, exe):
+            raise Refused(f"session {session} was made over ACP, and this Hermes cannot speak ACP now: "
+                          f"{ACP_EXTRA_FIX}")
+        return "acp", "the session was made over ACP"
+    if session is not None:
+        return "cli", "the session was made with the CLI"
+    if cfg.hermes_driver == "cli":
+        return "cli", f"hermes_driver cli in {cfg.path}"
+    if acp_available(cfg, exe):
+        return "acp", ("hermes_driver acp" if cfg.hermes_driver == "acp" else "auto") + ": `hermes acp --check` passed"
+    if cfg.hermes_driver == "acp":
+        raise Refused(f"hermes_driver is acp, but `hermes acp --check` fails for this Hermes: {ACP_EXTRA_FIX}")
+    return "cli", f"auto: `hermes acp --check` fails (no acp extra); {ACP_EXTRA_FIX} to have Hermes' questions " \
+                  "forwarded"
+
+
+def approval_policy_dir(cfg: Config) -> Path:
+    """A private folder for Hermes' managed scope (HERMES_MANAGED_DIR, whose config.yaml wins over the user's
+    per key): approvals.mode manual, so Hermes asks the bridge before every dangerous command whatever the
+    user's own mode (smart would let Hermes' auxiliary model approve by itself), and approvals.timeout.
+    A managed scope already in force (IT policy) is kept: its config is merged under ours, its .env copied."""
+    import shutil
+    import tempfile
+
+    import yaml
+
+    folder = Path(tempfile.mkdtemp(prefix="hermes-bridge-policy-"))
+    existing = os.environ.get("HERMES_MANAGED_DIR") or ("" if IS_WINDOWS else "/etc/hermes")
+    policy: dict[str, Any] = {}
+    if existing and os.path.isdir(existing):
+        try:
+            loaded = yaml.safe_load(read_capped(Path(existing) / "config.yaml", 1 << 20, follow=True))
+            policy = loaded if isinstance(loaded, dict) else {}
+        except (OSError, yaml.YAMLError):
+            policy = {}
+        if os.path.isfile(Path(existing) / ".env"):
+            shutil.copyfile(Path(existing) / ".env", folder / ".env")
+    approvals = policy.get("approvals")
+    policy["approvals"] = {**(approvals if isinstance(approvals, dict) else {}), "mode": "manual",
+                           "timeout": int(cfg.approval_timeout_s)}
+    (folder / "config.yaml").write_text(yaml.safe_dump(policy), encoding="utf-8")
+    return folder
+
+
+def content_text(content: Any) -> str:
+    """The text of an ACP content list (or one content block), other kinds skipped."""
+    blocks = content if isinstance(content, list) else [content]
+    texts = []
+    for block in blocks:
+        if isinstance(block, dict):
+            inner = block.get("content") if block.get("type") == "content" else block
+            if isinstance(inner, dict) and isinstance(inner.get("text"), str):
+                texts.append(inner["text"])
+    return "\n".join(texts)
+
+
+def described_command(tool_call: dict[str, Any]) -> str:
+    """What a tool call does, for a person: the command from its content (`$ <cmd>`; 0.22.2 can send an
+    untranslated key as the title), else its title."""
+    for line in content_text(tool_call.get("content")).splitlines():
+        if line.startswith("$ "):
+            return line[2:].strip()
+    raw = tool_call.get("rawInput")
+    if isinstance(raw, dict) and isinstance(raw.get("command"), str):
+        return raw["command"]
+    title = tool_call.get("title")
+    return title if isinstance(title, str) else "a tool call"
+
+
+class AcpConversation:
+    """The bridge's side of one `hermes acp` process: the handshake, one prompt (on a new session, or on a
+    loaded one for a resume), Hermes' events written to the job's log as a readable transcript and kept in
+    its record as the job's activity, and Hermes' permission requests, decided by the bridge or relayed.
+
+    The supervisor's loop drives it (pump); nothing here blocks: a reader thread turns Hermes' stdout into
+    messages. A question that needs the user goes into the record (approval) and its answer comes back as a
+    file any later server may write (answer_path), checked against the pending id."""
+
+    def __init__(self, proc: subprocess.Popen, record: JobRecord, cfg: Config, store: JobStore, task: str,
+                 log: Callable[[str], None]):
+        import queue
+
+        self.proc, self.record, self.cfg, self.store, self.task, self.log = proc, record, cfg, store, task, log
+        self.inbox: "queue.Queue[dict[str, Any]]" = queue.Queue()
+        self.waiting: dict[int, str] = {}
+        self.next_id = 0
+        self.session_id: str | None = None
+        self.result: dict[str, Any] | None = None
+        self.failure: str | None = None
+        self.answer: list[str] = []
+        self.asked: dict[str, Any] = {}  # approval id -> the JSON-RPC id of Hermes' request
+        self.approval_timeout_s = cfg.approval_timeout_s
+        self.changed = False
+        record.acp = {"tool_calls": 0}
+        self.reader = threading.Thread(target=self._read, name="acp-reader", daemon=True)
+        self.reader.start()
+        self._request("initialize", {"protocolVersion": 1, "clientCapabilities": {
+            "fs": {"readTextFile": False, "writeTextFile": False}, "terminal": False}})
+
+    # -- the wire
+    def _read(self) -> None:
+        stream = cast(Any, self.proc.stdout)
+        while True:
+            line = stream.readline(ACP_LINE_MAX)
+            if not line:
+                return
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue  # Hermes logs to stderr; a stray line on stdout is not a message
+            if isinstance(message, dict):
+                self.inbox.put(message)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        try:
+            stdin = cast(Any, self.proc.stdin)
+            stdin.write((json.dumps({"jsonrpc": "2.0", **message}) + "\n").encode())
+            stdin.flush()
+        except (OSError, ValueError):
+            pass  # Hermes is gone; its exit ends the job
+
+    def _request(self, method: str, params: dict[str, Any]) -> None:
+        self.next_id += 1
+        self.waiting[self.next_id] = method
+        self._send({"id": self.next_id, "method": method, "params": params})
+
+    def cancel(self) -> None:
+        if self.session_id:
+            self._send({"method": "session/cancel", "params": {"sessionId": self.session_id}})
+
+    def close(self) -> None:
+        """End of input: `hermes acp` exits when its client goes away."""
+        try:
+            cast(Any, self.proc.stdin).close()
+        except OSError:
+            pass
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None or self.failure is not None
+
+    def drain(self) -> None:
+        """After Hermes exited: the last messages it wrote, then no question is left pending."""
+        self.reader.join(2)
+        self.pump()
+        if self.record.approval:
+            self._expire("Hermes itself: it stopped waiting for an answer" if time.time() >= self.record.approval[
+                "expires_at"] - 2 else "nobody: the job ended while Hermes waited")
+            self.store.write(self.record)
+
+    # -- the loop
+    def pump(self) -> None:
+        """Handle every message that arrived, an answer to a pending question, a question Hermes has
+        stopped waiting for; write the record when something changed."""
+        import queue
+
+        while True:
+            try:
+                message = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            self._handle(message)
+        self._check_answer()
+        if self.changed:
+            self.changed = False
+            self.store.write(self.record)
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        method = message.get("method")
+        if method is None and "id" in message:
+            self._reply(self.waiting.pop(message["id"], "") if isinstance(message["id"], int) else "", message)
+        elif method == "session/request_permission" and "id" in message:
+            self._permission(message["id"], message.get("params") or {})
+        elif method == "session/update":
+            update = (message.get("params") or {}).get("update")
+            if isinstance(update, dict):
+                self._update(update)
+        elif "id" in message:
+            self._send({"id": message["id"], "error": {"code": -32601, "message": f"{shown(method, 80)} is not "
+                                                        "supported by this client"}})
+
+    def _reply(self, method: str, message: dict[str, Any]) -> None:
+        result = message.get("result")
+        if "error" in message or not isinstance(result, dict):
+            error = message.get("error")
+            text = error.get("message") if isinstance(error, dict) else error
+            self.failure = f"Hermes answered {method or 'a request'} with an error: {shown(text, 500)}"
+            return
+        if method == "initialize":
+            agent = result.get("agentInfo")
+            version = agent.get("version") if isinstance(agent, dict) else None
+            if isinstance(version, str) and version.startswith("0.19"):
+                self.approval_timeout_s = HERMES_019_APPROVAL_TIMEOUT_S
+            folder: dict[str, Any] = {"cwd": self.record.cwd, "mcpServers": []}
+            if self.record.session_requested:
+                self.session_id = self.record.session_requested
+                self._request("session/load", {"sessionId": self.session_id, **folder})
+            else:
+                self._request("session/new", folder)
+        elif method in ("session/new", "session/load"):
+            if method == "session/new":
+                session = result.get("sessionId")
+                if not (isinstance(session, str) and SESSION_NAME_RE.fullmatch(session)):
+                    self.failure = "Hermes answered session/new without a usable session id"
+                    return
+                self.session_id = session
+            self.record.session_id = self.session_id
+            self.record.session_source = "the ACP session"
+            self.changed = True
+            self._request("session/prompt", {"sessionId": self.session_id, "prompt": [{"type": "text",
+                                                                                       "text": self.task}]})
+        elif method == "session/prompt":
+            self.result = result
+            usage = result.get("usage")
+            if isinstance(usage, dict):
+                self._set(tokens_in=usage.get("inputTokens"), tokens_out=usage.get("outputTokens"))
+            self._set(stop_reason=result.get("stopReason"))
+
+    def _set(self, **values: Any) -> None:
+        """Activity fields of the record, kept only when they are of the shape the record allows."""
+        acp = cast(dict[str, Any], self.record.acp)
+        for key, value in values.items():
+            if (is_whole_number(value) and 0 <= value < COUNTER_LIMIT) or is_number(value) or isinstance(value, str):
+                acp[key] = value[:ANSWER_MAX_CHARS] if isinstance(value, str) else value
+                self.changed = True
+
+    def _update(self, update: dict[str, Any]) -> None:
+        kind = update.get("sessionUpdate")
+        if kind == "tool_call":
+            command = " ".join(described_command(update).split())[:TOOL_ARGUMENT_CHARS * 2]
+            acp = cast(dict[str, Any], self.record.acp)
+            self._set(tool=f"{shown(update.get('kind') or 'tool', 40)}: {command}", tool_started=time.time(),
+                      tool_status="running", tool_calls=int(acp.get("tool_calls", 0)) + 1)
+            self.log(f"\n[hermes] {update.get('kind') or 'tool'}: {command}\n")
+        elif kind == "tool_call_update" and update.get("status") in ("completed", "failed"):
+            self._set(tool_status=str(update["status"]))
+            output = content_text(update.get("content"))
+            cut = output[:ACP_OUTPUT_CHARS] + (f"\n[... {len(output) - ACP_OUTPUT_CHARS} more characters]"
+                                               if len(output) > ACP_OUTPUT_CHARS else "")
+            self.log(f"[hermes] {update['status']}:\n{cut}\n")
+        elif kind == "agent_message_chunk":
+            text = content_text(update.get("content"))
+            if text and sum(map(len, self.answer)) < ANSWER_MAX_CHARS:
+                self.answer.append(text)
+                self._set(answer="".join(self.answer))
+                self.log(text)
+        elif kind == "usage_update":
+            self._set(context_used=update.get("used"), context_size=update.get("size"))
+
+    # -- questions
+    def _permission(self, request_id: Any, params: dict[str, Any]) -> None:
+        given = params.get("toolCall")
+        tool: dict[str, Any] = given if isinstance(given, dict) else {}
+        options = [o for o in params.get("options") or [] if isinstance(o, dict)]
+        by_kind = {o.get("kind"): o.get("optionId") for o in reversed(options)}
+        approval_id = f"{len(self.record.decisions) + len(self.asked) + 1}-{os.urandom(3).hex()}"
+        if tool.get("kind") == "edit":
+            path = self._edit_path(tool)
+            inside = path is not None and within_any(
+                os.path.realpath(os.path.join(self.record.cwd or "", path)), self.cfg.roots)
+            what = f"edit {shown(path or '(no path given)', 300)}"
+            self._decide(request_id, by_kind, approval_id, what, "allow" if inside else "deny",
+                         "the bridge: " + ("inside" if inside else "outside") + " the allowed roots")
+            return
+        given_raw = tool.get("rawInput")
+        raw: dict[str, Any] = given_raw if isinstance(given_raw, dict) else {}
+        command = shown(described_command(tool), 1000)
+        reason = raw.get("description") if isinstance(raw.get("description"), str) else ""
+        what = f"run `{command}`" + (f" ({shown(reason, 200)})" if reason else "")
+        mode = self.record.approval_mode or self.cfg.approval_mode
+        if mode != "ask":
+            self._decide(request_id, by_kind, approval_id, what, "allow" if mode == "yolo" else "deny",
+                         f"the bridge: approvals {mode}")
+            return
+        now = time.time()
+        self.asked[approval_id] = (request_id, by_kind)
+        self.record.approval = {"id": approval_id, "what": what, "asked_at": now,
+                                "expires_at": now + self.approval_timeout_s}
+        self.changed = True
+        self.log(f"\n[bridge] Hermes asks to {what}; waiting for an answer (approval {approval_id})\n")
+
+    @staticmethod
+    def _edit_path(tool: dict[str, Any]) -> str | None:
+        for block in tool.get("content") or []:
+            if isinstance(block, dict) and block.get("type") == "diff" and isinstance(block.get("path"), str):
+                return cast(str, block["path"])
+        raw = tool.get("rawInput")
+        arguments = raw.get("arguments") if isinstance(raw, dict) else None
+        path = arguments.get("path") if isinstance(arguments, dict) else None
+        return path if isinstance(path, str) else None
+
+    def _decide(self, request_id: Any, by_kind: dict[Any, Any], approval_id: str, what: str, decision: str,
+                by: str) -> None:
+        option = by_kind.get("allow_once" if decision == "allow" else "reject_once")
+        outcome = {"outcome": "selected", "optionId": option} if option else {"outcome": "cancelled"}
+        self._send({"id": request_id, "result": {"outcome": outcome}})
+        self.record.decisions.append({"id": approval_id, "what": what, "decision": decision, "by": by})
+        self.changed = True
+        self.log(f"\n[bridge] approval {approval_id}: {what} -> {decision} by {by}\n")
+
+    def _check_answer(self) -> None:
+        pending = self.record.approval
+        if not pending:
+            return
+        answer = read_json(self.store.answer_path(self.record.id), 4096)
+        if isinstance(answer, dict) and answer.get("id") == pending["id"] and answer.get("decision") in (
+                "allow", "deny"):
+            self.store.answer_path(self.record.id).unlink(missing_ok=True)
+            request_id, by_kind = self.asked.pop(pending["id"])
+            self.record.approval = None
+            by = "the user (elicitation)" if answer.get("by") == "user" else "the planner (hermes_approve)"
+            self._decide(request_id, by_kind, pending["id"], pending["what"], answer["decision"], by)
+        elif time.time() > pending["expires_at"]:
+            self._expire(f"Hermes itself: no answer within {self.approval_timeout_s:g} s")
+
+    def _expire(self, by: str) -> None:
+        """The pending question, no longer waited for: Hermes denies it (the request is never withdrawn)."""
+        pending = cast(dict[str, Any], self.record.approval)
+        self.asked.pop(pending["id"], None)
+        self.record.approval = None
+        self.record.decisions.append({"id": pending["id"], "what": pending["what"], "decision": "deny", "by": by})
+        self.changed = True
+        self.log(f"\n[bridge] approval {pending['id']}: {pending['what']} -> deny by {by}\n")
+
+    def outcome(self, exit_code: int | None) -> Outcome:
+        if self.failure:
+            return Outcome(JobState.ERROR, exit_code, self.failure)
+        stop = (self.result or {}).get("stopReason")
+        if stop == "end_turn":
+            return Outcome(JobState.OK, exit_code, None)
+        if self.result is None:
+            return Outcome(JobState.ERROR, exit_code, "Hermes exited before it answered the prompt" + (
+                f" ({describe_exit(exit_code)}); see the log" if exit_code is not None else ""))
+        if stop == "refusal":
+            return Outcome(JobState.ERROR, exit_code, "Hermes refused the prompt (stopReason refusal); a session "
+                           "made with the CLI cannot be continued over ACP")
+        return Outcome(JobState.ERROR, exit_code, f"Hermes stopped with stopReason {shown(stop, 60)}")
+
+
+def start_acp_process(argv: list[str], folder: str, env: dict[str, str]) -> subprocess.Popen:
+    """`hermes acp` with pipes for the protocol; its stderr (Hermes' own log lines) goes to the job's log."""
+    return subprocess.Popen(argv, cwd=folder, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=sys.stderr.fileno(), env=env, close_fds=True,
+                            **popen_kwargs(hermes_creation_flags(IS_WINDOWS)))
 
 
 # ------------------------------------------------------------------------ supervisor and process control
@@ -1971,6 +2457,7 @@ class LaunchPlan:
     folder: str
     stdin_path: Path | None  # the task file, for a Hermes that reads the task on stdin
     cli_flags: list[str]
+    task: str = ""
 
 
 ProcessStarter = Callable[[list[str], str, Any, dict[str, str]], subprocess.Popen]
@@ -1987,10 +2474,14 @@ class Supervisor:
     Its collaborators come in (config, store, the process starter), so tests can drive the loop with a fake."""
 
     def __init__(self, job_id: str, cfg: Config, store: JobStore,
-                 start_process: ProcessStarter = start_hermes_process, subreaper: bool = False):
+                 start_process: ProcessStarter = start_hermes_process, subreaper: bool = False,
+                 start_acp: Callable[[list[str], str, dict[str, str]], subprocess.Popen] = start_acp_process):
         self.cfg = cfg
         self.store = store
         self.start_process = start_process
+        self.start_acp = start_acp
+        self.conversation: AcpConversation | None = None
+        self.policy_dir: Path | None = None
         self.subreaper = subreaper  # orphans of the job's tools re-parent to this process (Linux)
         self.job_id = job_id
         self.record = self.store.read(job_id)
@@ -2003,7 +2494,11 @@ class Supervisor:
         self.snapshot_thread: threading.Thread | None = None
 
     def note(self, text: str) -> None:
-        sys.stderr.write(f"[bridge] {text}\n")
+        self.write_log(f"[bridge] {text}\n")
+
+    def write_log(self, text: str) -> None:
+        """The job's log is this process's stderr (Hermes writes there too)."""
+        sys.stderr.write(text)
         sys.stderr.flush()
 
     def run(self) -> int:
@@ -2042,7 +2537,8 @@ class Supervisor:
         plan = self._plan()
         if isinstance(plan, Outcome):
             return plan
-        return self._watch(self._start(plan), plan.argv[0])
+        proc = self._start(plan)
+        return self._watch(proc, plan.argv[0], self.conversation)
 
     def _plan(self) -> "LaunchPlan | Outcome":
         """Everything checked before Hermes starts: the executable, its command line, the folder."""
@@ -2054,20 +2550,22 @@ class Supervisor:
         if not exe:
             return Outcome(JobState.ERROR, None, f"Hermes cannot be started: {hermes.problem}. Nothing was run; "
                            "hermes_health (or `server.py --check` in a terminal) shows what the bridge finds")
-        cli = known_cli(cfg, exe) or probe_cli(cfg, exe)
-        task_path = self.store.task_path(self.job_id)
-        task = read_capped(task_path, MAX_TASK_BYTES).decode("utf-8")
-        argv = hermes_command(cli, exe, record, task, cfg)
-        if problem := argv_problem(argv):
-            return Outcome(JobState.ERROR, None, problem)
         folder = self._confined_folder()
         if folder is None:
             return Outcome(JobState.ERROR, None, f"the job's folder {shown(record.cwd)} no longer resolves to "
                            "itself inside the allowed roots (moved, removed or replaced by a symlink); Hermes was "
                            "not started")
+        task_path = self.store.task_path(self.job_id)
+        task = read_capped(task_path, MAX_TASK_BYTES).decode("utf-8")
+        if record.driver == "acp":
+            return LaunchPlan([exe, "acp"], [exe, "acp"], folder, None, [], task)
+        cli = known_cli(cfg, exe) or probe_cli(cfg, exe)
+        argv = hermes_command(cli, exe, record, task, cfg)
+        if problem := argv_problem(argv):
+            return Outcome(JobState.ERROR, None, problem)
         shown_argv = [QUERY_OPTION + "<task>" if part == QUERY_OPTION + task else part for part in argv]
         return LaunchPlan(argv, shown_argv, folder, task_path if cli.task_on_stdin else None,
-                          sorted(cli.flags & {"--query-file", "--in", "--oneshot"}))
+                          sorted(cli.flags & {"--query-file", "--in", "--oneshot"}), task)
 
     def _start(self, plan: "LaunchPlan") -> subprocess.Popen:
         """Start Hermes as planned, after the folder listing has begun, and record who it is."""
@@ -2075,8 +2573,14 @@ class Supervisor:
         self._start_snapshot(plan.folder)
         record.cli_flags = plan.cli_flags
         record.argv = plan.shown_argv
-        with open_regular(plan.stdin_path) if plan.stdin_path else open(os.devnull, "rb") as stdin:
-            proc = self.start_process(plan.argv, plan.folder, stdin, hermes_env(cfg, self.record.marker))
+        env = hermes_env(cfg, self.record.marker)
+        if record.driver == "acp":
+            self.policy_dir = approval_policy_dir(cfg)
+            proc = self.start_acp(plan.argv, plan.folder, dict(env, HERMES_MANAGED_DIR=str(self.policy_dir)))
+            self.conversation = AcpConversation(proc, record, cfg, self.store, plan.task, self.write_log)
+        else:
+            with open_regular(plan.stdin_path) if plan.stdin_path else open(os.devnull, "rb") as stdin:
+                proc = self.start_process(plan.argv, plan.folder, stdin, env)
         if IS_WINDOWS:
             self.windows_job = self._job_object_for(proc)
         record.hermes = ProcessId.of(psutil.Process(proc.pid))
@@ -2086,13 +2590,16 @@ class Supervisor:
               cwd=record.cwd, cli_flags=plan.cli_flags)
         return proc
 
-    def _watch(self, proc: subprocess.Popen, exe: str) -> Outcome:
-        """Until Hermes exits: remember its tree, and stop it on cancel, timeout or a move outside the roots."""
+    def _watch(self, proc: subprocess.Popen, exe: str, conversation: "AcpConversation | None" = None) -> Outcome:
+        """Until Hermes exits: remember its tree, drive the ACP conversation, and stop it on cancel, timeout
+        or a move outside the roots. Over ACP a stop first asks Hermes (session/cancel, which ends the running
+        command), then stops the tree; a finished conversation ends the process by closing its input."""
         record = self.record
         hermes = psutil.Process(proc.pid)
         deadline = (record.started_at or time.time()) + record.timeout_s
         stopping: tuple[JobState, str] | None = None
         report: StopReport | None = None
+        stop_at = close_by = None
         while True:
             try:
                 exit_code = proc.wait(timeout=POLL_S)
@@ -2100,34 +2607,54 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
             self._remember_tree(hermes)
-            if stopping:
-                continue
-            if self._cancel_requested():
-                stopping = (JobState.CANCELLED, "cancelled on request")
-            elif time.time() > deadline:
-                stopping = (JobState.TIMEOUT, f"hit timeout_s={record.timeout_s:g}. Work may be part-done: inspect "
-                            "before re-running")
-            elif moved := self._moved_outside_roots():
-                stopping = (JobState.ERROR, f"Hermes moved to {shown(moved)}, outside the allowed roots (a resumed "
-                            "session runs in its recorded folder); the job was stopped at once")
-            if stopping:
+            now = time.monotonic()
+            if conversation is not None:
+                conversation.pump()
+                if conversation.finished and close_by is None:
+                    conversation.close()
+                    close_by = now + ACP_EXIT_GRACE_S
+            if stopping is None and (stopping := self._reason_to_stop(deadline)):
                 self.note(f"{stopping[0].value}: stopping Hermes (pid {proc.pid}) and its tree")
+                if conversation is not None:
+                    conversation.cancel()
+                stop_at = now + (ACP_CANCEL_GRACE_S if conversation is not None else 0)
+            due = (stop_at is not None and (now >= stop_at or bool(conversation and conversation.finished))) or (
+                close_by is not None and now >= close_by)
+            if due and report is None:
                 report = stop_tree(self.owner, hermes, record.tree, self.cfg.kill_grace_s, self.windows_job)
                 if report.survivors:
                     self.note(f"could not stop pids {report.survivors}")
-        if stopping and report:
-            # tool processes Hermes left behind when it was stopped
-            late = stop_tree(self.owner, None, record.tree, 0)
-            report = StopReport(report.stopped + late.stopped,
-                                late.survivors + [pid for pid in report.survivors if pid not in late.survivors
+        if conversation is not None:
+            conversation.drain()
+        if stopping:
+            late = stop_tree(self.owner, None, record.tree, 0)  # tool processes Hermes left behind
+            earlier = report.survivors if report else []
+            report = StopReport((report.stopped if report else 0) + late.stopped,
+                                late.survivors + [pid for pid in earlier if pid not in late.survivors
                                                   and psutil.pid_exists(pid)],
-                                sorted(set(report.disowned + late.disowned)), self.subreaper)
+                                sorted(set((report.disowned if report else []) + late.disowned)), self.subreaper)
             return Outcome(stopping[0], exit_code, f"{stopping[1]}; {report.describe()}")
+        if conversation is not None:
+            if conversation.session_id is None and conversation.failure is None:
+                forget_acp(self.cfg, exe)  # `hermes acp` did not even start a session: ask again next time
+            return conversation.outcome(exit_code)
         if exit_code == 0:
             return Outcome(JobState.OK, exit_code, None)
         if exit_code == 2 and UNKNOWN_OPTION_RE.search(read_tail(self.store.log_path(self.job_id), 65536)[0]):
             forget_cli(self.cfg, exe)
         return Outcome(JobState.ERROR, exit_code, describe_exit(exit_code))
+
+    def _reason_to_stop(self, deadline: float) -> tuple[JobState, str] | None:
+        record = self.record
+        if self._cancel_requested():
+            return JobState.CANCELLED, "cancelled on request"
+        if time.time() > deadline:
+            return JobState.TIMEOUT, (f"hit timeout_s={record.timeout_s:g}. Work may be part-done: inspect before "
+                                      "re-running")
+        if moved := self._moved_outside_roots():
+            return JobState.ERROR, (f"Hermes moved to {shown(moved)}, outside the allowed roots (a resumed session "
+                                    "runs in its recorded folder); the job was stopped at once")
+        return None
 
     def _start_snapshot(self, folder: str) -> None:
         """The folder's files as the job starts, listed in the background so the launch is not delayed."""
@@ -2213,8 +2740,15 @@ class Supervisor:
     def _finish(self, outcome: Outcome) -> None:
         record = self.record
         exit_code = outcome.exit_code
-        session_id = session_id_from_log(self.store.log_path(self.job_id))
-        if session_id is None and record.session_requested and exit_code == 0:
+        if self.policy_dir is not None:
+            import shutil
+
+            shutil.rmtree(self.policy_dir, ignore_errors=True)
+        session_id = record.session_id if record.driver == "acp" else session_id_from_log(
+            self.store.log_path(self.job_id))
+        if record.driver == "acp":
+            pass  # the session is the protocol's, or none when Hermes never opened one
+        elif session_id is None and record.session_requested and exit_code == 0:
             session_id = record.session_requested  # a Hermes that prints no session line resumed it
             record.session_source = "the session resumed (this Hermes prints no session line)"
         elif session_id is None and record.started_at and record.cwd:
@@ -2241,6 +2775,7 @@ class Supervisor:
             return  # the record still says running with a dead supervisor: readers report it orphaned
         self.store.clear_active(self.job_id)
         self.store.cancel_path(self.job_id).unlink(missing_ok=True)
+        self.store.answer_path(self.job_id).unlink(missing_ok=True)
         audit(self.cfg, event="job", job_id=self.job_id, state=outcome.state.value, exit_code=exit_code,
               reason=outcome.reason)
 
@@ -2299,6 +2834,8 @@ class JobRequest:
     toolsets: list[str]
     session_requested: str | None = None
     cwd_note: str | None = None
+    driver: str = "cli"
+    approval_mode: str = "deny"
 
     def dedupe_key(self) -> str:
         identity = [self.kind, self.task, self.cwd, self.session_requested, self.skills, self.toolsets]
@@ -2310,7 +2847,7 @@ class JobRequest:
                          task_preview=" ".join(self.task.split())[:120], task_chars=len(self.task), cwd=self.cwd,
                          session_requested=self.session_requested, skills=self.skills, toolsets=self.toolsets,
                          max_turns=self.max_turns, timeout_s=self.timeout_s, dedupe_key=self.dedupe_key(), log=log,
-                         cwd_note=self.cwd_note)
+                         cwd_note=self.cwd_note, driver=self.driver, approval_mode=self.approval_mode)
 
 
 def launch_job(cfg: Config, request: JobRequest) -> tuple[JobRecord, str | None]:
@@ -2488,6 +3025,8 @@ def job_details(cfg: Config, view: JobView) -> JobDetails:
     if started is None:
         reason = "unavailable: Hermes has not started yet" if view.running else "unavailable: Hermes never started"
         return JobDetails(activity=reason, usage=reason, answer=reason)
+    if record.acp is not None:
+        return acp_details(record, view.running)
     kept_usage = None
     if not view.running and record.usage:
         try:
@@ -2517,6 +3056,28 @@ def job_details(cfg: Config, view: JobView) -> JobDetails:
         return JobDetails(activity=unavailable, usage=kept_usage or unavailable, answer=unavailable)
 
 
+def acp_details(record: JobRecord, running: bool) -> JobDetails:
+    """The activity of a job driven over ACP, from Hermes' own events as the supervisor kept them."""
+    acp = cast(dict[str, Any], record.acp)
+    context = (f", context {int(acp['context_used']):,} / {int(acp['context_size']):,} tokens"
+               if is_number(acp.get("context_used")) and is_number(acp.get("context_size")) else "")
+    activity = f"{plural(int(acp.get('tool_calls', 0)), 'tool call')}{context}"
+    tool = None
+    if isinstance(acp.get("tool"), str):
+        started = acp.get("tool_started")
+        seconds = int(time.time() - cast(float, started)) if is_number(started) else 0
+        status = acp.get("tool_status")
+        tool = f"{acp['tool']} ({status if status in ('completed', 'failed') else f'running {seconds} s'})"
+    if is_number(acp.get("tokens_in")) and is_number(acp.get("tokens_out")):
+        usage = f"{activity}, tokens in {int(acp['tokens_in']):,} / out {int(acp['tokens_out']):,}"
+    else:
+        usage = f"{activity}, tokens unavailable: Hermes reported none"
+    answer = acp.get("answer") if isinstance(acp.get("answer"), str) else None
+    if running:
+        return JobDetails(activity=activity, current_tool=tool or "none yet")
+    return JobDetails(usage=usage, answer=answer or "unavailable: Hermes wrote no reply")
+
+
 def changes_lines(record: JobRecord) -> list[str]:
     changes = record.changes
     if changes is None:
@@ -2528,6 +3089,29 @@ def changes_lines(record: JobRecord) -> list[str]:
     lines += [shown(line, 400) for line in changes["lines"][:CHANGED_LINES]]
     if changes["more"] > 0:
         lines.append(f"... and {changes['more']} more")
+    return lines
+
+
+def approval_lines(view: JobView) -> list[str]:
+    """The question Hermes waits on, with how to answer it and how long it still waits."""
+    approval = view.pending_approval
+    if not approval:
+        return []
+    job_id = view.record.id
+    left = max(0, int(approval["expires_at"] - time.time()))
+    return [f"APPROVAL_ID: {shown(approval['id'], 40)}",
+            f"APPROVAL: Hermes asks to {shown(approval['what'], 1200)}",
+            f"APPROVAL_WAITS_S: {left} (then Hermes denies it by itself)",
+            "Ask the user, then answer with hermes_approve(job_id=\"" + job_id + "\", approval_id=\""
+            + shown(approval["id"], 40) + "\", decision=\"allow\" or \"deny\")."]
+
+
+def decision_lines(record: JobRecord) -> list[str]:
+    """Every question Hermes asked in this job, and who answered what."""
+    decisions = record.decisions
+    lines = [f"APPROVALS: {plural(len(decisions), 'question')} answered"] if decisions else []
+    lines += [f"- {shown(d['id'], 40)}: {shown(d['what'], 400)} -> {shown(d['decision'], 10)} by {shown(d['by'], 200)}"
+              for d in decisions[-20:]]
     return lines
 
 
@@ -2564,6 +3148,7 @@ def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
             lines.append(f"ACTIVITY: {shown(details.activity, 400)}")
             if details.current_tool:
                 lines.append(f"CURRENT_TOOL: {shown(details.current_tool, 400)}")
+        lines += approval_lines(view) + decision_lines(record)
         lines += [f"NOTE: {shown(note, 1000)}" for note in notes]
         lines += ["Still running. This is NOT a failure and NOT a timeout.",
                   f'Collect the result with hermes_status(job_id="{job_id}").',
@@ -2582,6 +3167,7 @@ def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
         lines.append(f"SESSION_NOTE: none captured: {shown(record.session_source, 1000)}")
     if record.session_note:
         lines.append(f"SESSION_NOTE: {shown(record.session_note, 1000)}")
+    lines += decision_lines(record)
     lines += [f"NOTE: {shown(note, 1000)}" for note in notes]
     if view.state is JobState.ORPHANED:
         lines.append(f'Stop what is left with hermes_cancel(job_id="{job_id}").')
@@ -2685,6 +3271,10 @@ def check_launch(cfg: Config, request: "JobRequest") -> None:
         raise Refused(f"Hermes cannot be started: {hermes.problem}. hermes_health (or `server.py --check` in a "
                       "terminal) shows what the bridge finds")
     exe = cast(str, hermes.path)
+    request.approval_mode = cfg.approval_mode
+    request.driver, _ = choose_driver(cfg, exe, request.session_requested)
+    if request.driver == "acp":
+        return  # the task goes in the prompt: no command-line limit
     cli = known_cli(cfg, exe) or probe_cli_safely(cfg, exe)
     if cli and (problem := argv_problem(hermes_command(cli, exe, request.record("<id>"), request.task, cfg))):
         raise Refused(problem)
@@ -2785,6 +3375,33 @@ def job_view(cfg: Config, job_id: Any) -> JobView:
     except DamagedRecord as exc:
         raise Refused(f"the record of job {job_id} is damaged ({exc}); its log may still be read with "
                       f"hermes_read(path=\"{JobStore(cfg.jobs_path).log_path(job_id)}\")") from None
+
+
+def answer_approval(cfg: Config, job_id: Any, approval_id: Any, decision: Any, by: str) -> JobView:
+    """Relay an answer to the question a job waits on: checked against the pending id and Hermes' own
+    deadline, then written where the job's supervisor reads it (any server process may answer)."""
+    if decision not in ("allow", "deny"):
+        raise Refused(f"decision must be \"allow\" or \"deny\", got {shown(decision, 40)}")
+    if not isinstance(approval_id, str) or not re.fullmatch(r"\d{1,6}-[0-9a-f]{6}", approval_id):
+        raise Refused(f"approval_id {shown(approval_id, 40)} is not an approval id: take it from the APPROVAL_ID "
+                      "line of hermes_status")
+    view = job_view(cfg, job_id)
+    approval = view.record.approval
+    if not view.running:
+        raise Refused(f"job {view.record.id} has ended ({view.shown_state}); there is no question to answer")
+    if not approval or approval["id"] != approval_id:
+        answered = next((d for d in view.record.decisions if d["id"] == approval_id), None)
+        why = (f"it was answered already: {answered['decision']} by {answered['by']}" if answered
+               else "no such question was asked")
+        raise Refused(f"approval {approval_id} of job {view.record.id} is not waiting for an answer: {why}")
+    if time.time() >= approval["expires_at"]:
+        raise Refused(f"approval {approval_id} came too late: Hermes stopped waiting "
+                      f"{int(time.time() - approval['expires_at'])} s ago and denied it itself")
+    store = JobStore(cfg.jobs_path)
+    write_atomic(store.answer_path(view.record.id),
+                 json.dumps({"id": approval_id, "decision": decision, "by": by}).encode())
+    audit(cfg, event="approval", job_id=view.record.id, approval_id=approval_id, decision=decision, by=by)
+    return view
 
 
 def request_cancel(cfg: Config, job_id: Any) -> tuple[JobView, str]:
@@ -3162,6 +3779,21 @@ def job_counts(store: JobStore) -> str:
     return f"{len(ids)} on disk; by state ({scope}): {by_state}"
 
 
+APPROVAL_MEANINGS = {
+    "deny": "deny: a command Hermes deems dangerous is denied (no one is asked)",
+    "ask": "ask: Hermes' question reaches the user (elicitation, or STATUS: needs_approval and hermes_approve)",
+    "yolo": "yolo: every command Hermes deems dangerous is allowed, unasked",
+}
+
+
+def approvals_line(cfg: Config, exe: str | None) -> str:
+    line = APPROVAL_MEANINGS[cfg.approval_mode]
+    if cfg.approval_mode == "ask" and exe is not None and (
+            cfg.hermes_driver == "cli" or known_acp(cfg, exe) is False):
+        line += "; BUT this Hermes runs with the CLI driver, which cannot forward questions: they are denied"
+    return line + f" (from {cfg.sources.get('approvals') or cfg.sources.get('yolo') or 'default'})"
+
+
 def hermes_version_line(exe: str | None, version: str | None) -> str:
     if exe is None:
         return "unknown: no usable Hermes"
@@ -3201,7 +3833,8 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
         f"HERMES_VERSION: {hermes_version_line(exe, version)}",
         *cli_lines,
         f"HERMES_HOME: {shown(str(cfg.hermes_home_path))}",
-        f"YOLO: {'on: Hermes auto-approves dangerous commands' if cfg.yolo else 'off'}",
+        driver_line(cfg, exe, probe=False),
+        f"APPROVALS: {approvals_line(cfg, exe)}",
         f"ALLOWED_ROOTS: {shown(', '.join(cfg.roots), 2000) or 'NONE: no job can start'}",
         f"READ_SCOPE: {'anywhere' if cfg.read_anywhere else 'allowed roots and job files'}",
         f"JOBS_DIR: {shown(str(store.root))} ({writable})",
@@ -3236,6 +3869,8 @@ def server_instructions(cfg: Config) -> str:
         "- Do not trust STATUS: ok alone: verify the artifacts with hermes_read.\n"
         "- hermes_resume(session_id) continues a Hermes session (\"latest\" = the newest one captured).\n"
         "- hermes_cancel(job_id) stops a job and its whole process tree.\n"
+        "- STATUS: needs_approval means Hermes asks before something it deems dangerous (APPROVAL line): ask the "
+        "user, then answer with hermes_approve(job_id, approval_id, decision). Never allow on your own.\n"
         f"- Jobs may only start inside these folders: {roots}. hermes_read reads there and the job logs."
     )
 
@@ -3246,6 +3881,7 @@ def server_instructions(cfg: Config) -> str:
 # never holds the event loop, and one slow call never delays another.
 DISK_DEADLINE_S = 20.0
 PROGRESS_EVERY_S = 5.0
+APPROVAL_RELAY_S = 5.0  # how long hermes_approve waits to see the supervisor take the answer
 Progress = Callable[[float, float, str], Awaitable[None]]
 
 
@@ -3256,16 +3892,33 @@ async def off_loop(fn: Callable[..., T], *args: Any) -> T:
         return await anyio.to_thread.run_sync(functools.partial(fn, *args), abandon_on_cancel=True)
 
 
-async def wait_for_end(cfg: Config, job_id: str, wait_s: float, progress: Progress | None) -> JobView:
-    """Poll the record on disk until the job ends or wait_s passes; sends progress while it waits."""
+AskUser = Callable[[str, str, float], Awaitable[str | None]]
+
+
+async def wait_for_end(cfg: Config, job_id: str, wait_s: float, progress: Progress | None,
+                       ask_user: AskUser | None = None) -> JobView:
+    """Poll the record on disk until the job ends, Hermes asks a question, or wait_s passes; sends progress
+    while it waits. A question goes to the user at once when the host can ask them (ask_user, elicitation);
+    their answer is relayed like hermes_approve's and the wait goes on."""
     import anyio
 
     deadline = time.monotonic() + wait_s
     next_progress = time.monotonic()  # the first notification at once, then every PROGRESS_EVERY_S
+    asked: set[str] = set()
+    answered: set[str] = set()  # relayed, and not yet taken by the supervisor
     while True:
         view = await off_loop(job_view, cfg, job_id)
         now = time.monotonic()
-        if not view.running or now >= deadline:
+        pending = view.pending_approval
+        if pending and ask_user is not None and pending["id"] not in asked:
+            asked.add(pending["id"])
+            decision = await ask_user(job_id, pending["what"], min(pending["expires_at"] - time.time(),
+                                                                    max(0.0, deadline - now)))
+            if decision:
+                await off_loop(answer_approval, cfg, job_id, pending["id"], decision, "user")
+                answered.add(pending["id"])
+                continue
+        if not view.running or now >= deadline or (pending and pending["id"] not in answered):
             return view
         if progress is not None and now >= next_progress:
             next_progress = now + PROGRESS_EVERY_S
@@ -3278,37 +3931,59 @@ async def wait_for_end(cfg: Config, job_id: str, wait_s: float, progress: Progre
 
 
 async def launch_and_wait(cfg: Config, request: JobRequest, wait_s: float | None, notes: list[str],
-                          progress: Progress | None) -> ToolResult:
+                          progress: Progress | None, ask_user: AskUser | None = None) -> ToolResult:
     wait = clamp_number("wait_s", wait_s, min(5.0, cfg.max_wait_s), 0, cfg.max_wait_s, notes)
     record, duplicate = await off_loop(launch_job, cfg, request)
     if duplicate:
         notes.append(duplicate)
-    return await off_loop(status_result, await wait_for_end(cfg, record.id, wait, progress), cfg, notes)
+    if request.driver == "cli" and request.approval_mode == "ask":
+        notes.append(CLI_CANNOT_ASK)
+    return await off_loop(status_result, await wait_for_end(cfg, record.id, wait, progress, ask_user), cfg, notes)
+
+
+CLI_CANNOT_ASK = ("approvals is ask, but this Hermes runs with the CLI driver (no ACP extra), which cannot forward "
+                  "its questions: a command it deems dangerous is denied. " + ACP_EXTRA_FIX[0].upper()
+                  + ACP_EXTRA_FIX[1:] + " to have them forwarded")
 
 
 async def run_tool(cfg: Config, task: Any, cwd: Any, max_turns: Any, timeout_s: Any, wait_s: Any, skills: Any,
-                   toolsets: Any, progress: Progress | None = None) -> ToolResult:
+                   toolsets: Any, progress: Progress | None = None, ask_user: AskUser | None = None) -> ToolResult:
     notes: list[str] = []
     request = await off_loop(job_request, cfg, "run", task, cwd, max_turns, timeout_s, skills, toolsets, None, notes)
-    return await launch_and_wait(cfg, request, wait_s, notes, progress)
+    return await launch_and_wait(cfg, request, wait_s, notes, progress, ask_user)
 
 
 async def resume_tool(cfg: Config, session_id: Any, task: Any, cwd: Any, max_turns: Any, timeout_s: Any,
-                      wait_s: Any, progress: Progress | None = None) -> ToolResult:
+                      wait_s: Any, progress: Progress | None = None, ask_user: AskUser | None = None) -> ToolResult:
     """A resume runs where Hermes recorded the session: that folder is confined, and reported."""
     notes: list[str] = []
     session, folder = await off_loop(resolve_resume, cfg, session_id, cwd, notes)
     request = await off_loop(job_request, cfg, "resume", task, folder, max_turns, timeout_s, None, None, session,
                              [])
     request.cwd_note = "; ".join(notes) or None
-    return await launch_and_wait(cfg, request, wait_s, [], progress)
+    return await launch_and_wait(cfg, request, wait_s, [], progress, ask_user)
 
 
-async def status_tool(cfg: Config, job_id: Any, wait_s: Any, progress: Progress | None = None) -> ToolResult:
+async def status_tool(cfg: Config, job_id: Any, wait_s: Any, progress: Progress | None = None,
+                      ask_user: AskUser | None = None) -> ToolResult:
     notes: list[str] = []
     view = await off_loop(job_view, cfg, job_id)
     wait = clamp_number("wait_s", wait_s, min(30.0, cfg.max_wait_s), 0, cfg.max_wait_s, notes)
-    return await off_loop(status_result, await wait_for_end(cfg, view.record.id, wait, progress), cfg, notes)
+    final = await wait_for_end(cfg, view.record.id, wait, progress, ask_user)
+    return await off_loop(status_result, final, cfg, notes)
+
+
+async def approve_tool(cfg: Config, job_id: Any, approval_id: Any, decision: Any) -> ToolResult:
+    """hermes_approve: the planner's answer to Hermes' question, relayed through the job's answer file; then
+    the job's block once the supervisor has taken it (a few seconds at most)."""
+    import anyio
+
+    view = await off_loop(answer_approval, cfg, job_id, approval_id, decision, "planner")
+    deadline = time.monotonic() + APPROVAL_RELAY_S
+    while view.running and (view.record.approval or {}).get("id") == approval_id and time.monotonic() < deadline:
+        await anyio.sleep(0.2)
+        view = await off_loop(job_view, cfg, view.record.id)
+    return await off_loop(status_result, view, cfg, [f"approval {approval_id}: {decision}, relayed to Hermes"])
 
 
 async def cancel_tool(cfg: Config, job_id: Any, progress: Progress | None = None) -> ToolResult:
@@ -3381,7 +4056,7 @@ class McpEdge:
 
 
 def build_server(cfg: Config, edge: McpEdge) -> Any:
-    """The MCP server: the eight registrations over the bodies above. The only place tools meet MCP."""
+    """The MCP server: the nine registrations over the bodies above. The only place tools meet MCP."""
     import inspect
 
     from mcp.types import CallToolResult, ToolAnnotations
@@ -3411,6 +4086,35 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
         return CallToolResult.model_validate({"content": [{"type": "text", "text": outcome.text}],
                                               "isError": outcome.is_error})
 
+    def asker(ctx: Any) -> AskUser | None:
+        """Ask the user directly (elicitation) when the client can, while a call waits on the job."""
+        from mcp.types import ClientCapabilities, ElicitationCapability
+        from pydantic import BaseModel, Field
+
+        try:
+            can_elicit = ctx.session.check_client_capability(ClientCapabilities(elicitation=ElicitationCapability()))
+        except Exception:  # noqa: BLE001  (no session on this request: nobody to ask)
+            can_elicit = False
+        if not can_elicit:
+            return None
+
+        class Answer(BaseModel):
+            allow: bool = Field(description="Allow it (true) or deny it (false)")
+
+        async def ask(job_id: str, what: str, wait_s: float) -> str | None:
+            import anyio
+
+            if wait_s < 2:
+                return None
+            with anyio.move_on_after(wait_s):
+                result = await ctx.elicit(f"Hermes (job {job_id}) asks to {what}. Allow it?", Answer)
+                if result.action == "accept" and result.data is not None:
+                    return "allow" if result.data.allow else "deny"
+                if result.action == "decline":
+                    return "deny"
+            return None
+        return ask
+
     @tool(launches, "Run a task with Hermes")
     async def hermes_run(task: str, ctx: Any, cwd: str | None = None, max_turns: int | None = None,
                          timeout_s: float | None = None, wait_s: float | None = None,
@@ -3420,7 +4124,7 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
         if it ends within wait_s (default 5 s), else STATUS: running and a JOB_ID to pass to hermes_status.
         The task must be self-contained: absolute paths and a definition of done."""
         return await respond("hermes_run", lambda cfg: run_tool(cfg, task, cwd, max_turns, timeout_s, wait_s, skills,
-                                                                toolsets, ctx.report_progress), task)
+                                                                toolsets, ctx.report_progress, asker(ctx)), task)
 
     @tool(launches, "Continue a Hermes session")
     async def hermes_resume(session_id: str, task: str, ctx: Any, cwd: str | None = None,
@@ -3431,13 +4135,14 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
         it, so the job runs there (it must be inside the allowed roots); cwd is only checked against it.
         Same waiting rules as hermes_run."""
         return await respond("hermes_resume", lambda cfg: resume_tool(cfg, session_id, task, cwd, max_turns, timeout_s,
-                                                                      wait_s, ctx.report_progress), task)
+                                                                      wait_s, ctx.report_progress, asker(ctx)), task)
 
     @tool(read_only, "Wait for a Hermes job")
     async def hermes_status(job_id: str, ctx: Any, wait_s: float | None = None) -> CallToolResult:
         """Wait up to wait_s (default 30) for a job to end, then return its final block, or STATUS: running
         again. It waits for you: do not call it in a tight loop. Reads only the disk."""
-        return await respond("hermes_status", lambda cfg: status_tool(cfg, job_id, wait_s, ctx.report_progress))
+        return await respond("hermes_status", lambda cfg: status_tool(cfg, job_id, wait_s, ctx.report_progress,
+                                                                      asker(ctx)))
 
     @tool(read_only, "List Hermes jobs")
     async def hermes_jobs(limit: int | None = None, state: str | None = None) -> CallToolResult:
@@ -3464,6 +4169,13 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
         """Is Hermes found, which options its command line declares, config problems, allowed roots, job
         counts. Instant: starts no process."""
         return await respond("hermes_health", lambda now: listing_tool(health, now, cfg))
+
+    @tool(destructive, "Answer Hermes' question")
+    async def hermes_approve(job_id: str, approval_id: str, decision: str) -> CallToolResult:
+        """Answer the question a job waits on (STATUS: needs_approval): decision "allow" lets Hermes run what
+        its APPROVAL line says, "deny" blocks it. Ask the user first: this lets an agent run a command it
+        deems dangerous. An answer after Hermes stopped waiting is refused."""
+        return await respond("hermes_approve", lambda cfg: approve_tool(cfg, job_id, approval_id, decision))
 
     @tool(destructive, "Cancel a Hermes job")
     async def hermes_cancel(job_id: str, ctx: Any) -> CallToolResult:
@@ -3620,6 +4332,9 @@ def check(serve_command: list[str]) -> int:
             ran, line = hermes_runs(cfg, hermes.usable)
             report.append(f"HERMES_RUNS: {line}")
             ok = ran
+            if ran:
+                report += [driver_line(cfg, hermes.usable, probe=True),
+                           f"APPROVALS: {approvals_line(cfg, hermes.usable)}"]
         else:
             blockers.append(f"no usable Hermes: {hermes.problem}")
         if not cfg.roots:
@@ -3702,6 +4417,8 @@ def parse_command_line(argv: list[str]) -> Any:
     settings.add_argument("--allowed-roots", nargs="+", metavar="DIR", help="folders jobs may start in")
     settings.add_argument("--hermes-exe", metavar="PATH", help="the hermes executable")
     settings.add_argument("--hermes-home", metavar="DIR", help="Hermes' home (skills, sessions)")
+    settings.add_argument("--approvals", choices=APPROVAL_MODES, help="when Hermes asks before a dangerous "
+                          "command: deny it (default), ask the user, or allow it (yolo)")
     settings.add_argument("--yolo", nargs="?", const="true", choices=("true", "false"),
                           help="Hermes auto-approves commands it deems dangerous")
     modes = parser.add_mutually_exclusive_group()
@@ -3751,6 +4468,8 @@ def settings_of(args: Any) -> dict[str, Any]:
         settings["hermes_home"] = os.path.abspath(os.path.expanduser(args.hermes_home))
     if args.yolo is not None:
         settings["yolo"] = args.yolo == "true"
+    if args.approvals:
+        settings["approvals"] = args.approvals
     return settings
 
 

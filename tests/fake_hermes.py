@@ -32,6 +32,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from typing import Any
 
 CHILD_CODE = """
 import os, signal, subprocess, sys, time
@@ -133,6 +134,26 @@ def record_turn(session: str, content: str | None = None, tool_command: str | No
     db.close()
 
 
+class AcpStore:
+    """The session store as the fake's ACP side uses it: ACP sessions are recorded with source 'acp'."""
+
+    def new_session(self, session: str, cwd: str | None) -> None:
+        db = session_store()
+        with db:
+            db.execute("INSERT INTO sessions (id, source, model, started_at, cwd) VALUES (?, 'acp', 'fake', ?, ?)",
+                       (session, time.time(), cwd))
+        db.close()
+
+    def has_session(self, session: Any) -> bool:
+        db = session_store()
+        found = db.execute("SELECT 1 FROM sessions WHERE id = ?", (session,)).fetchone() is not None
+        db.close()
+        return found
+
+    def add_answer(self, session: str, answer: str) -> None:
+        record_turn(session, content=answer)
+
+
 def open_session(args: argparse.Namespace, todo: dict[str, str]) -> str | None:
     """The session this run continues or starts; a resume moves to the recorded folder, as the real CLI does."""
     db = session_store()
@@ -164,6 +185,10 @@ def main() -> int:
     if argv == ["--version"]:
         print("Hermes Agent v0.19.0 (fake)")
         return 0
+    if argv[:1] == ["acp"]:
+        import fake_acp
+
+        return fake_acp.main(argv, AcpStore(), trace)
     if argv[:1] != ["chat"]:
         print("usage: hermes chat ...", file=sys.stderr)
         return 2

@@ -221,9 +221,9 @@ class Result:
 
 
 @asynccontextmanager
-async def open_session(params: StdioServerParameters, errlog: Any):
+async def open_session(params: StdioServerParameters, errlog: Any, **session_options: Any):
     async with stdio_client(params, errlog=errlog) as (read, write):
-        async with ClientSession(read, write, read_timeout_seconds=READ_TIMEOUT) as session:
+        async with ClientSession(read, write, read_timeout_seconds=READ_TIMEOUT, **session_options) as session:
             init = await session.initialize()
             yield session, init
 
@@ -231,9 +231,11 @@ async def open_session(params: StdioServerParameters, errlog: Any):
 class BridgeClient:
     """The official MCP client driving a real `server.py` process over stdio, callable from sync tests."""
 
-    def __init__(self, env: dict[str, str], command: list[str] | None = None):
+    def __init__(self, env: dict[str, str], command: list[str] | None = None, **session_options: Any):
+        """session_options go to ClientSession, e.g. elicitation_callback for a client that can elicit."""
         command = command or [sys.executable, str(SERVER)]
         self.params = StdioServerParameters(command=command[0], args=command[1:], env=env)
+        self.session_options = session_options
         self.errlog = tempfile.TemporaryFile("w+")
         self.server_pid: int | None = None
 
@@ -241,7 +243,8 @@ class BridgeClient:
         before = {p.pid for p in psutil.Process().children()}
         self._portal_cm = start_blocking_portal()
         self.portal = self._portal_cm.__enter__()
-        self._session_cm = self.portal.wrap_async_context_manager(open_session(self.params, self.errlog))
+        self._session_cm = self.portal.wrap_async_context_manager(open_session(self.params, self.errlog,
+                                                                               **self.session_options))
         self.session, self.init = self._session_cm.__enter__()
         new = [p for p in psutil.Process().children() if p.pid not in before]
         self.server_pid = new[0].pid if len(new) == 1 else None

@@ -22,11 +22,12 @@ EXPECTED_ARGS = {
     "hermes_capabilities": (set(), {"query", "category", "limit"}),
     "hermes_health": (set(), set()),
     "hermes_cancel": ({"job_id"}, {"job_id"}),
+    "hermes_approve": ({"job_id", "approval_id", "decision"}, {"job_id", "approval_id", "decision"}),
 }
 READ_ONLY = {"hermes_status", "hermes_jobs", "hermes_read", "hermes_capabilities", "hermes_health"}
 
 
-def test_tools_list_exactly_the_eight_tools_with_arguments_annotations_and_instructions(bridge):
+def test_tools_list_exactly_the_nine_tools_with_arguments_annotations_and_instructions(bridge):
     with bridge.client() as client:
         tools = {tool.name: tool for tool in client.portal.call(client.session.list_tools).tools}
         assert set(tools) == set(EXPECTED_ARGS)
@@ -38,6 +39,7 @@ def test_tools_list_exactly_the_eight_tools_with_arguments_annotations_and_instr
             hints = tools[name].annotations
             assert server.either(hints, "read_only_hint") is (name in READ_ONLY), name
         assert server.either(tools["hermes_cancel"].annotations, "destructive_hint") is True
+        assert server.either(tools["hermes_approve"].annotations, "destructive_hint") is True
         assert server.either(tools["hermes_run"].annotations, "idempotent_hint") is False
         assert server.either(tools["hermes_run"].annotations, "open_world_hint") is True
         instructions = client.init.instructions
@@ -156,7 +158,7 @@ def test_check_passes_on_a_good_install(bridge):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "CHECK: OK" in done.stdout
-    assert "tools: 8 (exactly the declared tools)" in done.stdout
+    assert "tools: 9 (exactly the declared tools)" in done.stdout
 
 
 def test_check_fails_when_the_tools_differ_or_the_server_cannot_start(bridge, tmp_path):

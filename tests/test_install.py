@@ -31,7 +31,7 @@ def test_settings_on_the_command_line_win_over_the_config_and_health_says_where_
     with BridgeClient(bridge.env, command=command) as client:
         health = client.call("hermes_health")
         assert health.field("ALLOWED_ROOTS") == str(other.resolve())
-        assert health.field("YOLO").startswith("on")
+        assert health.field("APPROVALS").startswith("yolo")
         settings = health.field("SETTINGS")
         assert "allowed_roots from command line" in settings and "yolo from command line" in settings
         assert f"hermes_exe from config file {bridge.config}" in settings
@@ -138,7 +138,7 @@ def test_the_bundle_validates_packs_and_runs_as_claude_desktop_starts_it_with_fi
         config = desktop_command(folder, user_config)
         command = [shutil.which(config["command"], path=env["PATH"]), *config["args"]]
         with BridgeClient(env, command=command) as client:
-            assert sorted(t.name for t in client.portal.call(client.session.list_tools).tools)[0] == "hermes_cancel"
+            assert sorted(t.name for t in client.portal.call(client.session.list_tools).tools)[0] == "hermes_approve"
             health = client.call("hermes_health")
             assert health.field("HERMES_EXE") == str(bridge.hermes), (user_config, health.text)
             result = client.call("hermes_run", task=f"from the bundle !write=made.txt:{len(user_config)}",
@@ -183,14 +183,18 @@ def test_the_wheel_runs_through_uvx(tmp_path):
     assert "HERMES_RUNS: yes: Hermes Agent v0.19.0 (fake)" in done.stdout
 
 
-def test_register_writes_the_uvx_entry_on_request(tmp_path):
+def test_register_writes_the_uvx_from_entry_with_the_roots(tmp_path):
+    uv = require_component(UV, "uv")
     home = tmp_path / "home"
     (home / ".config" / "Claude").mkdir(parents=True)
     root = tmp_path / "root"
     root.mkdir()
-    done = subprocess.run([sys.executable, str(REPO / "register_with_claude.py"), "--platform", "linux", "--uvx",
-                           "--allowed-roots", str(root), "--print"], capture_output=True, text=True, timeout=300,
-                          env={"PATH": os.environ["PATH"], "HOME": str(home)})
+    done = subprocess.run([sys.executable, str(REPO / "register_with_claude.py"), "--platform", "linux", "--uvx-from",
+                           str(REPO), "--allowed-roots", str(root), "--print"], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, PATH=f"{uv.parent}:{os.environ['PATH']}", HOME=str(home),
+                                                UV_CACHE_DIR=str(tmp_path / "uv-cache"), UV_PYTHON_DOWNLOADS="never",
+                                                XDG_CONFIG_HOME=str(home / ".config")))
     assert done.returncode == 0, done.stdout + done.stderr
     assert '"command": "uvx"' in done.stdout
-    assert f'"claude-hermes-bridge",\n+        "--allowed-roots",\n+        "{root}"' in done.stdout
+    assert (f'"--from",\n+        "{REPO}",\n+        "claude-hermes-bridge",\n+        "--allowed-roots",\n+'
+            f'        "{root}"') in done.stdout

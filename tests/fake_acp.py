@@ -1,0 +1,187 @@
+"""The fake Hermes' ACP side (`hermes acp`), for the fast tests: JSON-RPC 2.0 over stdin and stdout as Hermes
+0.19/0.22 speak it (initialize, session/new, session/load, session/prompt, session/cancel, session/update
+events, session/request_permission), driven by directives in the prompt:
+
+!ask=CMD  a dangerous command: asks, then runs CMD with sh when allowed (reports BLOCKED when denied)
+!edit=PATH:TEXT  a file edit (one per such word): asks (kind edit, a diff), then writes TEXT when allowed
+!tool-sleep=S  a terminal tool call running `sleep S` in its own session (session/cancel kills it)
+!refuse  answers the prompt with stopReason refusal
+
+An unanswered question is denied after approvals.timeout from $HERMES_MANAGED_DIR/config.yaml (60 s by
+default), as Hermes 0.22 does. `hermes acp --check` passes only with FAKE_HERMES_ACP=1, like a Hermes with
+its acp extra. Every run is traced like the CLI form, with the managed policy it saw.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+OUT_LOCK = threading.Lock()
+
+
+def send(message: dict[str, Any]) -> None:
+    with OUT_LOCK:
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
+        sys.stdout.flush()
+
+
+def update(session: str, body: dict[str, Any]) -> None:
+    send({"method": "session/update", "params": {"sessionId": session, "update": body}})
+
+
+def text(value: str) -> list[dict[str, Any]]:
+    return [{"type": "content", "content": {"type": "text", "text": value}}]
+
+
+def managed_policy() -> str:
+    folder = os.environ.get("HERMES_MANAGED_DIR")
+    try:
+        return open(os.path.join(folder, "config.yaml")).read() if folder else ""
+    except OSError:
+        return ""
+
+
+def approval_timeout() -> float:
+    found = re.search(r"timeout:\s*(\d+)", managed_policy())
+    return float(found.group(1)) if found else 60.0
+
+
+class Agent:
+    def __init__(self, store: Any, trace: str):
+        self.inbox: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.replies: dict[int, queue.Queue[dict[str, Any]]] = {}
+        self.next_request = 0
+        self.cancelled = threading.Event()
+        self.store = store
+        self.trace = trace
+        self.cwd = os.getcwd()
+        threading.Thread(target=self.read, daemon=True).start()
+
+    def read(self) -> None:
+        for line in sys.stdin:
+            message = json.loads(line)
+            if "method" not in message and message.get("id") in self.replies:
+                self.replies[message["id"]].put(message)
+            elif message.get("method") == "session/cancel":
+                self.cancelled.set()
+            else:
+                self.inbox.put(message)
+        self.inbox.put({"method": "eof"})
+
+    def ask(self, session: str, tool_call: dict[str, Any], options: list[dict[str, str]]) -> bool:
+        request_id = self.next_request
+        self.next_request += 1
+        self.replies[request_id] = queue.Queue()
+        send({"id": request_id, "method": "session/request_permission",
+              "params": {"sessionId": session, "toolCall": tool_call, "options": options}})
+        try:
+            reply = self.replies[request_id].get(timeout=approval_timeout())
+        except queue.Empty:
+            return False  # Hermes denies by itself; the request is never withdrawn
+        outcome = (reply.get("result") or {}).get("outcome") or {}
+        return outcome.get("outcome") == "selected" and outcome.get("optionId") == "allow_once"
+
+    def run(self) -> int:
+        while True:
+            message = self.inbox.get()
+            method, params = message.get("method"), message.get("params") or {}
+            if method == "eof":
+                return 0
+            if method == "initialize":
+                send({"id": message["id"], "result": {"protocolVersion": 1, "agentInfo": {
+                    "name": "hermes-agent", "version": os.environ.get("FAKE_ACP_VERSION", "0.22.2")},
+                    "agentCapabilities": {"loadSession": True}}})
+            elif method == "session/new":
+                session = str(uuid.uuid4())
+                self.cwd = params.get("cwd") or self.cwd
+                self.store.new_session(session, None)  # Hermes 0.19 records no folder for an ACP session
+                send({"id": message["id"], "result": {"sessionId": session}})
+            elif method == "session/load":
+                self.cwd = params.get("cwd") or self.cwd
+                if not self.store.has_session(params.get("sessionId")):
+                    send({"id": message["id"], "error": {"code": -32002, "message": "session not found"}})
+                else:
+                    send({"id": message["id"], "result": {}})
+            elif method == "session/prompt":
+                prompt = "".join(block.get("text", "") for block in params.get("prompt") or [])
+                send({"id": message["id"], "result": self.prompt(params["sessionId"], prompt)})
+
+    def prompt(self, session: str, prompt: str) -> dict[str, Any]:
+        todo = {name: value for name, _, value in (w[1:].partition("=") for w in prompt.split() if w.startswith("!"))}
+        if self.trace:
+            with open(os.path.join(self.trace, f"{os.getpid()}.json"), "w") as handle:
+                json.dump({"argv": sys.argv[1:], "cwd": self.cwd, "task": prompt, "pid": os.getpid(),
+                           "hermes_home": os.environ.get("HERMES_HOME"), "marker": os.environ.get("HERMES_BRIDGE_JOB"),
+                           "policy": managed_policy(), "yolo_env": os.environ.get("HERMES_YOLO_MODE")}, handle)
+        if "refuse" in todo:
+            return {"stopReason": "refusal"}
+        allow_deny = [{"optionId": "allow_once", "kind": "allow_once", "name": "Allow once"},
+                      {"optionId": "allow_session", "kind": "allow_always", "name": "Allow for session"},
+                      {"optionId": "deny", "kind": "reject_once", "name": "Deny"},
+                      {"optionId": "deny_always", "kind": "reject_always", "name": "Deny always"}]
+        if "ask" in todo:
+            command = todo["ask"].replace("+", " ")
+            update(session, {"sessionUpdate": "tool_call", "toolCallId": "tc-1", "kind": "execute",
+                             "title": "terminal: display.preview.shell", "content": text(f"$ {command}")})
+            allowed = self.ask(session, {"toolCallId": "perm-check-1", "kind": "execute", "status": "pending",
+                                         "title": f"dangerous: {command}", "content": text(f"dangerous\n$ {command}"),
+                                         "rawInput": {"command": command, "description": "dangerous"}}, allow_deny)
+            if allowed:
+                done = subprocess.run(["sh", "-c", command], cwd=self.cwd, capture_output=True, text=True)
+                update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "tc-1", "status": "completed",
+                                 "content": text(f"exit_code: {done.returncode}\n{done.stdout}")})
+            else:
+                update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "tc-1", "status": "failed",
+                                 "content": text("BLOCKED: User denied this command")})
+        edits = [word[len("!edit="):] for word in prompt.split() if word.startswith("!edit=")]
+        for edit in edits:
+            path, _, new_text = edit.partition(":")
+            diff = {"type": "diff", "path": path, "oldText": None, "newText": new_text}
+            allowed = self.ask(session, {"toolCallId": "edit-approval-1", "kind": "edit", "status": "pending",
+                                         "title": f"Approve edit: {path}", "content": [diff],
+                                         "rawInput": {"tool": "write_file", "arguments": {"path": path}}},
+                               allow_deny[::2])
+            if allowed:
+                with open(os.path.join(self.cwd, path), "w") as handle:
+                    handle.write(new_text)
+        if "tool-sleep" in todo:
+            update(session, {"sessionUpdate": "tool_call", "toolCallId": "tc-2", "kind": "execute",
+                             "title": "terminal", "content": text(f"$ sleep {todo['tool-sleep']}")})
+            tool = subprocess.Popen(["sleep", todo["tool-sleep"]], cwd=self.cwd, start_new_session=True)
+            if self.trace:
+                open(os.path.join(self.trace, f"{tool.pid}.child"), "w").write("tool")
+            while tool.poll() is None:
+                if self.cancelled.wait(0.1):
+                    os.killpg(tool.pid, signal.SIGKILL)
+                    tool.wait()
+                    return {"stopReason": "cancelled"}
+            update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "tc-2", "status": "completed",
+                             "content": text("slept")})
+        answer = f"FAKE ANSWER: {prompt[:60]}"
+        for part in (answer[:10], answer[10:]):
+            update(session, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": part}})
+        update(session, {"sessionUpdate": "usage_update", "used": 1234, "size": 256000})
+        self.store.add_answer(session, answer)
+        return {"stopReason": "end_turn", "usage": {"inputTokens": 20, "outputTokens": 10, "totalTokens": 30}}
+
+
+def main(argv: list[str], store: Any, trace: str) -> int:
+    if argv == ["acp", "--check"]:
+        if os.environ.get("FAKE_HERMES_ACP") == "1":
+            print("Hermes ACP check OK")
+            return 0
+        print("ACP dependencies not installed.", file=sys.stderr)
+        return 1
+    if os.environ.get("FAKE_HERMES_ACP") != "1":
+        return 1
+    time.sleep(0.1)
+    return Agent(store, trace).run()

@@ -1,0 +1,193 @@
+"""Hermes asks, the user answers (issue 20): the ACP driver against the fake Hermes' ACP side. Which driver a
+job gets, what each approvals setting lets reach Hermes, every way a question is answered (the bridge itself,
+hermes_approve, elicitation, nobody), activity from events, cancel and resume over ACP."""
+from typing import Any
+
+import pytest
+from mcp import types
+
+import server
+from harness import Bridge, BridgeClient, hermes_answer, make_fake_hermes, refused, wait_gone, wait_until
+
+pytestmark = pytest.mark.posix("the fake hermes is a shell script")
+
+
+@pytest.fixture
+def acp(bridge: Bridge) -> Bridge:
+    """The bridge with a fake Hermes that has its acp extra, and approvals that time out in seconds."""
+    bridge.configure(approval_timeout_s=6)
+    return bridge
+
+
+def client_of(bridge: Bridge, extra: bool = True, command: list[str] | None = None, **kwargs: Any) -> BridgeClient:
+    client = bridge.client(command=command, **kwargs)
+    client.params.env = dict(bridge.env, FAKE_HERMES_ACP="1" if extra else "0")
+    return client
+
+
+def wait_question(client: BridgeClient, job_id: str) -> Any:
+    return wait_until(lambda: r if (r := client.call("hermes_status", job_id=job_id, wait_s=5)).field("STATUS")
+                      == "needs_approval" else None, 40, f"job {job_id} to ask")
+
+
+def approvals_of(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("- ") and " -> " in line]
+
+
+# ------------------------------------------------------------------ 1. which driver
+def test_auto_picks_acp_when_hermes_has_its_extra_and_the_record_keeps_it(acp):
+    with client_of(acp) as client:
+        result = client.call("hermes_run", task="hello over acp", wait_s=30)
+        health = client.call("hermes_health")
+    assert result.field("STATUS") == "ok", result.text
+    assert acp.record(result.field("JOB_ID")).driver == "acp"
+    assert health.field("DRIVER").startswith("acp (auto: `hermes acp --check` passed)")
+    assert acp.runs()[0]["argv"] == ["acp"]
+
+
+def test_without_the_extra_auto_falls_back_to_the_cli_and_says_how_to_get_acp(acp):
+    acp.configure(approvals="ask")
+    with client_of(acp, extra=False) as client:
+        result = client.call("hermes_run", task="hello over the cli", wait_s=30)
+        health = client.call("hermes_health")
+    assert result.field("STATUS") == "ok" and acp.record(result.field("JOB_ID")).driver == "cli"
+    assert "cannot forward its questions" in result.text and "hermes-agent[acp]" in result.text
+    assert health.field("DRIVER").startswith("cli (auto: `hermes acp --check` fails")
+    assert "pip install 'hermes-agent[acp]'" in health.field("DRIVER")
+    assert "cannot forward questions: they are denied" in health.field("APPROVALS")
+
+
+def test_hermes_driver_acp_without_the_extra_is_refused_with_the_fix(acp):
+    acp.configure(hermes_driver="acp")
+    with client_of(acp, extra=False) as client:
+        refused(client.call("hermes_run", task="x", wait_s=0), "hermes_driver is acp", "hermes-agent[acp]")
+
+
+# ------------------------------------------------------------------ 2. what each setting lets reach Hermes
+@pytest.mark.parametrize("extra", [True, False], ids=["acp", "cli"])
+def test_the_bundle_defaults_yolo_false_and_approvals_deny_leave_every_bypass_off(acp, extra):
+    command = [server.sys.executable, str(server.SERVER_FILE), "--yolo", "false", "--approvals", "deny"]
+    acp.configure(yolo=True, approvals="yolo")  # a config file that would loosen it
+    client = client_of(acp, extra=extra, command=command)
+    client.params.env = dict(client.params.env, HERMES_YOLO_MODE="1")  # inherited from the host's environment
+    with client:
+        result = client.call("hermes_run", task="!ask=touch+denied.txt", wait_s=40)
+    assert result.field("STATUS") == "ok", result.text
+    run = acp.runs()[0]
+    assert "--yolo" not in run["argv"] and run.get("yolo_env") is None
+    if extra:
+        assert "mode: manual" in run["policy"] and "timeout: 6" in run["policy"]
+        assert approvals_of(result.text) == [f"- {acp.record(result.field('JOB_ID')).decisions[0]['id']}: run "
+                                             "`touch denied.txt` (dangerous) -> deny by the bridge: approvals deny"]
+        assert not (acp.root / "denied.txt").exists()
+
+
+def test_yolo_allows_and_says_so_over_acp_and_passes_yolo_to_the_cli(acp):
+    acp.configure(approvals="yolo")
+    with client_of(acp) as client:
+        over_acp = client.call("hermes_run", task="!ask=touch+allowed.txt", wait_s=40)
+    assert (acp.root / "allowed.txt").exists() and "-> allow by the bridge: approvals yolo" in over_acp.text
+    acp.configure(hermes_exe=str(make_fake_hermes(acp.tmp / "cli-hermes")))  # probed afresh: no acp extra
+    with client_of(acp, extra=False) as client:
+        client.call("hermes_run", task="over the cli", wait_s=30)
+    [cli_run] = [run for run in acp.runs() if run["argv"][0] == "chat"]
+    assert "--yolo" in cli_run["argv"]
+
+
+def test_a_file_edit_inside_the_roots_is_allowed_and_one_outside_denied_in_every_mode(acp):
+    outside = acp.tmp / "outside.txt"
+    with client_of(acp) as client:
+        result = client.call("hermes_run", task=f"!edit=inside.txt:fine !edit={outside}:bad", wait_s=40)
+    assert result.field("STATUS") == "ok", result.text
+    assert (acp.root / "inside.txt").read_text() == "fine"
+    assert not outside.exists()
+
+
+# ------------------------------------------------------------------ 3. questions relayed
+@pytest.mark.parametrize("decision", ["allow", "deny"])
+def test_ask_relays_the_question_and_hermes_approve_answers_it(acp, decision):
+    acp.configure(approvals="ask", approval_timeout_s=60)
+    with client_of(acp) as client:
+        job_id = client.call("hermes_run", task="!ask=touch+asked.txt", wait_s=0).field("JOB_ID")
+        asking = wait_question(client, job_id)
+        assert asking.field("APPROVAL") == "Hermes asks to run `touch asked.txt` (dangerous)"
+        assert 0 < int(asking.field("APPROVAL_WAITS_S").split()[0]) <= 60
+        approval_id = asking.field("APPROVAL_ID")
+        refused(client.call("hermes_approve", job_id=job_id, approval_id="9-abcdef", decision="allow"),
+                "not waiting for an answer")
+        refused(client.call("hermes_approve", job_id=job_id, approval_id=approval_id, decision="maybe"),
+                'decision must be "allow" or "deny"')
+        answered = client.call("hermes_approve", job_id=job_id, approval_id=approval_id, decision=decision)
+        assert answered.field("STATUS") in ("running", "ok"), answered.text
+        final = client.wait_final(job_id)
+        again = client.call("hermes_approve", job_id=job_id, approval_id=approval_id, decision=decision)
+    assert final.field("STATUS") == "ok"
+    assert (acp.root / "asked.txt").exists() == (decision == "allow")
+    assert approvals_of(final.text) == [f"- {approval_id}: run `touch asked.txt` (dangerous) -> {decision} by the "
+                                        "planner (hermes_approve)"]
+    assert again.is_error
+
+
+def test_an_unanswered_question_is_denied_by_hermes_and_a_late_answer_refused(acp):
+    acp.configure(approvals="ask", approval_timeout_s=5)
+    with client_of(acp) as client:
+        job_id = client.call("hermes_run", task="!ask=touch+late.txt", wait_s=0).field("JOB_ID")
+        approval_id = wait_question(client, job_id).field("APPROVAL_ID")
+        final = wait_until(lambda: r if (r := client.call("hermes_status", job_id=job_id, wait_s=5)).field(
+            "STATUS") not in ("running", "needs_approval") else None, 60, f"job {job_id} to end")
+        late = client.call("hermes_approve", job_id=job_id, approval_id=approval_id, decision="allow")
+    assert final.field("STATUS") == "ok" and not (acp.root / "late.txt").exists()
+    assert "-> deny by Hermes itself" in final.text
+    refused(late, "has ended")
+
+
+def test_a_client_that_can_elicit_is_asked_directly_and_the_result_says_the_user_answered(acp):
+    acp.configure(approvals="ask", approval_timeout_s=60)
+    asked: list[str] = []
+
+    async def elicit(context: Any, params: Any) -> Any:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"allow": True})
+    with client_of(acp, elicitation_callback=elicit) as client:
+        result = client.call("hermes_run", task="!ask=touch+by-user.txt", wait_s=40)
+    assert result.field("STATUS") == "ok", result.text
+    assert asked and "asks to run `touch by-user.txt` (dangerous). Allow it?" in asked[0]
+    assert (acp.root / "by-user.txt").exists()
+    assert "-> allow by the user (elicitation)" in result.text
+
+
+# ------------------------------------------------------------------ 4. events, cancel, resume
+def test_activity_current_tool_usage_and_answer_come_from_the_events(acp):
+    with client_of(acp) as client:
+        job_id = client.call("hermes_run", task="!tool-sleep=6", wait_s=0).field("JOB_ID")
+        running = wait_until(lambda: r if "CURRENT_TOOL: execute: sleep 6 (running" in (
+            r := client.call("hermes_status", job_id=job_id, wait_s=1)).text else None, 30, "the current tool")
+        final = client.wait_final(job_id)
+    assert running.field("ACTIVITY").startswith("1 tool call, context 1,234 / 256,000 tokens") or \
+        running.field("ACTIVITY").startswith("1 tool call")
+    assert final.field("USAGE") == "1 tool call, context 1,234 / 256,000 tokens, tokens in 20 / out 10"
+    assert hermes_answer(final.text) == "FAKE ANSWER: !tool-sleep=6"
+    log = (acp.jobs / f"{job_id}.log").read_text()
+    assert "[hermes] execute: sleep 6" in log and "FAKE ANSWER" in log
+
+
+def test_cancel_over_acp_stops_the_running_command_and_leaves_no_process(acp):
+    with client_of(acp) as client:
+        job_id = client.call("hermes_run", task="!tool-sleep=120", wait_s=0).field("JOB_ID")
+        tool = wait_until(lambda: [int(p.stem) for p in acp.trace.glob("*.child")], 30, "the tool")
+        client.call("hermes_cancel", job_id=job_id)
+        final = client.wait_final(job_id)
+    assert final.field("STATUS") == "cancelled"
+    assert wait_gone(tool + acp.traced_pids()) == []
+
+
+def test_an_acp_session_is_resumed_over_acp_with_session_load(acp):
+    with client_of(acp) as client:
+        first = client.call("hermes_run", task="start a session", wait_s=30)
+        session = first.field("SESSION_ID")
+        assert server.ACP_SESSION_RE.fullmatch(session)
+        resumed = client.call("hermes_resume", session_id=session, task="continue it", wait_s=30)
+    assert resumed.field("STATUS") == "ok", resumed.text
+    assert resumed.field("SESSION_ID") == session
+    record = acp.record(resumed.field("JOB_ID"))
+    assert record.driver == "acp" and record.session_requested == session
