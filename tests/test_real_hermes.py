@@ -30,7 +30,7 @@ def real(bridge, request):
     home = bridge.tmp / "real-home"
     with ScriptedModel(bridge.tmp) as model:
         write_hermes_home(home, model.base_url)
-        bridge.configure(hermes_exe=str(exe), hermes_home=str(home), kill_grace_s=5)
+        bridge.configure(hermes_exe=str(exe), hermes_home=str(home), kill_grace_s=5, hermes_driver="cli")
         with bridge.client() as client:
             yield bridge, model, client
 
