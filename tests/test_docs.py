@@ -51,3 +51,15 @@ def test_readme_gives_the_test_command_ci_runs():
     assert TEST_COMMAND in (REPO / "README.md").read_text(encoding="utf-8")
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     assert "-r requirements-dev.txt" in ci and "\n.venv/bin/python -m pytest\n" in ci
+
+
+def test_every_setting_is_in_the_example_config_and_the_readme_table():
+    import json
+
+    import server
+    example = {key for key in json.loads((REPO / "config.example.json").read_text()) if not key.startswith("_")}
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"^\| `(\w+)` \|", readme, re.MULTILINE))
+    assert example <= set(server.CONFIG_TYPES)
+    assert set(server.CONFIG_TYPES) - {"yolo"} <= example  # yolo: the older spelling of approvals
+    assert set(server.CONFIG_TYPES) <= documented
