@@ -53,7 +53,8 @@ def serves_protocol(argv: list[str]) -> bool:
 
 PROTOCOL_FDS = guard_stdio() if __name__ == "__main__" and serves_protocol(sys.argv[1:]) else None
 
-import dataclasses  # noqa: E402  (the guard must run before anything else can print)
+import contextlib  # noqa: E402  (the guard must run before anything else can print)
+import dataclasses  # noqa: E402
 import enum  # noqa: E402
 import errno  # noqa: E402
 import functools  # noqa: E402
@@ -3828,6 +3829,7 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
         f"BRIDGE: claude-hermes-bridge {VERSION}",
         f"PYTHON: {sys.version.split()[0]} at {sys.executable}",
         f"MCP_SDK: {dependency_version('mcp') or 'not installed'}",
+        f"TASKS: {tasks_line(dependency_version('mcp'))}",
         f"HERMES_EXE: {shown(exe) if exe else 'NOT USABLE: ' + shown(hermes.problem, 600)}",
         f"HERMES_EXE_SOURCE: {shown(hermes.source, 600)}",
         f"HERMES_VERSION: {hermes_version_line(exe, version)}",
@@ -3852,6 +3854,15 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
         lines.append(f"PATH_NOTE: {shown(advice, 500)}")
     lines += [f"  - {shown(problem, 500)}" for problem in cfg.problems]
     return "\n".join(lines)
+
+
+def tasks_line(mcp_version: str | None) -> str:
+    """Whether this SDK line can answer a run with a task (the tasks extension needs the 2.x line)."""
+    if mcp_version and version_tuple(mcp_version)[:1] >= (2,):
+        return ("served: a client that declares io.modelcontextprotocol/tasks on protocol 2026-07-28 (Claude "
+                "Code, interactive) gets hermes_run and hermes_resume as background tasks; others get job ids")
+    return (f"not served on the 1.x SDK line (mcp {mcp_version or 'not installed'}): every client gets job ids to "
+            "poll with hermes_status; mcp 2.x serves them as tasks")
 
 
 def server_instructions(cfg: Config) -> str:
@@ -4026,6 +4037,121 @@ async def answer(tool: str, body: Callable[[Config], Awaitable[ToolResult]], tas
     return outcome
 
 
+# ----------------------------------------------------------------------------------- MCP tasks extension
+# io.modelcontextprotocol/tasks (SEP-2663, protocol 2026-07-28, the 2.x SDK line only): a client that declares
+# it on a request gets hermes_run and hermes_resume answered with a task whose id is the job id, and polls
+# tasks/get itself (Claude Code moves such a call to the background and tells the model when it ends). The
+# task is the job: its state is read from the record on every poll, so it lives as long as the record.
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+TASKS_PROTOCOL = "2026-07-28"
+TASK_TOOLS = ("hermes_run", "hermes_resume")
+TASK_POLL_MS = 2000
+TASK_MESSAGE_CHARS = 150
+TASK_FAILED_STATES = frozenset({JobState.ERROR, JobState.TIMEOUT, JobState.ORPHANED})
+TERMINAL_TASKS_KEPT = 10000
+APPROVAL_FORM = {"type": "object", "required": ["allow"],
+                 "properties": {"allow": {"type": "boolean", "title": "Allow",
+                                          "description": "Allow it (true) or deny it (false)"}}}
+
+
+def iso_time(seconds: float) -> str:
+    import datetime
+
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def approval_question(job_id: str, what: str) -> str:
+    """The question put to the user, by elicitation or as a task's input request."""
+    return f"Hermes (job {job_id}) asks to {what}. Allow it?"
+
+
+def elicited_decision(response: Any) -> str | None:
+    """allow or deny from an elicitation result; None when the user made no choice (Hermes' timeout decides)."""
+    if not isinstance(response, dict):
+        return None
+    content = response.get("content")
+    if response.get("action") == "accept" and isinstance(content, dict) and isinstance(content.get("allow"), bool):
+        return "allow" if content["allow"] else "deny"
+    return "deny" if response.get("action") == "decline" else None
+
+
+@dataclasses.dataclass
+class TaskCall:
+    """One tools/call a client may take as a task: the tool body leaves its outcome here."""
+
+    outcome: ToolResult | None = None
+
+
+class JobTasks:
+    """The tasks extension over the job store, without MCP: the task a job is now, its input answered, its
+    cancel. A task reported terminal (completed, failed, cancelled) is kept as reported, so it never changes
+    after, whatever the record says later (an orphan cancelled afterwards stays completed)."""
+
+    def __init__(self) -> None:
+        import contextvars
+
+        self.terminal: dict[str, dict[str, Any]] = {}
+        self.call: contextvars.ContextVar[TaskCall | None] = contextvars.ContextVar("task_call", default=None)
+
+    def as_task(self) -> bool:
+        """Whether the tools/call being served will be answered with a task (so it must not wait)."""
+        return self.call.get() is not None
+
+    def keep(self, outcome: ToolResult) -> None:
+        if (call := self.call.get()) is not None:
+            call.outcome = outcome
+
+    def task(self, cfg: Config, job_id: Any) -> dict[str, Any]:
+        """tasks/get: the job's state as a task. Refused (an unknown or damaged job) becomes a protocol error."""
+        if isinstance(job_id, str) and job_id in self.terminal:
+            return self.terminal[job_id]
+        view = job_view(cfg, job_id)
+        record = view.record
+        task: dict[str, Any] = {
+            "taskId": record.id, "createdAt": iso_time(record.created_at),
+            "lastUpdatedAt": iso_time(record.ended_at or record.started_at or record.created_at),
+            "ttlMs": int(max(cfg.retention_days * 86400, 60) * 1000), "pollIntervalMs": TASK_POLL_MS}
+        if (approval := view.pending_approval) is not None:
+            question = approval_question(record.id, approval["what"])
+            return {**task, "status": "input_required", "statusMessage": shown(question, TASK_MESSAGE_CHARS),
+                    "inputRequests": {approval["id"]: {"method": "elicitation/create", "params": {
+                        "mode": "form", "message": shown(question, 1400), "requestedSchema": APPROVAL_FORM}}}}
+        if view.running:
+            details = job_details(cfg, view)
+            doing = details.current_tool if details.current_tool not in (None, "none yet") else details.activity
+            message = f"Hermes: {doing}" if view.state is JobState.RUNNING and doing else "Hermes is starting"
+            return {**task, "status": "working", "statusMessage": shown(message, TASK_MESSAGE_CHARS)}
+        final = status_result(view, cfg)
+        if view.state is JobState.CANCELLED:
+            task |= {"status": "cancelled", "statusMessage": shown(view.reason or "cancelled", TASK_MESSAGE_CHARS)}
+        else:
+            task |= {"status": "completed", "result": {"content": [{"type": "text", "text": final.text}],
+                                                       "isError": view.state in TASK_FAILED_STATES}}
+        if len(self.terminal) >= TERMINAL_TASKS_KEPT:
+            self.terminal.pop(next(iter(self.terminal)))
+        self.terminal[record.id] = task
+        return task
+
+    def update(self, cfg: Config, job_id: Any, responses: Any) -> None:
+        """tasks/update: an answer to the question pending now is relayed as hermes_approve relays it; answers
+        to keys not outstanding (never asked, answered already, expired) are ignored, as the extension says."""
+        view = job_view(cfg, job_id)
+        pending = view.pending_approval
+        if not pending or not isinstance(responses, dict) or pending["id"] not in responses:
+            return
+        decision = elicited_decision(responses[pending["id"]])
+        if decision is not None:
+            with contextlib.suppress(Refused):
+                answer_approval(cfg, view.record.id, pending["id"], decision, "user")
+
+    def cancel(self, cfg: Config, job_id: Any) -> None:
+        """tasks/cancel: as hermes_cancel, without waiting; a task already terminal is left as it is."""
+        view = job_view(cfg, job_id)
+        if view.record.id not in self.terminal and view.state not in FINAL_STATES:
+            request_cancel(cfg, view.record.id)
+
+
 class McpEdge:
     """The one place that knows which MCP SDK line is installed: 2.x (MCPServer) or 1.x (FastMCP). The rest
     of the file uses what both lines share (tool decorators, ToolAnnotations and CallToolResult with camelCase
@@ -4042,12 +4168,79 @@ class McpEdge:
             self.line = 1
         self.context_class: Any = module.Context
 
-    def new_server(self, instructions: str) -> Any:
+    def new_server(self, instructions: str, tasks: JobTasks) -> Any:
         if self.line == 2:
-            return self.server_class(name="hermes", instructions=instructions, version=VERSION)
+            return self.server_class(name="hermes", instructions=instructions, version=VERSION,
+                                     extensions=[self.tasks_extension(tasks)])
         server = self.server_class(name="hermes", instructions=instructions)
         server._mcp_server.version = VERSION  # serverInfo.version; 1.x has no public way to set it
         return server
+
+    @staticmethod
+    def tasks_extension(tasks: JobTasks) -> Any:
+        """The tasks extension on the 2.x line's public Extension API: a tools/call interceptor that answers
+        hermes_run and hermes_resume with a task when the request declares the extension on 2026-07-28 (a
+        task is never returned on older protocol versions, where results are validated), and the three
+        methods. A refusal stays an ordinary result; an unknown task id is a JSON-RPC error."""
+        from mcp.server.extension import Extension, MethodBinding
+        from mcp.shared.exceptions import MCPError
+        from mcp.types import RequestParams
+        from pydantic import ConfigDict
+
+        class TaskParams(RequestParams):
+            model_config = ConfigDict(extra="allow", populate_by_name=True)
+            taskId: str
+
+        class UpdateParams(TaskParams):
+            inputResponses: dict[str, Any] = {}
+
+        async def on_disk(fn: Callable[..., T], *args: Any) -> T:
+            """A task method's disk work, bounded like a tool's; a refusal or a deadline is a protocol error."""
+            try:
+                return await off_loop(fn, await off_loop(load_config), *args)
+            except Refused as exc:
+                raise MCPError(code=-32602, message=str(exc)) from None
+            except TimeoutError:
+                raise MCPError(code=-32603, message=f"the disk did not answer within {DISK_DEADLINE_S:g} s") from None
+
+        async def get(ctx: Any, params: TaskParams) -> dict[str, Any]:
+            return dict(await on_disk(tasks.task, params.taskId))
+
+        async def update(ctx: Any, params: UpdateParams) -> dict[str, Any]:
+            await on_disk(tasks.update, params.taskId, params.inputResponses)
+            return {}
+
+        async def cancel(ctx: Any, params: TaskParams) -> dict[str, Any]:
+            await on_disk(tasks.cancel, params.taskId)
+            return {}
+
+        def declared(ctx: Any) -> bool:
+            capabilities = ctx.session.client_capabilities
+            return ctx.protocol_version == TASKS_PROTOCOL and TASKS_EXTENSION in (
+                (capabilities.extensions if capabilities else None) or {})
+
+        class Tasks(Extension):
+            identifier = TASKS_EXTENSION
+
+            def methods(self) -> list[MethodBinding]:
+                versions = frozenset({TASKS_PROTOCOL})
+                return [MethodBinding("tasks/get", TaskParams, get, versions),
+                        MethodBinding("tasks/update", UpdateParams, update, versions),
+                        MethodBinding("tasks/cancel", TaskParams, cancel, versions)]
+
+            async def intercept_tool_call(self, params: Any, ctx: Any, call_next: Any) -> Any:
+                if params.name not in TASK_TOOLS or not declared(ctx):
+                    return await call_next(ctx)
+                call = TaskCall()
+                token = tasks.call.set(call)
+                try:
+                    result = await call_next(ctx)
+                finally:
+                    tasks.call.reset(token)
+                if call.outcome is None or call.outcome.job_id is None or call.outcome.is_error:
+                    return result
+                return {"resultType": "task", **await on_disk(tasks.task, call.outcome.job_id)}
+        return Tasks()
 
     def lowlevel(self, server: Any) -> Any:
         """The low-level server, run on the client's private pipes (neither line runs a high-level server on
@@ -4061,7 +4254,8 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
 
     from mcp.types import CallToolResult, ToolAnnotations
 
-    mcp = edge.new_server(server_instructions(cfg))
+    tasks = JobTasks()
+    mcp = edge.new_server(server_instructions(cfg), tasks)
 
     def hints(read_only: bool, destructive: bool, idempotent: bool, open_world: bool) -> ToolAnnotations:
         """By the protocol's (camelCase) names, which both lines validate."""
@@ -4083,6 +4277,7 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
     async def respond(tool_name: str, body: Callable[[Config], Awaitable[ToolResult]],
                       task: Any = None) -> CallToolResult:
         outcome = await answer(tool_name, body, task)
+        tasks.keep(outcome)
         return CallToolResult.model_validate({"content": [{"type": "text", "text": outcome.text}],
                                               "isError": outcome.is_error})
 
@@ -4091,8 +4286,11 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
         from mcp.types import ClientCapabilities, ElicitationCapability
         from pydantic import BaseModel, Field
 
-        try:
-            can_elicit = ctx.session.check_client_capability(ClientCapabilities(elicitation=ElicitationCapability()))
+        if tasks.as_task():  # answered at once with a task; its questions go out as the task's input requests
+            return None
+        try:  # on 2026-07-28 a request has no back-channel for elicitation/create (can_send_request is 2.x's)
+            can_elicit = getattr(ctx.session, "can_send_request", True) and ctx.session.check_client_capability(
+                ClientCapabilities(elicitation=ElicitationCapability()))
         except Exception:  # noqa: BLE001  (no session on this request: nobody to ask)
             can_elicit = False
         if not can_elicit:
@@ -4107,7 +4305,7 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
             if wait_s < 2:
                 return None
             with anyio.move_on_after(wait_s):
-                result = await ctx.elicit(f"Hermes (job {job_id}) asks to {what}. Allow it?", Answer)
+                result = await ctx.elicit(approval_question(job_id, what), Answer)
                 if result.action == "accept" and result.data is not None:
                     return "allow" if result.data.allow else "deny"
                 if result.action == "decline":
@@ -4123,7 +4321,8 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
         """Start a fresh Hermes job in cwd (an absolute folder inside the allowed roots). Returns the result
         if it ends within wait_s (default 5 s), else STATUS: running and a JOB_ID to pass to hermes_status.
         The task must be self-contained: absolute paths and a definition of done."""
-        return await respond("hermes_run", lambda cfg: run_tool(cfg, task, cwd, max_turns, timeout_s, wait_s, skills,
+        wait = 0 if tasks.as_task() else wait_s
+        return await respond("hermes_run", lambda cfg: run_tool(cfg, task, cwd, max_turns, timeout_s, wait, skills,
                                                                 toolsets, ctx.report_progress, asker(ctx)), task)
 
     @tool(launches, "Continue a Hermes session")
@@ -4134,8 +4333,9 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
         newest session a job of this bridge captured). Hermes resumes a session in the folder recorded for
         it, so the job runs there (it must be inside the allowed roots); cwd is only checked against it.
         Same waiting rules as hermes_run."""
+        wait = 0 if tasks.as_task() else wait_s
         return await respond("hermes_resume", lambda cfg: resume_tool(cfg, session_id, task, cwd, max_turns, timeout_s,
-                                                                      wait_s, ctx.report_progress, asker(ctx)), task)
+                                                                      wait, ctx.report_progress, asker(ctx)), task)
 
     @tool(read_only, "Wait for a Hermes job")
     async def hermes_status(job_id: str, ctx: Any, wait_s: float | None = None) -> CallToolResult:

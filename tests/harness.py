@@ -321,3 +321,76 @@ def raw_exchange(env: dict[str, str], calls: list[str], timeout: float = 20,
         proc.kill()
         proc.wait()
     return [responses.get(n, {}) for n in range(1, len(calls) + 1)]
+
+
+class ModernClient:
+    """A JSON-RPC client written by hand for protocol 2026-07-28 (no handshake: every request carries the
+    protocol version and the client's capabilities in `_meta`), for what the official 1.x/2.x clients do not
+    send: the tasks extension declared per request, tasks/get, tasks/update, tasks/cancel."""
+
+    def __init__(self, env: dict[str, str], command: list[str] | None = None):
+        self.proc = subprocess.Popen(command or [sys.executable, str(SERVER)], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.next_id = 0
+        self.pending = b""
+        self.replies: dict[int, dict[str, Any]] = {}
+
+    def __enter__(self) -> "ModernClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def request(self, method: str, params: dict[str, Any] | None = None, tasks: bool = True,
+                modern: bool = True, elicitation: bool = False, timeout: float = 30) -> dict[str, Any]:
+        """One request and its whole reply (`result` or `error`); tasks=False leaves the extension undeclared,
+        elicitation=True declares form elicitation, modern=False sends it without the 2026-07-28 envelope."""
+        self.next_id += 1
+        request_id = self.next_id
+        params = dict(params or {})
+        if modern:
+            extensions: dict[str, Any] = {TASKS_EXTENSION: {}} if tasks else {}
+            params["_meta"] = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                               "io.modelcontextprotocol/clientCapabilities": {
+                                   "extensions": extensions, **({"elicitation": {"form": {}}} if elicitation else {})},
+                               "io.modelcontextprotocol/clientInfo": {"name": "modern-test", "version": "1"}}
+        self.send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        deadline = time.time() + timeout
+        while request_id not in self.replies:
+            assert time.time() < deadline, f"no reply to {method} within {timeout} s"
+            self.read(min(0.2, deadline - time.time()))
+        return self.replies.pop(request_id)
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def read(self, wait_s: float) -> None:
+        assert self.proc.stdout is not None
+        if select.select([self.proc.stdout], [], [], max(0.0, wait_s))[0]:
+            chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
+            assert chunk, "the server closed its stdout"
+            self.pending += chunk
+            *complete, self.pending = self.pending.split(b"\n")
+            for raw in complete:
+                reply = json.loads(raw)
+                if "id" in reply and "method" not in reply:
+                    self.replies[reply["id"]] = reply
+
+    def call(self, tool: str, tasks: bool = True, elicitation: bool = False, **arguments: Any) -> dict[str, Any]:
+        return self.request("tools/call", {"name": tool, "arguments": arguments}, tasks=tasks,
+                            elicitation=elicitation, timeout=60)["result"]
+
+    def poll(self, task_id: str, until: Callable[[dict[str, Any]], bool], timeout: float = 60) -> dict[str, Any]:
+        return wait_until(lambda: r if until(r := self.request("tasks/get", {"taskId": task_id})["result"]) else None,
+                          timeout, f"task {task_id}", interval=0.3)
+
+
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+
+
+def text_of(result: dict[str, Any]) -> str:
+    """The text of a CallToolResult as it travels on the wire."""
+    return "\n".join(block["text"] for block in result["content"] if block.get("type") == "text")

@@ -21,7 +21,8 @@ def write_hermes_home(home, base_url):
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.yaml").write_text(
         "model:\n  provider: custom\n  base_url: " + base_url + "\n  default: scripted\n  api_key: test-key\n"
-        "security:\n  tirith_enabled: false\n  allow_lazy_installs: false\n")
+        "security:\n  tirith_enabled: false\n  allow_lazy_installs: false\n"
+        "agent:\n  api_max_retries: 1\n")  # 0.22 retries a dead endpoint with backoff past a job's timeout
 
 
 @pytest.fixture(params=sorted(REAL_HERMES_VERSIONS), ids=lambda v: f"hermes-{v}")
