@@ -285,6 +285,8 @@ REAL_HERMES_VERSIONS = {
 REAL_ACP_VERSIONS = ("0.19.0", "0.22.2")
 MCPB = E2E / "mcpb" / "node_modules" / ".bin" / "mcpb"
 UV = E2E / "uv-venv" / "bin" / "uv"
+CLAUDE_CODE_VERSION = "2.1.328"
+CLAUDE_CODE = E2E / "claude-code" / "node_modules" / ".bin" / "claude"
 INSPECTOR = (E2E / "inspector" / "node_modules" / "@modelcontextprotocol" / "inspector" / "clients" / "launcher"
              / "build" / "index.js")
 

@@ -9,6 +9,8 @@
 #   .e2e/inspector        the MCP Inspector CLI from npm, pinned
 #   .e2e/mcpb             the MCP Bundle CLI from npm, pinned (validate, pack)
 #   .e2e/uv-venv          uv from PyPI: what Claude Desktop runs a bundle with, and uvx
+#   .e2e/claude-code      Claude Code from npm, pinned (driven interactively in tmux, which Debian's package
+#                         provides when it is missing)
 # Safe to re-run: what is already installed is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +21,7 @@ ACP_VERSION="0.9.0"
 INSPECTOR_VERSION="2.12.0"
 MCPB_VERSION="2.1.2"
 UV_VERSION="0.13.9"
+CLAUDE_CODE_VERSION="2.1.328"
 PYTHON="${PYTHON:-python3}"
 
 if [ ! -x .e2e/hermes-venv/bin/hermes ] || ! .e2e/hermes-venv/bin/hermes acp --check >/dev/null 2>&1; then
@@ -72,3 +75,16 @@ if [ ! -x .e2e/uv-venv/bin/uv ]; then
   .e2e/uv-venv/bin/python -m pip install --quiet --disable-pip-version-check "uv==$UV_VERSION"
 fi
 echo "uv: $(.e2e/uv-venv/bin/uv --version)"
+
+if [ ! -x .e2e/claude-code/node_modules/.bin/claude ]; then
+  echo "installing @anthropic-ai/claude-code@$CLAUDE_CODE_VERSION into .e2e/claude-code"
+  mkdir -p .e2e/claude-code
+  (cd .e2e/claude-code && npm install --no-audit --no-fund --loglevel=error "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION")
+fi
+echo "claude code: $(.e2e/claude-code/node_modules/.bin/claude --version)"
+
+if ! command -v tmux >/dev/null; then
+  echo "installing tmux (Debian)"
+  apt-get install -y -qq tmux >/dev/null || { apt-get update -qq && apt-get install -y -qq tmux >/dev/null; }
+fi
+echo "tmux: $(tmux -V)"

@@ -1,0 +1,106 @@
+"""The real Claude Code, interactive (the sessions that declare the tasks extension), in tmux, against a
+scripted Anthropic endpoint on 127.0.0.1: the model's hermes_run becomes a background MCP task, and the
+model later receives its completion with the final block, without a single hermes_status call."""
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import require_component
+from fake_anthropic import FakeAnthropic
+from harness import CLAUDE_CODE, CLAUDE_CODE_VERSION, MCP_LINE, SERVER, Bridge, wait_until
+
+pytestmark = [pytest.mark.posix("tmux and the fake hermes"),
+              pytest.mark.skipif(MCP_LINE < 2, reason="the tasks extension needs the 2.x SDK line")]
+API_KEY = "sk-ant-api03-" + "t" * 80
+
+
+class ClaudeInTmux:
+    """Claude Code in a tmux session of its own (its own socket), with a throwaway HOME that has onboarding,
+    the folder's trust dialog and the API key already accepted."""
+
+    def __init__(self, bridge: Bridge, claude: Path, base_url: str):
+        self.socket = str(bridge.tmp / "tmux.sock")
+        home = bridge.tmp / "claude-home"
+        home.mkdir()
+        (home / ".claude.json").write_text(json.dumps({
+            "hasCompletedOnboarding": True, "lastOnboardingVersion": CLAUDE_CODE_VERSION,
+            "customApiKeyResponses": {"approved": [API_KEY[-20:]], "rejected": []},
+            "projects": {str(bridge.root): {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}}}))
+        mcp_config = bridge.tmp / "mcp.json"
+        mcp_config.write_text(json.dumps({"mcpServers": {"hermes": {
+            "command": sys.executable, "args": [str(SERVER)], "env": bridge.env}}}))
+        env = {"HOME": str(home), "PATH": bridge.env["PATH"], "TERM": "xterm-256color", "ANTHROPIC_BASE_URL": base_url,
+               "ANTHROPIC_API_KEY": API_KEY, "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
+               "DISABLE_ERROR_REPORTING": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+               "ENABLE_TOOL_SEARCH": "false"}  # the bridge's tools in the request itself, not behind a search
+        command = [str(claude), "--mcp-config", str(mcp_config), "--strict-mcp-config", "--allowedTools", "mcp__hermes"]
+        self.tmux("new-session", "-d", "-x", "200", "-y", "50", "-c", str(bridge.root),
+                  "env", "-i", *(f"{key}={value}" for key, value in env.items()), *command)
+
+    def tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-S", self.socket, *args], capture_output=True, text=True, timeout=30).stdout
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", "0")
+
+    def type(self, text: str) -> None:
+        self.tmux("send-keys", "-t", "0", "-l", text)
+        time.sleep(0.5)
+        self.tmux("send-keys", "-t", "0", "Enter")
+
+    def close(self) -> None:
+        self.tmux("kill-server")
+
+
+def tool_results_of(requests: list[dict]) -> list[dict]:
+    return [block for request in requests for message in request["body"].get("messages", [])
+            for block in (message.get("content") if isinstance(message.get("content"), list) else [])
+            if isinstance(block, dict) and block.get("type") == "tool_result"]
+
+
+def notification_of(requests: list[dict]) -> str | None:
+    """The task notification Claude Code put before the model, if a request carried one."""
+    for request in requests:
+        for message in request["body"].get("messages", []):
+            for block in message.get("content") if isinstance(message.get("content"), list) else []:
+                text = block.get("text", "") if isinstance(block, dict) else ""
+                if "<task-notification>" in text:
+                    return text
+    return None
+
+
+def test_a_run_becomes_a_background_task_and_the_model_receives_its_completion(bridge):
+    claude = require_component(CLAUDE_CODE, f"Claude Code {CLAUDE_CODE_VERSION}")
+    if shutil.which("tmux") is None:
+        require_component(Path("/usr/bin/tmux"), "tmux")
+    with FakeAnthropic(bridge.tmp) as api:
+        session = ClaudeInTmux(bridge, claude, api.base_url)
+        try:
+            wait_until(lambda: "❯" in session.screen() or None, 60, "Claude Code's prompt")
+            for _ in range(6):  # the prompt shows before the MCP servers are connected; until then, type again
+                session.type("HERMES_RUN: build the site !sleep=12")
+                if wait_until(lambda: tool_results_of(api.requests()) or "NO HERMES TOOLS" in session.screen(), 20,
+                              "the model's call or its answer") is not True:
+                    break
+            footer = wait_until(lambda: s if "MCP task" in (s := session.screen()) else None, 60,
+                                "the task in Claude Code's footer")
+            notification = wait_until(lambda: notification_of(api.requests()), 90, "the task's notification")
+            screen = wait_until(lambda: s if "HERMES REPORTED OK" in (s := session.screen()) else None, 30,
+                                "the model's answer to the notification")
+        finally:
+            session.close()
+    job_id = notification.split("<summary>MCP task ", 1)[1].split(" ", 1)[0]
+    assert bridge.record(job_id).state.value == "ok"
+    assert "<status>completed</status>" in notification and "STATUS: ok" in notification
+    assert f"JOB_ID: {job_id}" in notification and "FAKE ANSWER: build the site" in notification
+    tool_results = tool_results_of(api.requests())
+    assert tool_results and "task notification" in json.dumps(tool_results[0])  # backgrounded, not waited on
+    assert "STATUS: running" not in json.dumps(tool_results)  # not today's reply
+    assert "MCP task" in footer and f"MCP task {job_id} (hermes/hermes_run) completed" in screen
+    audit = (bridge.tmp / "logs" / "audit.log").read_text()
+    assert "hermes_status" not in audit  # Claude Code polled the task itself; the model never called status
