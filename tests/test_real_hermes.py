@@ -22,7 +22,8 @@ def write_hermes_home(home, base_url):
     (home / "config.yaml").write_text(
         "model:\n  provider: custom\n  base_url: " + base_url + "\n  default: scripted\n  api_key: test-key\n"
         "security:\n  tirith_enabled: false\n  allow_lazy_installs: false\n"
-        "agent:\n  api_max_retries: 1\n")  # 0.22 retries a dead endpoint with backoff past a job's timeout
+        # 0.22 retries a dead endpoint, then runs 5 "auto-recovery cycles" of growing waits: past a job's timeout
+        "agent:\n  api_max_retries: 1\n  auto_recovery_cycles: 0\n")
 
 
 @pytest.fixture(params=sorted(REAL_HERMES_VERSIONS), ids=lambda v: f"hermes-{v}")
