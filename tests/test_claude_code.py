@@ -1,6 +1,8 @@
 """The real Claude Code, interactive (the sessions that declare the tasks extension), in tmux, against a
 scripted Anthropic endpoint on 127.0.0.1: the model's hermes_run becomes a background MCP task, and the
-model later receives its completion with the final block, without a single hermes_status call."""
+model later receives its completion with the final block, without a single hermes_status call; a question
+from Hermes becomes Claude Code's own dialog, and the user's answer reaches Hermes."""
+import html
 import json
 import shutil
 import subprocess
@@ -23,7 +25,7 @@ class ClaudeInTmux:
     """Claude Code in a tmux session of its own (its own socket), with a throwaway HOME that has onboarding,
     the folder's trust dialog and the API key already accepted."""
 
-    def __init__(self, bridge: Bridge, claude: Path, base_url: str):
+    def __init__(self, bridge: Bridge, claude: Path, base_url: str, **server_env: str):
         self.socket = str(bridge.tmp / "tmux.sock")
         home = bridge.tmp / "claude-home"
         home.mkdir()
@@ -33,7 +35,7 @@ class ClaudeInTmux:
             "projects": {str(bridge.root): {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}}}))
         mcp_config = bridge.tmp / "mcp.json"
         mcp_config.write_text(json.dumps({"mcpServers": {"hermes": {
-            "command": sys.executable, "args": [str(SERVER)], "env": bridge.env}}}))
+            "command": sys.executable, "args": [str(SERVER)], "env": dict(bridge.env, **server_env)}}}))
         env = {"HOME": str(home), "PATH": bridge.env["PATH"], "TERM": "xterm-256color", "ANTHROPIC_BASE_URL": base_url,
                "ANTHROPIC_API_KEY": API_KEY, "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
                "DISABLE_ERROR_REPORTING": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
@@ -74,6 +76,20 @@ def notification_of(requests: list[dict]) -> str | None:
     return None
 
 
+def ask_for_a_run(session: ClaudeInTmux, api: FakeAnthropic, task: str) -> None:
+    """Type the request until the model calls hermes_run: the prompt shows before the MCP servers are
+    connected, and until then the model is offered no hermes tools."""
+    wait_until(lambda: "❯" in session.screen() or None, 60, "Claude Code's prompt")
+    for _ in range(6):
+        def called_or_refused(refusals: int = session.screen().count("NO HERMES TOOLS")) -> object:
+            return tool_results_of(api.requests()) or session.screen().count("NO HERMES TOOLS") > refusals or None
+
+        session.type(f"HERMES_RUN: {task}")
+        if wait_until(called_or_refused, 20, "the model's call or its answer") is not True:
+            return
+    raise AssertionError("Claude Code never offered the bridge's tools:\n" + session.screen())
+
+
 def test_a_run_becomes_a_background_task_and_the_model_receives_its_completion(bridge):
     claude = require_component(CLAUDE_CODE, f"Claude Code {CLAUDE_CODE_VERSION}")
     if shutil.which("tmux") is None:
@@ -81,12 +97,7 @@ def test_a_run_becomes_a_background_task_and_the_model_receives_its_completion(b
     with FakeAnthropic(bridge.tmp) as api:
         session = ClaudeInTmux(bridge, claude, api.base_url)
         try:
-            wait_until(lambda: "❯" in session.screen() or None, 60, "Claude Code's prompt")
-            for _ in range(6):  # the prompt shows before the MCP servers are connected; until then, type again
-                session.type("HERMES_RUN: build the site !sleep=12")
-                if wait_until(lambda: tool_results_of(api.requests()) or "NO HERMES TOOLS" in session.screen(), 20,
-                              "the model's call or its answer") is not True:
-                    break
+            ask_for_a_run(session, api, "build the site !sleep=12")
             footer = wait_until(lambda: s if "MCP task" in (s := session.screen()) else None, 60,
                                 "the task in Claude Code's footer")
             notification = wait_until(lambda: notification_of(api.requests()), 90, "the task's notification")
@@ -104,3 +115,28 @@ def test_a_run_becomes_a_background_task_and_the_model_receives_its_completion(b
     assert "MCP task" in footer and f"MCP task {job_id} (hermes/hermes_run) completed" in screen
     audit = (bridge.tmp / "logs" / "audit.log").read_text()
     assert "hermes_status" not in audit  # Claude Code polled the task itself; the model never called status
+
+
+def test_a_question_from_hermes_is_claude_codes_own_dialog_and_the_users_answer_reaches_hermes(bridge):
+    claude = require_component(CLAUDE_CODE, f"Claude Code {CLAUDE_CODE_VERSION}")
+    bridge.configure(approvals="ask", approval_timeout_s=120)
+    with FakeAnthropic(bridge.tmp) as api:
+        session = ClaudeInTmux(bridge, claude, api.base_url, FAKE_HERMES_ACP="1")
+        try:
+            ask_for_a_run(session, api, "!ask=touch+asked.txt")
+            dialog = wait_until(lambda: s if "requests your input" in (s := session.screen()) else None, 60,
+                                "Claude Code's dialog for the task's input request")
+            assert not (bridge.root / "asked.txt").exists()
+            for key in ("Space", "Down", "Enter"):  # tick "Allow", move to Accept, press it
+                session.tmux("send-keys", "-t", "0", key)
+                time.sleep(0.5)
+            notification = wait_until(lambda: notification_of(api.requests()), 60, "the task's notification")
+        finally:
+            session.close()
+    job_id = notification.split("<summary>MCP task ", 1)[1].split(" ", 1)[0]
+    assert f"Hermes (job {job_id}) asks to run `touch asked.txt` (dangerous)" in dialog
+    record = bridge.record(job_id)
+    assert record.state.value == "ok" and (bridge.root / "asked.txt").exists()
+    assert [(d["decision"], d["by"]) for d in record.decisions] == [("allow", "the user (elicitation)")]
+    assert "STATUS: ok" in notification  # Claude Code escapes the result for its XML-like wrapper
+    assert "-> allow by the user (elicitation)" in html.unescape(notification)
