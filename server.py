@@ -10,8 +10,33 @@ The one decision that shapes it: a job never lives inside a request. A job is a 
 detached supervisor process on disk, so every tool returns within seconds, a job outlives the server
 process that started it, and any later server process can answer for it or cancel it.
 
-Read top to bottom in the order data flows: stdio guard, config, confinement, job store, Hermes CLI,
-supervisor and process control, rendering, the MCP tools, command line.
+Contents, in the order data flows; each section opens with a banner of the same name, and nothing is used
+above the section that defines it:
+
+  stdio guard ........ the client's pipes moved aside before anything can print (stdout is the protocol)
+  primitives ......... names, escaping (shown, clean_text), safe opening (open_regular, read_capped), atomic
+                       writes (write_atomic, create_exclusive), process identity (ProcessId)
+  config ............. Config, where it is found, the host's settings, validation
+  confinement ........ allowed roots: resolve a folder, decide inside or outside (within_root, confine_cwd)
+  audit log .......... one line per tool call and job state change
+  job store .......... JobRecord (every field checked), JobStore (the jobs folder), JobView (observe)
+  Hermes CLI ......... locating Hermes, the options it declares (probe_cli), its command line and environment
+  Hermes session store  Hermes' state.db read with a deadline: activity, usage, current tool, answer, folder
+  Hermes ACP driver .. `hermes acp` over JSON-RPC: AcpConversation, approvals, the managed policy
+  supervisor and process control  Supervisor (one detached process per job), Ownership, stop_tree, snapshots
+  job launch ......... JobRequest, launch_job (dedupe, limits, the record), start_job (spawns the supervisor)
+  rendering .......... the status block: job_details, render_status, ToolResult
+  tool logic ......... plain functions per tool: arguments and the launch request; resuming a session; one
+                       job and the job list; reading files; Hermes' skills; health and instructions
+  tool bodies ........ async bodies (run_tool, status_tool, ...) with disk work off the event loop: no MCP
+  MCP edge ........... the tasks extension (JobTasks), the two SDK lines (McpEdge), build_server, serve
+  command line ....... --check, --try, --init-config, --supervise, main
+
+One hermes_run, end to end: build_server's hermes_run → answer → run_tool → job_request (arguments, roots,
+Hermes, the launch plan) → launch_and_wait → launch_job writes the record and start_job spawns
+`server.py --supervise <id>` → main → Supervisor.run (_plan, _start Hermes, _watch, _finish writes the
+outcome to the record) ← wait_for_end polls the record (JobStore.read → observe) → status_result →
+render_status → the text the host reads; later calls of hermes_status take the same way back.
 """
 
 import os
@@ -33,7 +58,7 @@ def guard_stdio() -> tuple[int, int]:
             os.dup2(err_fd, 2)
             os.close(err_fd)
     if sys.stderr is None:  # Python found no fd 2 at start either, and left sys.stderr unset
-        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115 (for life)
     protocol_in, protocol_out = os.dup(0), os.dup(1)
     null_fd = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null_fd, 0)
@@ -70,13 +95,17 @@ import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Awaitable, Callable, Iterator, TypeVar, cast  # noqa: E402
+from typing import Any, Awaitable, Callable, Iterator, NoReturn, TypeVar, cast  # noqa: E402
 
 try:
     import psutil
 except ImportError:  # reported with its fix by missing_dependencies()
     psutil = None  # type: ignore[assignment]
 
+
+# --------------------------- primitives: names, escaping, safe opening, atomic writes, process identity
+# Small pieces every later section uses. Every file the bridge reads may have been written by a job running
+# as the user, so reading means open_regular (no FIFO, no symlink, capped) and writing means write_atomic.
 T = TypeVar("T")
 VERSION = "0.1.0"
 SERVER_FILE = Path(__file__).resolve()
@@ -131,6 +160,190 @@ def missing_dependencies(need_mcp: bool) -> str | None:
 
 class Refused(Exception):
     """Bad input or a state that forbids the request: reported as STATUS: refused, nothing started."""
+
+
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+
+
+def shown(value: Any, limit: int = 200) -> str:
+    """A value quoted back to the model: at most `limit` characters, control characters escaped, so an
+    argument or a folder name can neither flood a reply nor forge a line of it."""
+    text = value if isinstance(value, str) else repr(value)
+    cut = len(text) > limit
+    text = CONTROL_RE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text[:limit])
+    return text + (f"... ({len(value) if isinstance(value, str) else '?'} chars)" if cut else "")
+
+
+ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]"
+                     r"|[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def clean_text(data: bytes) -> str:
+    return clean_str(data.decode("utf-8", "replace"))
+
+
+def clean_str(text: str) -> str:
+    """Output as the model should read it: no terminal escapes, no control characters but newline and tab."""
+    return ANSI_RE.sub("", text.replace("\r\n", "\n"))
+
+
+class NotRegularFile(OSError):
+    """A path the bridge reads that is a symlink, FIFO, device or folder where a file should be."""
+
+
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+
+
+def open_regular(path: Path | str, follow: bool = False) -> Any:
+    """A binary handle on a regular file, opened without blocking (a FIFO would wait for a writer) and,
+    unless follow, without following a final symlink. Everything on disk the bridge reads goes through here:
+    Hermes' shell can write the jobs folder and its skills come from hubs."""
+    try:
+        fd = os.open(path, READ_FLAGS | (0 if follow else NOFOLLOW))
+    except OSError as exc:
+        if NOFOLLOW and exc.errno == errno.ELOOP:
+            raise NotRegularFile(exc.errno, "a symlink, not a regular file", str(path)) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode) or (not follow and not NOFOLLOW and os.path.islink(path)):
+        os.close(fd)
+        raise NotRegularFile(0, "not a regular file", str(path))
+    return os.fdopen(fd, "rb")
+
+
+def read_capped(path: Path | str, cap: int, follow: bool = False) -> bytes:
+    """A regular file's first `cap` bytes (see open_regular); a longer file raises, it is never half-read."""
+    with open_regular(path, follow) as handle:
+        data: bytes = handle.read(cap + 1)
+    if len(data) > cap:
+        raise NotRegularFile(0, f"larger than {cap} bytes", str(path))
+    return data
+
+
+def read_json(path: Path | str, cap: int = 1 << 20) -> Any:
+    """A small JSON file the bridge wrote itself, or None when it is missing, too big, or not JSON."""
+    try:
+        return json.loads(read_capped(path, cap))
+    except (OSError, ValueError):
+        return None
+
+
+CREATE_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+                | getattr(os, "O_BINARY", 0))
+
+
+APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+
+
+def create_exclusive(path: Path) -> int:
+    """A new regular file, or FileExistsError when anything (a FIFO, a symlink, a file) has the name."""
+    return os.open(path, CREATE_FLAGS, 0o600)
+
+
+def open_append(path: Path) -> Any:
+    """A file the bridge created, opened to append without following a symlink or blocking on a FIFO that
+    replaced it; anything but a regular file raises NotRegularFile."""
+    fd = os.open(path, APPEND_FLAGS)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotRegularFile(0, "not a regular file", str(path))
+    return os.fdopen(fd, "ab")
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Whole-file write: a reader sees the old content or the new, never half. The temporary file has a
+    name of its own per write (mkstemp: created exclusively, never through a symlink), so two threads or
+    processes writing one record never share it, and a file planted at a predictable name is never opened."""
+    import tempfile
+
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        with open(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        for attempt in range(10):
+            try:
+                os.replace(tmp, path)
+                return
+            except PermissionError:  # Windows: a reader holds the target open for a moment
+                if attempt == 9 or not IS_WINDOWS:
+                    raise
+                time.sleep(0.05)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def create_time_tolerance(platform: str) -> float:
+    """How far a process start time may drift between reads: Linux derives it from boot time and clock
+    ticks (jitter of up to a tick or two), Windows and macOS report it exactly."""
+    return 0.5 if platform.startswith("linux") else 0.001
+
+
+CREATE_TIME_TOLERANCE = create_time_tolerance(sys.platform)
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float: JSON from disk may hold NaN or Infinity, and bool is an int to Python."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_whole_number(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessId:
+    """A process as the bridge remembers it: its pid and start time together, because pids get reused.
+    In a record it is {"pid", "create_time"}; in a record's tree, a [pid, create_time] pair."""
+
+    pid: int
+    create_time: float
+
+    @classmethod
+    def of(cls, proc: "psutil.Process") -> "ProcessId":
+        return cls(proc.pid, proc.create_time())
+
+    @classmethod
+    def of_safe(cls, proc: "psutil.Process") -> "ProcessId | None":
+        try:
+            return cls.of(proc)
+        except psutil.Error:
+            return None
+
+    def process(self) -> "psutil.Process | None":
+        """The process if it still runs and is the same one (pid and start time), else None."""
+        try:
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.create_time) > CREATE_TIME_TOLERANCE:
+                return None
+            return None if proc.status() == psutil.STATUS_ZOMBIE else proc
+        except (psutil.Error, ValueError):
+            return None
+
+    def to_json(self) -> dict[str, float]:
+        return {"pid": self.pid, "create_time": self.create_time}
+
+    @classmethod
+    def from_json(cls, value: Any) -> "ProcessId":
+        if not (isinstance(value, dict) and is_whole_number(value.get("pid"))
+                and is_number(value.get("create_time"))):
+            raise DamagedRecord("a process field is not {pid, create_time}")
+        return cls(value["pid"], float(value["create_time"]))
+
+    def to_pair(self) -> list[float]:
+        return [self.pid, self.create_time]
+
+    @classmethod
+    def from_pair(cls, value: Any) -> "ProcessId":
+        if not isinstance(value, list) or len(value) != 2 or not is_whole_number(value[0]) or not is_number(value[1]):
+            raise DamagedRecord("a tree entry is not a [pid, create_time] pair")
+        return cls(value[0], float(value[1]))
+
+
+def running_process(process_id: ProcessId | None) -> "psutil.Process | None":
+    return process_id.process() if process_id else None
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -488,18 +701,6 @@ def case_normalised(path: str) -> str:
     return os.path.normcase(path)
 
 
-CONTROL_RE = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
-
-
-def shown(value: Any, limit: int = 200) -> str:
-    """A value quoted back to the model: at most `limit` characters, control characters escaped, so an
-    argument or a folder name can neither flood a reply nor forge a line of it."""
-    text = value if isinstance(value, str) else repr(value)
-    cut = len(text) > limit
-    text = CONTROL_RE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text[:limit])
-    return text + (f"... ({len(value) if isinstance(value, str) else '?'} chars)" if cut else "")
-
-
 def folder_identity(path: str) -> tuple[int, int] | None:
     try:
         info = os.stat(path)
@@ -671,77 +872,6 @@ class DamagedRecord(Exception):
     """A job record that cannot be read as one: listed as damaged, never fatal."""
 
 
-def create_time_tolerance(platform: str) -> float:
-    """How far a process start time may drift between reads: Linux derives it from boot time and clock
-    ticks (jitter of up to a tick or two), Windows and macOS report it exactly."""
-    return 0.5 if platform.startswith("linux") else 0.001
-
-
-CREATE_TIME_TOLERANCE = create_time_tolerance(sys.platform)
-
-
-def is_number(value: Any) -> bool:
-    """A finite int or float: JSON from disk may hold NaN or Infinity, and bool is an int to Python."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def is_whole_number(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-@dataclasses.dataclass(frozen=True)
-class ProcessId:
-    """A process as the bridge remembers it: its pid and start time together, because pids get reused.
-    In a record it is {"pid", "create_time"}; in a record's tree, a [pid, create_time] pair."""
-
-    pid: int
-    create_time: float
-
-    @classmethod
-    def of(cls, proc: "psutil.Process") -> "ProcessId":
-        return cls(proc.pid, proc.create_time())
-
-    @classmethod
-    def of_safe(cls, proc: "psutil.Process") -> "ProcessId | None":
-        try:
-            return cls.of(proc)
-        except psutil.Error:
-            return None
-
-    def process(self) -> "psutil.Process | None":
-        """The process if it still runs and is the same one (pid and start time), else None."""
-        try:
-            proc = psutil.Process(self.pid)
-            if abs(proc.create_time() - self.create_time) > CREATE_TIME_TOLERANCE:
-                return None
-            return None if proc.status() == psutil.STATUS_ZOMBIE else proc
-        except (psutil.Error, ValueError):
-            return None
-
-    def to_json(self) -> dict[str, float]:
-        return {"pid": self.pid, "create_time": self.create_time}
-
-    @classmethod
-    def from_json(cls, value: Any) -> "ProcessId":
-        if not (isinstance(value, dict) and is_whole_number(value.get("pid"))
-                and is_number(value.get("create_time"))):
-            raise DamagedRecord("a process field is not {pid, create_time}")
-        return cls(value["pid"], float(value["create_time"]))
-
-    def to_pair(self) -> list[float]:
-        return [self.pid, self.create_time]
-
-    @classmethod
-    def from_pair(cls, value: Any) -> "ProcessId":
-        if not isinstance(value, list) or len(value) != 2 or not is_whole_number(value[0]) or not is_number(value[1]):
-            raise DamagedRecord("a tree entry is not a [pid, create_time] pair")
-        return cls(value[0], float(value[1]))
-
-
-def running_process(process_id: ProcessId | None) -> "psutil.Process | None":
-    return process_id.process() if process_id else None
-
-
 def is_text_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
@@ -787,7 +917,7 @@ RECORD_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
 # Written by every launch, even when empty; the other fields appear once they are known.
 RECORD_ALWAYS_WRITTEN = ("id", "kind", "state", "created_at", "task_preview", "task_chars", "cwd",
                          "session_requested", "skills", "toolsets", "max_turns", "timeout_s", "dedupe_key",
-                         "supervisor", "hermes", "exit_code", "session_id", "reason", "log")
+                         "supervisor", "hermes", "exit_code", "session_id", "reason", "log", "driver", "approval_mode")
 
 
 @dataclasses.dataclass
@@ -881,8 +1011,7 @@ class JobRecord:
 
 def validate_job_id(job_id: Any) -> str:
     if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id):
-        shown = repr(job_id)[:60]
-        raise Refused(f"job_id {shown} is not a job id: ids look like 20261106-101500-1 (see hermes_jobs)")
+        raise Refused(f"job_id {shown(job_id, 60)} is not a job id: ids look like 20261106-101500-1 (see hermes_jobs)")
     return job_id
 
 
@@ -891,91 +1020,7 @@ def job_sort_key(job_id: str) -> tuple[str, int]:
     return stamp, int(counter)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Whole-file write: a reader sees the old content or the new, never half. The temporary file has a
-    name of its own per write (mkstemp: created exclusively, never through a symlink), so two threads or
-    processes writing one record never share it, and a file planted at a predictable name is never opened."""
-    import tempfile
-
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    try:
-        with open(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        for attempt in range(10):
-            try:
-                os.replace(tmp, path)
-                return
-            except PermissionError:  # Windows: a reader holds the target open for a moment
-                if attempt == 9 or not IS_WINDOWS:
-                    raise
-                time.sleep(0.05)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-class NotRegularFile(OSError):
-    """A path the bridge reads that is a symlink, FIFO, device or folder where a file should be."""
-
-
-NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
-
-
-def open_regular(path: Path | str, follow: bool = False) -> Any:
-    """A binary handle on a regular file, opened without blocking (a FIFO would wait for a writer) and,
-    unless follow, without following a final symlink. Everything on disk the bridge reads goes through here:
-    Hermes' shell can write the jobs folder and its skills come from hubs."""
-    try:
-        fd = os.open(path, READ_FLAGS | (0 if follow else NOFOLLOW))
-    except OSError as exc:
-        if NOFOLLOW and exc.errno == errno.ELOOP:
-            raise NotRegularFile(exc.errno, "a symlink, not a regular file", str(path)) from None
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode) or (not follow and not NOFOLLOW and os.path.islink(path)):
-        os.close(fd)
-        raise NotRegularFile(0, "not a regular file", str(path))
-    return os.fdopen(fd, "rb")
-
-
-def read_capped(path: Path | str, cap: int, follow: bool = False) -> bytes:
-    """A regular file's first `cap` bytes (see open_regular); a longer file raises, it is never half-read."""
-    with open_regular(path, follow) as handle:
-        data = handle.read(cap + 1)
-    if len(data) > cap:
-        raise NotRegularFile(0, f"larger than {cap} bytes", str(path))
-    return data
-
-
-def read_json(path: Path | str, cap: int = 1 << 20) -> Any:
-    """A small JSON file the bridge wrote itself, or None when it is missing, too big, or not JSON."""
-    try:
-        return json.loads(read_capped(path, cap))
-    except (OSError, ValueError):
-        return None
-
-
-CREATE_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
-                | getattr(os, "O_BINARY", 0))
-APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
 RECORD_LOCK_S = 5.0
-
-
-def create_exclusive(path: Path) -> int:
-    """A new regular file, or FileExistsError when anything (a FIFO, a symlink, a file) has the name."""
-    return os.open(path, CREATE_FLAGS, 0o600)
-
-
-def open_append(path: Path) -> Any:
-    """A file the bridge created, opened to append without following a symlink or blocking on a FIFO that
-    replaced it; anything but a regular file raises NotRegularFile."""
-    fd = os.open(path, APPEND_FLAGS)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise NotRegularFile(0, "not a regular file", str(path))
-    return os.fdopen(fd, "ab")
 
 
 class JobStore:
@@ -1321,16 +1366,15 @@ def probe_cli(cfg: Config, exe: str) -> HermesCli:
 UNKNOWN_OPTION_RE = re.compile(rb"unrecognized arguments|no such option|unknown option")
 
 
-def forget_cli(cfg: Config, exe: str) -> None:
-    """Drop this executable's cached options, so the next launch probes again: a cache rewritten by a job
-    (or made stale some other way) then costs one job, not every later one."""
+def forget_probe(cfg: Config, exe: str, what: str = "") -> None:
+    """Drop this executable's cached options (or, with `what="|acp"`, its cached ACP answer), so the next
+    launch probes again: a cache rewritten by a job, or an extra removed since, then costs one job, not every
+    later one."""
     path = flags_cache_path(cfg)
     cache = read_json(path)
-    if isinstance(cache, dict) and cache.pop(exe_fingerprint(exe), None) is not None:
-        try:
+    if isinstance(cache, dict) and cache.pop(exe_fingerprint(exe) + what, None) is not None:
+        with contextlib.suppress(OSError):
             write_atomic(path, json.dumps(cache, indent=1).encode())
-        except OSError:
-            pass
 
 
 WINDOWS_COMMAND_LINE_LIMIT = 32_767 - 1_024  # CreateProcess' limit, with a margin
@@ -1430,6 +1474,9 @@ MOVE_ANNOUNCEMENT_BYTES = 16384
 FOLDER_MOVE_RE = re.compile(r"^(?:↻ Working directory|↪ restored workspace dir): (.+?)\s*$", re.MULTILINE)
 
 
+# --------------------------------------------------------------------------------- Hermes session store
+# Hermes' own SQLite store (state.db in HERMES_HOME), read-only, with a deadline, every value checked: a job can
+# write it. It gives the activity lines, usage, the current tool, Hermes' answer and where a session ran.
 class StoreUnavailable(Exception):
     """Hermes' session store could not answer: missing, locked, another schema, or no such session."""
 
@@ -1689,17 +1736,6 @@ def known_acp(cfg: Config, exe: str) -> bool | None:
     return cast(bool, found["acp"])
 
 
-def forget_acp(cfg: Config, exe: str) -> None:
-    """Drop a cached "yes" that proved wrong (the extra was removed): the next launch asks again."""
-    path = flags_cache_path(cfg)
-    cache = read_json(path)
-    if isinstance(cache, dict) and cache.pop(exe_fingerprint(exe) + "|acp", None) is not None:
-        try:
-            write_atomic(path, json.dumps(cache, indent=1).encode())
-        except OSError:
-            pass
-
-
 def acp_available(cfg: Config, exe: str) -> bool:
     """Whether this Hermes can speak ACP (`hermes acp --check` exits 0 only with its acp extra), asked once
     per executable and cached beside the CLI options."""
@@ -1807,7 +1843,7 @@ def described_command(tool_call: dict[str, Any]) -> str:
             return line[2:].strip()
     raw = tool_call.get("rawInput")
     if isinstance(raw, dict) and isinstance(raw.get("command"), str):
-        return raw["command"]
+        return str(raw["command"])
     title = tool_call.get("title")
     return title if isinstance(title, str) else "a tool call"
 
@@ -1821,7 +1857,7 @@ class AcpConversation:
     messages. A question that needs the user goes into the record (approval) and its answer comes back as a
     file any later server may write (answer_path), checked against the pending id."""
 
-    def __init__(self, proc: subprocess.Popen, record: JobRecord, cfg: Config, store: JobStore, task: str,
+    def __init__(self, proc: subprocess.Popen[bytes], record: JobRecord, cfg: Config, store: JobStore, task: str,
                  log: Callable[[str], None]):
         import queue
 
@@ -1875,10 +1911,8 @@ class AcpConversation:
 
     def close(self) -> None:
         """End of input: `hermes acp` exits when its client goes away."""
-        try:
+        with contextlib.suppress(OSError):
             cast(Any, self.proc.stdin).close()
-        except OSError:
-            pass
 
     @property
     def finished(self) -> bool:
@@ -2082,7 +2116,7 @@ class AcpConversation:
         return Outcome(JobState.ERROR, exit_code, f"Hermes stopped with stopReason {shown(stop, 60)}")
 
 
-def start_acp_process(argv: list[str], folder: str, env: dict[str, str]) -> subprocess.Popen:
+def start_acp_process(argv: list[str], folder: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """`hermes acp` with pipes for the protocol; its stderr (Hermes' own log lines) goes to the job's log."""
     return subprocess.Popen(argv, cwd=folder, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=sys.stderr.fileno(), env=env, close_fds=True,
@@ -2148,7 +2182,7 @@ class WindowsJob:
         if not self.handle:
             raise OSError(ctypes.get_last_error(), "CreateJobObjectW failed")  # type: ignore[attr-defined]
 
-    def adopt(self, popen: subprocess.Popen) -> None:
+    def adopt(self, popen: subprocess.Popen[bytes]) -> None:
         """Assign a process started suspended, then let it run."""
         import ctypes
 
@@ -2166,10 +2200,8 @@ def protected_pids() -> frozenset[int]:
     """Processes the bridge never signals, whatever a record says: pid 1, this process and its ancestors.
     Read once per process: a stop checks it for every process on the machine (marked_processes)."""
     pids = {0, 1, os.getpid()}
-    try:
+    with contextlib.suppress(psutil.Error):
         pids.update(parent.pid for parent in psutil.Process().parents())
-    except psutil.Error:
-        pass
     return frozenset(pids)
 
 
@@ -2193,7 +2225,7 @@ def become_subreaper() -> bool:
     import ctypes
 
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return bool(ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 
@@ -2269,11 +2301,8 @@ def still_running(procs: list["psutil.Process"], timeout_s: float) -> list["psut
 def marked_processes(marker: str) -> list["psutil.Process"]:
     """Every process carrying this job's marker, wherever it was re-parented: a tool that double-forked, or
     a process forked while the tree was being stopped, is no longer below Hermes but still carries it."""
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid not in protected_pids() and carries_marker(proc, marker):
-            found.append(proc)
-    return found
+    protected = protected_pids()
+    return [proc for proc in psutil.process_iter() if proc.pid not in protected and carries_marker(proc, marker)]
 
 
 @dataclasses.dataclass
@@ -2329,10 +2358,8 @@ def stop_tree(owner: Ownership, root: "psutil.Process | None", seen: list[Proces
     survivors = still_running(targets, 0)
     for _ in range(5):
         for proc in survivors:
-            try:
+            with contextlib.suppress(psutil.Error):
                 proc.kill()
-            except psutil.Error:
-                pass
         survivors = still_running(survivors, 3)
         late = proven(marked_processes(owner.marker) + owner.descendants())
         if not late:
@@ -2461,10 +2488,10 @@ class LaunchPlan:
     task: str = ""
 
 
-ProcessStarter = Callable[[list[str], str, Any, dict[str, str]], subprocess.Popen]
+ProcessStarter = Callable[[list[str], str, Any, dict[str, str]], subprocess.Popen[bytes]]
 
 
-def start_hermes_process(argv: list[str], folder: str, stdin: Any, env: dict[str, str]) -> subprocess.Popen:
+def start_hermes_process(argv: list[str], folder: str, stdin: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """Hermes' output goes to the supervisor's stderr, which is the job's log; never through a shell."""
     return subprocess.Popen(argv, cwd=folder, stdin=stdin, stdout=sys.stderr.fileno(), stderr=subprocess.STDOUT,
                             env=env, close_fds=True, **popen_kwargs(hermes_creation_flags(IS_WINDOWS)))
@@ -2476,7 +2503,7 @@ class Supervisor:
 
     def __init__(self, job_id: str, cfg: Config, store: JobStore,
                  start_process: ProcessStarter = start_hermes_process, subreaper: bool = False,
-                 start_acp: Callable[[list[str], str, dict[str, str]], subprocess.Popen] = start_acp_process):
+                 start_acp: Callable[[list[str], str, dict[str, str]], subprocess.Popen[bytes]] = start_acp_process):
         self.cfg = cfg
         self.store = store
         self.start_process = start_process
@@ -2517,7 +2544,7 @@ class Supervisor:
         self._finish(outcome)
         return 0
 
-    def on_sigterm(self, signum: int, frame: Any) -> None:
+    def on_sigterm(self, _signum: int, _frame: Any) -> None:
         self.stop_signal = True
 
     def _cancel_requested(self) -> bool:
@@ -2568,7 +2595,7 @@ class Supervisor:
         return LaunchPlan(argv, shown_argv, folder, task_path if cli.task_on_stdin else None,
                           sorted(cli.flags & {"--query-file", "--in", "--oneshot"}), task)
 
-    def _start(self, plan: "LaunchPlan") -> subprocess.Popen:
+    def _start(self, plan: "LaunchPlan") -> subprocess.Popen[bytes]:
         """Start Hermes as planned, after the folder listing has begun, and record who it is."""
         record, cfg = self.record, self.cfg
         self._start_snapshot(plan.folder)
@@ -2591,7 +2618,7 @@ class Supervisor:
               cwd=record.cwd, cli_flags=plan.cli_flags)
         return proc
 
-    def _watch(self, proc: subprocess.Popen, exe: str, conversation: "AcpConversation | None" = None) -> Outcome:
+    def _watch(self, proc: subprocess.Popen[bytes], exe: str, conversation: "AcpConversation | None" = None) -> Outcome:
         """Until Hermes exits: remember its tree, drive the ACP conversation, and stop it on cancel, timeout
         or a move outside the roots. Over ACP a stop first asks Hermes (session/cancel, which ends the running
         command), then stops the tree; a finished conversation ends the process by closing its input."""
@@ -2637,12 +2664,12 @@ class Supervisor:
             return Outcome(stopping[0], exit_code, f"{stopping[1]}; {report.describe()}")
         if conversation is not None:
             if conversation.session_id is None and conversation.failure is None:
-                forget_acp(self.cfg, exe)  # `hermes acp` did not even start a session: ask again next time
+                forget_probe(self.cfg, exe, "|acp")  # `hermes acp` did not even start a session: ask again next time
             return conversation.outcome(exit_code)
         if exit_code == 0:
             return Outcome(JobState.OK, exit_code, None)
         if exit_code == 2 and UNKNOWN_OPTION_RE.search(read_tail(self.store.log_path(self.job_id), 65536)[0]):
-            forget_cli(self.cfg, exe)
+            forget_probe(self.cfg, exe)
         return Outcome(JobState.ERROR, exit_code, describe_exit(exit_code))
 
     def _reason_to_stop(self, deadline: float) -> tuple[JobState, str] | None:
@@ -2690,7 +2717,7 @@ class Supervisor:
         if usage:
             self.record.usage = dataclasses.asdict(usage)
 
-    def _job_object_for(self, proc: subprocess.Popen) -> "WindowsJob | None":
+    def _job_object_for(self, proc: subprocess.Popen[bytes]) -> "WindowsJob | None":
         """Hermes in a job object of its own; without one (nested jobs refused) the tree walk still applies."""
         try:
             job = WindowsJob()
@@ -2716,7 +2743,7 @@ class Supervisor:
         self.log_offset += cut
         for folder in FOLDER_MOVE_RE.findall(clean_text(data[:cut])):
             if not within_any(os.path.realpath(folder), self.cfg.roots):
-                return folder
+                return str(folder)
         return None
 
     def _remember_tree(self, hermes: "psutil.Process") -> None:
@@ -2805,7 +2832,7 @@ def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
 
 
 # ------------------------------------------------------------------------------------------ job launch
-RUNNING_SUPERVISORS: list[subprocess.Popen] = []
+RUNNING_SUPERVISORS: list[subprocess.Popen[bytes]] = []
 # Runs this same file as `server.py --supervise ID`, but imported, so from its cached bytecode: the
 # supervisor starts about 15 ms faster and 5 MB smaller than compiling the source again.
 SUPERVISOR_BOOT = (
@@ -2930,10 +2957,8 @@ def record_detach_mode(store: JobStore, survives_host: bool) -> None:
     recorded = read_json(store.detach_path)
     if isinstance(recorded, dict) and recorded.get("survives_host") == survives_host:
         return
-    try:
+    with contextlib.suppress(OSError):
         write_atomic(store.detach_path, json.dumps({"survives_host": survives_host}).encode())
-    except OSError:
-        pass
 
 
 def prune_jobs(store: JobStore, cfg: Config) -> int:
@@ -2961,18 +2986,7 @@ def prune_jobs(store: JobStore, cfg: Config) -> int:
 
 
 # -------------------------------------------------------------------------------------------- rendering
-ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]"
-                     r"|[\x00-\x08\x0b-\x1f\x7f]")
 RUNNING_TAIL_CHARS = 2000
-
-
-def clean_text(data: bytes) -> str:
-    return clean_str(data.decode("utf-8", "replace"))
-
-
-def clean_str(text: str) -> str:
-    """Output as the model should read it: no terminal escapes, no control characters but newline and tab."""
-    return ANSI_RE.sub("", text.replace("\r\n", "\n"))
 
 
 def log_excerpt(path: Path, max_chars: int) -> str:
@@ -3030,10 +3044,8 @@ def job_details(cfg: Config, view: JobView) -> JobDetails:
         return acp_details(record, view.running)
     kept_usage = None
     if not view.running and record.usage:
-        try:
+        with contextlib.suppress(TypeError):
             kept_usage = Usage(**record.usage).line()
-        except TypeError:
-            pass
 
     def query(db: Any) -> JobDetails:
         session = record.session_id or record.session_requested
@@ -3210,13 +3222,7 @@ def refused_result(reason: str) -> ToolResult:
     return ToolResult(f"STATUS: refused\nREASON: {reason}\nNothing was started.", "refused", reason=reason)
 
 
-# --------------------------------------------------------------------------------- tool logic (no MCP)
-READ_DEFAULT_BYTES = 20000
-READ_MAX_BYTES = 262144
-DIR_LIMIT = 200
-JOBS_SCAN_LIMIT = 5000
-
-
+# ---------------------------------------------- tool logic (no MCP): arguments and the launch request
 def clamp_number(name: str, value: float | None, default: float, low: float, high: float,
                  notes: list[str]) -> float:
     """A number argument brought into range, with a note when it was changed; NaN is refused."""
@@ -3245,7 +3251,7 @@ def names_argument(name: str, value: list[str] | str | None) -> list[str]:
     return names
 
 
-def check_task(task: Any, cfg: Config) -> str:
+def check_task(task: Any) -> str:
     if not isinstance(task, str) or not task.strip():
         raise Refused("task is empty: describe the work, with absolute paths and a definition of done")
     if "\x00" in task:
@@ -3293,7 +3299,7 @@ def job_request(cfg: Config, kind: str, task: Any, cwd: str | None, max_turns: i
                 timeout_s: float | None, skills: Any, toolsets: Any, session: str | None,
                 notes: list[str]) -> JobRequest:
     """Validate everything about a launch before anything touches the disk or starts a process."""
-    task = check_task(task, cfg)
+    task = check_task(task)
     resolved_cwd = confine_cwd(cfg, cwd)
     if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int)
                                   or not 1 <= max_turns <= 1000):
@@ -3318,6 +3324,7 @@ def check_session_id(session_id: Any) -> str:
     return session_id
 
 
+# ----------------------------------------------------------------------- tool logic: resuming a session
 def session_home(cfg: Config, store: JobStore, session_id: str) -> tuple[str, str | None]:
     """The folder a resume of this session runs in (Hermes restores it whatever we ask), and a note when
     it had to come from the bridge job that captured the session because the store could not answer."""
@@ -3369,6 +3376,10 @@ def resolve_resume(cfg: Config, session_id: Any, cwd: str | None, notes: list[st
     return session, real
 
 
+# ----------------------------------------- tool logic: one job (view, approve, cancel) and the job list
+JOBS_SCAN_LIMIT = 5000
+
+
 def job_view(cfg: Config, job_id: Any) -> JobView:
     job_id = validate_job_id(job_id)
     try:
@@ -3416,6 +3427,48 @@ def request_cancel(cfg: Config, job_id: Any) -> tuple[JobView, str]:
         return observe(store.read(view.record.id)), "the supervisor was gone; the bridge stopped the tree"
     write_atomic(store.cancel_path(view.record.id), str(time.time()).encode())
     return view, "cancel requested; the supervisor stops the whole process tree"
+
+
+def list_jobs(cfg: Config, limit: int | None, state: str | None) -> str:
+    """The newest jobs (bounded by limit and a scan cap), with a total count; damaged records included."""
+    store = JobStore(cfg.jobs_path)
+    notes: list[str] = []
+    shown_limit = int(clamp_number("limit", limit, 50, 1, 1000, notes))
+    ids = store.list_ids()
+    rows: list[str] = []
+    scanned = 0
+    for job_id in reversed(ids):
+        if len(rows) >= shown_limit or scanned >= JOBS_SCAN_LIMIT:
+            break
+        scanned += 1
+        try:
+            view = observe(store.read(job_id))
+        except (Refused, DamagedRecord) as exc:
+            if state in (None, "", "damaged"):
+                rows.append(f"{job_id}  damaged            -  record {exc}")
+            continue
+        if state not in (None, "") and view.shown_state != state:
+            continue
+        record = view.record
+        usage = record.usage
+        tokens = (f"  tokens {usage.get('tokens_in', 0):,}/{usage.get('tokens_out', 0):,}"
+                  if usage and not view.running else "")
+        rows.append(f"{job_id}  {view.shown_state:17} {elapsed_s(record):>5}s  {shown(record.cwd)}  "
+                    f"\"{shown(record.task_preview, 60)}\"{tokens}")
+    header = [f"JOBS: {len(ids)} on disk; showing {len(rows)}, newest first"
+              + (f", state={shown(state, 40)}" if state else "")]
+    if scanned >= JOBS_SCAN_LIMIT and len(rows) < shown_limit:
+        header.append(f"NOTE: scanned the newest {JOBS_SCAN_LIMIT} records only")
+    header += [f"NOTE: {note}" for note in notes]
+    if not ids:
+        header.append("No jobs yet. Start one with hermes_run.")
+    return "\n".join(header + rows)
+
+
+# ---------------------------------------------------------------- tool logic: reading files and folders
+READ_DEFAULT_BYTES = 20000
+READ_MAX_BYTES = 262144
+DIR_LIMIT = 200
 
 
 def read_path(cfg: Config, path: Any, max_bytes: int | None, offset: int | None) -> str:
@@ -3517,42 +3570,6 @@ def list_directory(resolved: str, fd: int) -> str:
     return "\n".join(lines)
 
 
-def list_jobs(cfg: Config, limit: int | None, state: str | None) -> str:
-    """The newest jobs (bounded by limit and a scan cap), with a total count; damaged records included."""
-    store = JobStore(cfg.jobs_path)
-    notes: list[str] = []
-    shown_limit = int(clamp_number("limit", limit, 50, 1, 1000, notes))
-    ids = store.list_ids()
-    rows: list[str] = []
-    scanned = 0
-    for job_id in reversed(ids):
-        if len(rows) >= shown_limit or scanned >= JOBS_SCAN_LIMIT:
-            break
-        scanned += 1
-        try:
-            view = observe(store.read(job_id))
-        except (Refused, DamagedRecord) as exc:
-            if state in (None, "", "damaged"):
-                rows.append(f"{job_id}  damaged            -  record {exc}")
-            continue
-        if state not in (None, "") and view.shown_state != state:
-            continue
-        record = view.record
-        usage = record.usage
-        tokens = (f"  tokens {usage.get('tokens_in', 0):,}/{usage.get('tokens_out', 0):,}"
-                  if usage and not view.running else "")
-        rows.append(f"{job_id}  {view.shown_state:17} {elapsed_s(record):>5}s  {shown(record.cwd)}  "
-                    f"\"{shown(record.task_preview, 60)}\"{tokens}")
-    header = [f"JOBS: {len(ids)} on disk; showing {len(rows)}, newest first"
-              + (f", state={shown(state, 40)}" if state else "")]
-    if scanned >= JOBS_SCAN_LIMIT and len(rows) < shown_limit:
-        header.append(f"NOTE: scanned the newest {JOBS_SCAN_LIMIT} records only")
-    header += [f"NOTE: {note}" for note in notes]
-    if not ids:
-        header.append("No jobs yet. Start one with hermes_run.")
-    return "\n".join(header + rows)
-
-
 SKILL_FRONT_MATTER_BYTES = 64 * 1024
 SKILL_TREE_DEPTH = 6  # skills/<category>/<name>/SKILL.md, with room for nested categories
 SKILL_TREE_FOLDERS = 20_000
@@ -3564,6 +3581,7 @@ TREE_CACHE: dict[str, tuple[dict[str, int], list[str], str | None]] = {}  # skil
 SKILLS_LOCK = threading.Lock()
 
 
+# ----------------------------------------------------- tool logic: Hermes' skills (hermes_capabilities)
 class SkippedSkill(Exception):
     """A SKILL.md that breaks a rule (size, YAML anchors, field types): listed as skipped with the reason."""
 
@@ -3761,6 +3779,7 @@ def describe_skill(skill: dict[str, Any]) -> str:
 HEALTH_RECENT_JOBS = 200
 
 
+# ----------------------------------------------------- tool logic: health and the server's instructions
 def job_counts(store: JobStore) -> str:
     """Counts by state over every unfinished job (the active markers) and the newest finished ones, plus
     the total on disk: bounded, so hermes_health stays instant whatever the disk holds."""
@@ -3886,7 +3905,7 @@ def server_instructions(cfg: Config) -> str:
     )
 
 
-# ------------------------------------------------------------------------------------------- MCP tools
+# ------------------------------------------------------------------------- tool bodies (async, no MCP)
 # The tool bodies: plain async functions returning a ToolResult, callable without MCP. Everything that
 # touches the disk runs in a worker thread with a deadline (off_loop), so a slow disk or a hostile file
 # never holds the event loop, and one slow call never delays another.
@@ -4028,16 +4047,14 @@ async def answer(tool: str, body: Callable[[Config], Awaitable[ToolResult]], tas
         outcome = ToolResult(f"STATUS: error\nREASON: {reason}. The server keeps running; hermes_health may show "
                              "why.", "error", reason=reason)
     if cfg is not None:
-        try:
+        with contextlib.suppress(TimeoutError):
             await off_loop(lambda: audit(cfg, event="tool", tool=tool, job_id=outcome.job_id, cwd=outcome.cwd,
                                          outcome=outcome.status, reason=outcome.reason,
                                          task=first_words(task) if task is not None else None))
-        except TimeoutError:
-            pass
     return outcome
 
 
-# ----------------------------------------------------------------------------------- MCP tasks extension
+# ---------------------------------------- MCP edge: the tasks extension, the SDK lines, the server
 # io.modelcontextprotocol/tasks (SEP-2663, protocol 2026-07-28, the 2.x SDK line only): a client that declares
 # it on a request gets hermes_run and hermes_resume answered with a task whose id is the job id, and polls
 # tasks/get itself (Claude Code moves such a call to the background and tells the model when it ends). The
@@ -4203,14 +4220,14 @@ class McpEdge:
             except TimeoutError:
                 raise MCPError(code=-32603, message=f"the disk did not answer within {DISK_DEADLINE_S:g} s") from None
 
-        async def get(ctx: Any, params: TaskParams) -> dict[str, Any]:
+        async def get(_ctx: Any, params: TaskParams) -> dict[str, Any]:
             return dict(await on_disk(tasks.task, params.taskId))
 
-        async def update(ctx: Any, params: UpdateParams) -> dict[str, Any]:
+        async def update(_ctx: Any, params: UpdateParams) -> dict[str, Any]:
             await on_disk(tasks.update, params.taskId, params.inputResponses)
             return {}
 
-        async def cancel(ctx: Any, params: TaskParams) -> dict[str, Any]:
+        async def cancel(_ctx: Any, params: TaskParams) -> dict[str, Any]:
             await on_disk(tasks.cancel, params.taskId)
             return {}
 
@@ -4248,6 +4265,39 @@ class McpEdge:
         return server._lowlevel_server if self.line == 2 else server._mcp_server
 
 
+def user_asker(ctx: Any, tasks: JobTasks) -> AskUser | None:
+    """Ask the user directly (elicitation) when the client can, while a call waits on the job."""
+    from mcp.types import ClientCapabilities, ElicitationCapability
+    from pydantic import BaseModel, Field
+
+    if tasks.as_task():  # answered at once with a task; its questions go out as the task's input requests
+        return None
+    try:  # on 2026-07-28 a request has no back-channel for elicitation/create (can_send_request is 2.x's)
+        can_elicit = getattr(ctx.session, "can_send_request", True) and ctx.session.check_client_capability(
+            ClientCapabilities(elicitation=ElicitationCapability()))
+    except Exception:  # noqa: BLE001  (no session on this request: nobody to ask)
+        can_elicit = False
+    if not can_elicit:
+        return None
+
+    class Answer(BaseModel):
+        allow: bool = Field(description="Allow it (true) or deny it (false)")
+
+    async def ask(job_id: str, what: str, wait_s: float) -> str | None:
+        import anyio
+
+        if wait_s < 2:
+            return None
+        with anyio.move_on_after(wait_s):
+            result = await ctx.elicit(approval_question(job_id, what), Answer)
+            if result.action == "accept" and result.data is not None:
+                return "allow" if result.data.allow else "deny"
+            if result.action == "decline":
+                return "deny"
+        return None
+    return ask
+
+
 def build_server(cfg: Config, edge: McpEdge) -> Any:
     """The MCP server: the nine registrations over the bodies above. The only place tools meet MCP."""
     import inspect
@@ -4281,38 +4331,6 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
         return CallToolResult.model_validate({"content": [{"type": "text", "text": outcome.text}],
                                               "isError": outcome.is_error})
 
-    def asker(ctx: Any) -> AskUser | None:
-        """Ask the user directly (elicitation) when the client can, while a call waits on the job."""
-        from mcp.types import ClientCapabilities, ElicitationCapability
-        from pydantic import BaseModel, Field
-
-        if tasks.as_task():  # answered at once with a task; its questions go out as the task's input requests
-            return None
-        try:  # on 2026-07-28 a request has no back-channel for elicitation/create (can_send_request is 2.x's)
-            can_elicit = getattr(ctx.session, "can_send_request", True) and ctx.session.check_client_capability(
-                ClientCapabilities(elicitation=ElicitationCapability()))
-        except Exception:  # noqa: BLE001  (no session on this request: nobody to ask)
-            can_elicit = False
-        if not can_elicit:
-            return None
-
-        class Answer(BaseModel):
-            allow: bool = Field(description="Allow it (true) or deny it (false)")
-
-        async def ask(job_id: str, what: str, wait_s: float) -> str | None:
-            import anyio
-
-            if wait_s < 2:
-                return None
-            with anyio.move_on_after(wait_s):
-                result = await ctx.elicit(approval_question(job_id, what), Answer)
-                if result.action == "accept" and result.data is not None:
-                    return "allow" if result.data.allow else "deny"
-                if result.action == "decline":
-                    return "deny"
-            return None
-        return ask
-
     @tool(launches, "Run a task with Hermes")
     async def hermes_run(task: str, ctx: Any, cwd: str | None = None, max_turns: int | None = None,
                          timeout_s: float | None = None, wait_s: float | None = None,
@@ -4321,9 +4339,9 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
         """Start a fresh Hermes job in cwd (an absolute folder inside the allowed roots). Returns the result
         if it ends within wait_s (default 5 s), else STATUS: running and a JOB_ID to pass to hermes_status.
         The task must be self-contained: absolute paths and a definition of done."""
-        wait = 0 if tasks.as_task() else wait_s
+        wait, ask = 0 if tasks.as_task() else wait_s, user_asker(ctx, tasks)
         return await respond("hermes_run", lambda cfg: run_tool(cfg, task, cwd, max_turns, timeout_s, wait, skills,
-                                                                toolsets, ctx.report_progress, asker(ctx)), task)
+                                                                toolsets, ctx.report_progress, ask), task)
 
     @tool(launches, "Continue a Hermes session")
     async def hermes_resume(session_id: str, task: str, ctx: Any, cwd: str | None = None,
@@ -4333,16 +4351,16 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
         newest session a job of this bridge captured). Hermes resumes a session in the folder recorded for
         it, so the job runs there (it must be inside the allowed roots); cwd is only checked against it.
         Same waiting rules as hermes_run."""
-        wait = 0 if tasks.as_task() else wait_s
+        wait, ask = 0 if tasks.as_task() else wait_s, user_asker(ctx, tasks)
         return await respond("hermes_resume", lambda cfg: resume_tool(cfg, session_id, task, cwd, max_turns, timeout_s,
-                                                                      wait, ctx.report_progress, asker(ctx)), task)
+                                                                      wait, ctx.report_progress, ask), task)
 
     @tool(read_only, "Wait for a Hermes job")
     async def hermes_status(job_id: str, ctx: Any, wait_s: float | None = None) -> CallToolResult:
         """Wait up to wait_s (default 30) for a job to end, then return its final block, or STATUS: running
         again. It waits for you: do not call it in a tight loop. Reads only the disk."""
         return await respond("hermes_status", lambda cfg: status_tool(cfg, job_id, wait_s, ctx.report_progress,
-                                                                      asker(ctx)))
+                                                                      user_asker(ctx, tasks)))
 
     @tool(read_only, "List Hermes jobs")
     async def hermes_jobs(limit: int | None = None, state: str | None = None) -> CallToolResult:
@@ -4408,7 +4426,7 @@ class ProtocolLines:
         self.stream = stream
 
     def readline(self) -> str:
-        line = self.stream.readline()
+        line: str = self.stream.readline()
         if not LONE_SURROGATE_ESCAPE.search(line):
             return line
         try:
@@ -4469,14 +4487,13 @@ async def check_server(command: list[str], env: dict[str, str] | None = None,
     with tempfile.TemporaryFile("w+") as errlog:
         try:
             with anyio.fail_after(timeout_s):
-                async with stdio_client(params, errlog=errlog) as (read, write):
-                    async with ClientSession(read, write) as session:
-                        init = await session.initialize()
-                        report.append(f"protocol: {either(init, 'protocol_version')}; server "
-                                      f"{either(init, 'server_info').name}")
-                        tools = sorted(t.name for t in (await session.list_tools()).tools)
-                        health_result = (await session.call_tool("hermes_health", {})
-                                         if "hermes_health" in tools else None)
+                async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+                    init = await session.initialize()
+                    report.append(f"protocol: {either(init, 'protocol_version')}; server "
+                                  f"{either(init, 'server_info').name}")
+                    tools = sorted(t.name for t in (await session.list_tools()).tools)
+                    health_result = (await session.call_tool("hermes_health", {})
+                                     if "hermes_health" in tools else None)
         except BaseException as exc:  # noqa: BLE001 (a cancelled scope or an exception group: report, do not crash)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -4493,11 +4510,8 @@ async def check_server(command: list[str], env: dict[str, str] | None = None,
     if health_result is None or either(health_result, "is_error"):
         report.append("FAIL: hermes_health did not succeed")
         return False, report
-    text = result_text(health_result)
-    for line in text.splitlines():
-        if line.startswith(("HERMES_EXE", "HERMES_VERSION", "CLI_FLAGS", "CLI_COMMAND", "ALLOWED_ROOTS", "CONFIG",
-                            "  - ")):
-            report.append(line.strip())
+    shown = ("HERMES_EXE", "HERMES_VERSION", "CLI_FLAGS", "CLI_COMMAND", "ALLOWED_ROOTS", "CONFIG", "  - ")
+    report.extend(line.strip() for line in result_text(health_result).splitlines() if line.startswith(shown))
     return ok, report
 
 
@@ -4577,7 +4591,7 @@ async def try_task(command: list[str], task: str, cwd: str | None) -> bool:
     params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
     started = time.monotonic()
 
-    async def progress(done: float, total: Any, message: Any) -> None:
+    async def progress(_done: float, _total: Any, message: Any) -> None:
         print(f"... {message or 'running'} ({time.monotonic() - started:.0f} s)", flush=True)
 
     with anyio.fail_after(24 * 3600):
@@ -4607,7 +4621,7 @@ def parse_command_line(argv: list[str]) -> Any:
     class OneLineParser(argparse.ArgumentParser):
         """A bad option is one line on stderr and exit 2, before any transport opens."""
 
-        def error(self, message: str) -> Any:  # type: ignore[override]
+        def error(self, message: str) -> NoReturn:
             sys.stderr.write(f"claude-hermes-bridge: {message} (server.py --help lists the options)\n")
             sys.exit(2)
 

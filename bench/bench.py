@@ -303,7 +303,8 @@ def activity_rows(bridge: Bridge, client: BridgeClient, files: int, messages: in
 
 def machine() -> str:
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
     except (OSError, StopIteration):
         cpu = platform.processor() or "unknown CPU"
     import importlib.metadata

@@ -30,7 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "the reason shown")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if os.name != "nt":
         return
     for item in items:

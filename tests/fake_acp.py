@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 OUT_LOCK = threading.Lock()
@@ -158,7 +159,7 @@ class Agent:
                              "title": "terminal", "content": text(f"$ sleep {todo['tool-sleep']}")})
             tool = subprocess.Popen(["sleep", todo["tool-sleep"]], cwd=self.cwd, start_new_session=True)
             if self.trace:
-                open(os.path.join(self.trace, f"{tool.pid}.child"), "w").write("tool")
+                Path(self.trace, f"{tool.pid}.child").write_text("tool")
             while tool.poll() is None:
                 if self.cancelled.wait(0.1):
                     os.killpg(tool.pid, signal.SIGKILL)

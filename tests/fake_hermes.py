@@ -175,43 +175,23 @@ def open_session(args: argparse.Namespace, todo: dict[str, str]) -> str | None:
     return session
 
 
-def main() -> int:
-    version = os.environ.get("FAKE_HERMES_VERSION", "0.19")
-    argv = sys.argv[1:]
-    trace = os.environ.get("FAKE_HERMES_TRACE", "")
-    if trace:
-        with open(os.path.join(trace, f"{os.getpid()}.invoked"), "w") as handle:
-            json.dump(argv, handle)
-    if argv == ["--version"]:
-        print("Hermes Agent v0.19.0 (fake)")
-        return 0
-    if argv[:1] == ["acp"]:
-        import fake_acp
-
-        return fake_acp.main(argv, AcpStore(), trace)
-    if argv[:1] != ["chat"]:
-        print("usage: hermes chat ...", file=sys.stderr)
-        return 2
-    args = parser_for(version).parse_args(argv[1:])
+def read_task(args: argparse.Namespace) -> str | None:
     if getattr(args, "query_file", None) == "-":
-        task = sys.stdin.read()
-    elif args.query is not None:
-        task = args.query
-    else:
-        print("error: no query given", file=sys.stderr)
-        return 2
-    if getattr(args, "in_dir", None):
-        os.chdir(args.in_dir)
-    todo = directives(task)
-    session = open_session(args, todo)
-    if session is None:
-        return 1
+        return sys.stdin.read()
+    return args.query
+
+
+def trace_run(trace: str, argv: list[str], task: str) -> None:
     if trace:
         with open(os.path.join(trace, f".{os.getpid()}.tmp"), "w") as handle:
             json.dump({"argv": argv, "cwd": os.getcwd(), "task": task, "pid": os.getpid(),
                        "hermes_home": os.environ.get("HERMES_HOME"), "marker": os.environ.get("HERMES_BRIDGE_JOB")},
                       handle)
         os.replace(os.path.join(trace, f".{os.getpid()}.tmp"), os.path.join(trace, f"{os.getpid()}.json"))
+
+
+def start_processes(todo: dict[str, str], trace: str) -> None:
+    """The directives that leave processes behind, or announce a move, before any work."""
     if "ignore-term" in todo:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
@@ -225,6 +205,10 @@ def main() -> int:
     if "grandchild" in todo:
         subprocess.Popen([sys.executable, "-c", CHILD_CODE, trace, todo["grandchild"] or "60",
                           "1" if "ignore-term" in todo else "0", "1", CHILD_CODE], start_new_session=True)
+
+
+def print_output(todo: dict[str, str], task: str) -> None:
+    """The directives that shape what Hermes prints."""
     if "stdout-noise" in todo:
         os.write(1, b"noise on fd 1 without a newline")
     out = sys.stdout
@@ -244,6 +228,10 @@ def main() -> int:
         out.write("\x1b[31mred\x1b[0m \x1b]0;title\x07plain\n")
     out.write(f"working on: {task[:80]}\n")
     out.flush()
+
+
+def do_work(todo: dict[str, str], session: str, task: str) -> None:
+    """Tool calls, file changes, the time it takes, the answer, and what it leaves in its store."""
     if "tool-sleep" in todo:  # a terminal tool call that runs for a while, saved as Hermes saves it
         record_turn(session, tool_command=f"sleep {todo['tool-sleep']}")
         time.sleep(float(todo["tool-sleep"]))
@@ -257,14 +245,48 @@ def main() -> int:
     deadline = time.time() + float(todo.get("sleep") or 0)
     while time.time() < deadline:
         time.sleep(min(0.1, max(0.0, deadline - time.time())))
-    out.write(f"FAKE DONE: {task[:60]}\n")
-    out.flush()
+    sys.stdout.write(f"FAKE DONE: {task[:60]}\n")
+    sys.stdout.flush()
     record_turn(session, content=f"FAKE ANSWER: {task[:60]}")
     if "store-fifo" in todo:
         store = os.path.join(os.environ.get("HERMES_HOME") or os.path.expanduser("~/.hermes"), "state.db")
         if not todo["store-fifo"]:
             os.replace(store, store + ".real")
         os.mkfifo(store + todo["store-fifo"])
+
+
+def main() -> int:
+    version = os.environ.get("FAKE_HERMES_VERSION", "0.19")
+    argv = sys.argv[1:]
+    trace = os.environ.get("FAKE_HERMES_TRACE", "")
+    if trace:
+        with open(os.path.join(trace, f"{os.getpid()}.invoked"), "w") as handle:
+            json.dump(argv, handle)
+    if argv == ["--version"]:
+        print("Hermes Agent v0.19.0 (fake)")
+        return 0
+    if argv[:1] == ["acp"]:
+        import fake_acp
+
+        return fake_acp.main(argv, AcpStore(), trace)
+    if argv[:1] != ["chat"]:
+        print("usage: hermes chat ...", file=sys.stderr)
+        return 2
+    args = parser_for(version).parse_args(argv[1:])
+    task = read_task(args)
+    if task is None:
+        print("error: no query given", file=sys.stderr)
+        return 2
+    if getattr(args, "in_dir", None):
+        os.chdir(args.in_dir)
+    todo = directives(task)
+    session = open_session(args, todo)
+    if session is None:
+        return 1
+    trace_run(trace, argv, task)
+    start_processes(todo, trace)
+    print_output(todo, task)
+    do_work(todo, session, task)
     if version < "0.21":
         sys.stderr.write(f"session_id: {session}\n")
         sys.stderr.flush()

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from datetime import timedelta
 from importlib.metadata import version as installed_version
 from pathlib import Path
@@ -102,10 +102,8 @@ class Bridge:
     def kill_leftovers(self) -> None:
         """Never leave a fake's tree behind, whatever a test did."""
         for pid in live_pids(self.traced_pids()):
-            try:
+            with suppress(psutil.Error):
                 psutil.Process(pid).kill()
-            except psutil.Error:
-                pass
 
     @property
     def env(self) -> dict[str, str]:
@@ -222,10 +220,10 @@ class Result:
 
 @asynccontextmanager
 async def open_session(params: StdioServerParameters, errlog: Any, **session_options: Any):
-    async with stdio_client(params, errlog=errlog) as (read, write):
-        async with ClientSession(read, write, read_timeout_seconds=READ_TIMEOUT, **session_options) as session:
-            init = await session.initialize()
-            yield session, init
+    async with stdio_client(params, errlog=errlog) as (read, write), \
+            ClientSession(read, write, read_timeout_seconds=READ_TIMEOUT, **session_options) as session:
+        init = await session.initialize()
+        yield session, init
 
 
 class BridgeClient:
@@ -236,7 +234,7 @@ class BridgeClient:
         command = command or [sys.executable, str(SERVER)]
         self.params = StdioServerParameters(command=command[0], args=command[1:], env=env)
         self.session_options = session_options
-        self.errlog = tempfile.TemporaryFile("w+")
+        self.errlog = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in __exit__)
         self.server_pid: int | None = None
 
     def __enter__(self) -> "BridgeClient":
@@ -251,10 +249,8 @@ class BridgeClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        try:
+        with suppress(Exception):  # the server may have been killed on purpose
             self._session_cm.__exit__(None, None, None)
-        except Exception:
-            pass  # the server may have been killed on purpose
         self._portal_cm.__exit__(None, None, None)
 
     def stderr(self) -> str:

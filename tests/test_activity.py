@@ -103,7 +103,7 @@ def test_a_store_that_cannot_be_read_makes_the_lines_unavailable_without_delayin
 def test_progress_notifications_carry_the_activity_line(bridge):
     messages = []
 
-    async def on_progress(progress, total, message):
+    async def on_progress(_progress, _total, message):
         messages.append(message)
     with bridge.client() as client:
         job_id = client.call("hermes_run", task="!tool-sleep=9", wait_s=0).field("JOB_ID")

@@ -145,7 +145,7 @@ def test_a_client_that_can_elicit_is_asked_directly_and_the_result_says_the_user
     acp.configure(approvals="ask", approval_timeout_s=60)
     asked: list[str] = []
 
-    async def elicit(context: Any, params: Any) -> Any:
+    async def elicit(_context: Any, params: Any) -> Any:
         asked.append(params.message)
         return types.ElicitResult(action="accept", content={"allow": True})
     with client_of(acp, elicitation_callback=elicit) as client:

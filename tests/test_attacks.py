@@ -146,7 +146,7 @@ def test_a_read_that_never_answers_is_abandoned_and_the_next_fails_at_once(tmp_p
     path = make_store(tmp_path / "home")
     journal = tmp_path / "home" / "state.db-journal"
     os.mkfifo(journal)
-    monkeypatch.setattr(server, "check_store_files", lambda path: None)
+    monkeypatch.setattr(server, "check_store_files", lambda _path: None)
     cfg = store_config(tmp_path)
     try:
         with pytest.raises(server.StoreUnavailable, match="did not answer within"):
@@ -418,7 +418,7 @@ def test_a_waiting_status_sends_its_first_progress_at_once(bridge):
         job_id = client.call("hermes_run", task="!sleep=30", wait_s=0).field("JOB_ID")
         seen: list[str] = []
 
-        async def progress(progress: float, total: float | None, message: str | None) -> None:
+        async def progress(_progress: float, _total: float | None, message: str | None) -> None:
             seen.append(message or "")
         client.portal.call(lambda: client.session.call_tool("hermes_status", {"job_id": job_id, "wait_s": 3},
                                                             progress_callback=progress))

@@ -221,7 +221,7 @@ def test_auto_builds_the_command_line_each_hermes_declares_whatever_its_version_
     assert "CLI_COMMAND: " in check.stdout and "<task>" in check.stdout
 
 
-@pytest.mark.parametrize("forced, personality", [("query-arg", "0.21"), ("query-file", "0.19")])
+@pytest.mark.parametrize(("forced", "personality"), [("query-arg", "0.21"), ("query-file", "0.19")])
 def test_hermes_cli_form_in_config_wins_over_the_probe(bridge, forced, personality):
     exe = make_fake_hermes(bridge.tmp / "h", personality=personality)
     bridge.configure(hermes_exe=str(exe), hermes_cli_form=forced)

@@ -61,7 +61,7 @@ def test_inspector_health_succeeds_and_a_refusal_is_a_tool_error(bridge, inspect
     assert bridge.runs() == []
 
 
-def test_inspector_run_and_status_round_trip_ends_ok(bridge, inspector):
+def test_inspector_run_and_status_round_trip_ends_ok(inspector):
     code, payload = inspector("tools/call", "--tool-name", "hermes_run", "--tool-args-json",
                               json.dumps({"task": "inspector job !sleep=1", "wait_s": 0}))
     assert code == 0 and field(tool_text(payload), "STATUS") == "running"

@@ -40,7 +40,7 @@ def in_playground(root: Path, spelling: str) -> str:
             .replace("<sibling>", str(root.parent / (root.name + "b"))))
 
 
-@pytest.mark.parametrize("cwd, word", [
+@pytest.mark.parametrize(("cwd", "word"), [
     ("relative/dir", "relative"), ("../a", "relative"), ("<root>/../<root-name>b", "outside"),
     ("<sibling>", "outside"), ("<root>/out", "outside"), ("<root>/loop", "cannot be resolved"),
     ("<root>/file.txt", "not a folder"), ("<root>/missing", "does not exist"), ("<root>/x\x00y", "NUL"),
@@ -60,7 +60,7 @@ def test_no_roots_refuses_every_run_with_the_fix(bridge):
     nothing_started(bridge)
 
 
-@pytest.mark.parametrize("path, word", [
+@pytest.mark.parametrize(("path", "word"), [
     ("relative.txt", "relative"), ("<root>/../<root-name>b/secret.txt", "outside"), ("<root>/out/passwd", "outside"),
     ("<root>/loop", "cannot be resolved"), ("/etc/passwd", "outside"), ("<root>/\x00", "NUL"),
     ("<root>/fifo", "not a regular file"), ("<root>/sock", "not a regular file"),
@@ -81,7 +81,7 @@ def test_job_id_tricks_are_refused(playground, tool, job_id):
     nothing_started(bridge, settle_s=0)
 
 
-@pytest.mark.parametrize("task, word", [("", "empty"), ("  \n ", "empty"), ("a\x00b", "NUL"),
+@pytest.mark.parametrize(("task", "word"), [("", "empty"), ("  \n ", "empty"), ("a\x00b", "NUL"),
                                         ("x" * 2**20, "command line")],
                          ids=["empty", "blank", "NUL", "too-long-for-the-command-line"])
 def test_task_tricks_are_refused(playground, task, word):
@@ -152,7 +152,7 @@ def test_lone_surrogates_and_nan_never_hang_the_server(bridge):
         server.clamp_number("wait_s", float("nan"), 5, 0, 45, [])
 
 
-@pytest.mark.parametrize("arguments, word", [
+@pytest.mark.parametrize(("arguments", "word"), [
     (dict(timeout_s=-1), "positive"), (dict(timeout_s=0), "positive"), (dict(max_turns=-3), "max_turns"),
     (dict(max_turns=10**9), "max_turns"), (dict(wait_s="soon"), "wait_s"), (dict(max_turns="many"), "max_turns"),
     (dict(max_turns=1.5), "max_turns"), (dict(timeout_s=[1]), "timeout_s"),

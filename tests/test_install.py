@@ -43,7 +43,7 @@ def test_settings_on_the_command_line_win_over_the_config_and_health_says_where_
         assert client.call("hermes_health").field("ALLOWED_ROOTS") == str(bridge.root.resolve())
 
 
-@pytest.mark.parametrize("argv, words", [
+@pytest.mark.parametrize(("argv", "words"), [
     (["--no-such-option"], "unrecognized arguments"),
     (["--allowed-roots"], "expected at least one argument"),
     (["--allowed-roots", "relative/dir"], "is not an absolute path"),

@@ -33,7 +33,7 @@ def test_hermes_shares_the_supervisors_console_in_its_own_group_and_starts_suspe
     assert server.hermes_creation_flags(windows=False) is None
 
 
-@pytest.mark.parametrize("platform, tolerance", [("linux", 0.5), ("win32", 0.001), ("darwin", 0.001)])
+@pytest.mark.parametrize(("platform", "tolerance"), [("linux", 0.5), ("win32", 0.001), ("darwin", 0.001)])
 def test_create_time_tolerance_is_tight_where_times_are_exact(platform, tolerance):
     assert server.create_time_tolerance(platform) == tolerance
 
@@ -43,7 +43,7 @@ def test_a_stop_that_cannot_be_sent_does_not_wait_the_grace_period(monkeypatch):
     child = subprocess.Popen(["sleep", "60"], env=dict(os.environ, HERMES_BRIDGE_JOB="20261130-000000-1"))
     try:
         time.sleep(0.2)
-        monkeypatch.setattr(server, "interrupt", lambda proc: False)
+        monkeypatch.setattr(server, "interrupt", lambda _proc: False)
         started = time.monotonic()
         owner = server.Ownership("20261130-000000-1", frozenset({os.getpid()}))
         report = server.stop_tree(owner, psutil.Process(child.pid), [], grace_s=60)
@@ -53,7 +53,7 @@ def test_a_stop_that_cannot_be_sent_does_not_wait_the_grace_period(monkeypatch):
         child.wait()
 
 
-@pytest.mark.parametrize("task, fits", [
+@pytest.mark.parametrize(("task", "fits"), [
     ("plain words " * 2000, True),
     ("\\" * 20000 + '"', False),          # backslashes before a quote are doubled, the quote escaped
     ('say "hi" ' * 3000, False),           # 27,000 characters, over 32,767 once every quote is escaped
@@ -82,7 +82,7 @@ def case_insensitive_identity(path):
     return (1, hash(path.lower()))
 
 
-@pytest.mark.parametrize("path, inside", [
+@pytest.mark.parametrize(("path", "inside"), [
     ("/Users/me/work", True), ("/Users/me/WORK/site", True), ("/Users/me/Work2", False),
     ("/Users/me/other", False), ("/Users/ME/work/x", True),
 ])
@@ -134,7 +134,7 @@ def test_pruning_removes_the_record_last(tmp_path):
     store.ensure()
     store.write(server.JobRecord(id="20261101-000000-1", state=server.JobState.OK))
     store.log_path("20261101-000000-1").mkdir()  # a log that cannot be removed (held open, on Windows)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="20261101-000000-1"):
         store.remove("20261101-000000-1")
     assert store.record_path("20261101-000000-1").exists()  # still listed, pruned on a later launch
 

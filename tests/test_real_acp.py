@@ -71,7 +71,7 @@ def test_a_client_that_elicits_gets_the_question_and_its_user_allows_it(real_acp
     bridge, model, version = real_acp
     asked: list[str] = []
 
-    async def elicit(context: Any, params: Any) -> Any:
+    async def elicit(_context: Any, params: Any) -> Any:
         asked.append(params.message)
         return types.ElicitResult(action="accept", content={"allow": True})
     with bridge.client(elicitation_callback=elicit) as client:

@@ -209,7 +209,7 @@ def test_macos_entry_carries_the_absolute_hermes_and_a_path_for_launchd(tmp_path
     assert entry["env"]["PATH"].startswith(f"{tools}:{mac}/.local/bin:/opt/homebrew/bin:/usr/local/bin:/usr/bin")
 
 
-def test_a_store_python_is_refused_with_the_json_to_paste(tmp_path):
+def test_a_store_python_is_refused_with_the_json_to_paste():
     import register_with_claude as reg
 
     assert reg.is_store_python(r"C:\Users\me\AppData\Local\Microsoft\WindowsApps\python.exe", r"C:\x")

@@ -50,7 +50,7 @@ def running_record(**fields: Any) -> server.JobRecord:
     return server.JobRecord(id="20261130-000000-1", state=server.JobState.RUNNING, **fields)
 
 
-def test_observe_reports_orphaned_jobs_and_supervisors_that_never_started(tmp_path):
+def test_observe_reports_orphaned_jobs_and_supervisors_that_never_started():
     dead = server.ProcessId(2**22 + 9, 1.0)
     record = running_record(supervisor=dead, hermes=dead, created_at=time.time() - 100)
     view = server.observe(record)
@@ -85,7 +85,7 @@ def test_a_record_reads_back_as_the_json_a_launch_writes(tmp_path):
     assert store.read(record.id) == record
 
 
-@pytest.mark.parametrize("field, value", [
+@pytest.mark.parametrize(("field", "value"), [
     ("state", "paused"), ("state", 1), ("created_at", "yesterday"), ("timeout_s", True), ("exit_code", 1.5),
     ("skills", "a,b"), ("skills", [1]), ("cwd", ["/w"]), ("supervisor", [1, 2]), ("hermes", {"pid": "1"}),
     ("hermes", {"pid": True, "create_time": 1.0}), ("tree", {"1": 2.0}), ("tree", [[1, 2.0, 3]]),
@@ -155,7 +155,7 @@ def test_config_problems_name_the_spot_and_keep_defaults(tmp_path):
     assert "no config file" in server.load_config(tmp_path / "missing.json").problems[0]
 
 
-@pytest.mark.parametrize("form, expected", [
+@pytest.mark.parametrize(("form", "expected"), [
     ("query-arg", ["hermes", "chat", "--query=-do it", "-Q", "--max-turns=5", "--resume=S", "--skills=a,b",
                    "--toolsets=t", "--yolo", "--source", "tool"]),
     ("query-file", ["hermes", "chat", "--query-file", "-", "-Q", "--oneshot", "--in=/w", "--max-turns=5",
@@ -246,10 +246,10 @@ def test_register_writes_atomically_a_failed_replace_leaves_the_original(tmp_pat
 
     config = tmp_path / "claude_desktop_config.json"
     config.write_text('{"keep": true}')
-    def failing_replace(src, dst):
+    def failing_replace(_src, _dst):
         raise OSError("disk full")
     monkeypatch.setattr(reg.os, "replace", failing_replace)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="disk full"):
         reg.write_safely(config, '{"new": 1}')
     assert config.read_text() == '{"keep": true}'
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
@@ -267,7 +267,7 @@ def test_tool_bodies_run_without_mcp_and_every_outcome_is_a_result_with_one_audi
     monkeypatch.setenv("HERMES_BRIDGE_CONFIG", str(config))
     monkeypatch.delenv(server.SETTINGS_ENV, raising=False)
 
-    async def broken(cfg: server.Config) -> server.ToolResult:
+    async def broken(_cfg: server.Config) -> server.ToolResult:
         raise RuntimeError("boom")
     refused = anyio.run(server.answer, "hermes_status", lambda cfg: server.status_tool(cfg, "../x", 0))
     error = anyio.run(server.answer, "hermes_jobs", broken)
