@@ -1,0 +1,95 @@
+"""Behaviours a deliberate-bug pass found unpinned (issue 22): each test fails when its behaviour breaks."""
+import json
+import os
+import time
+
+import pytest
+
+import server
+
+
+def config_for(tmp_path, **values):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"jobs_dir": str(tmp_path / "jobs"), **values}))
+    return server.load_config(path)
+
+
+def test_a_same_size_edit_is_listed_as_modified():
+    before = server.FolderSnapshot({"a.txt": (5, 1_000), "b.txt": (3, 1_000)}, taken_ns=2_000)
+    after = server.FolderSnapshot({"a.txt": (5, 3_000), "b.txt": (3, 1_000)}, taken_ns=4_000)
+    changes = server.compare_snapshots(before, after)
+    assert (changes["created"], changes["modified"], changes["deleted"]) == (0, 1, 0)
+    assert changes["lines"] == ["~ a.txt (5 B)"]
+
+
+def test_more_than_fifty_changes_are_cut_with_the_count():
+    before = server.FolderSnapshot({}, taken_ns=1)
+    after = server.FolderSnapshot({f"f{i:02d}": (1, 5) for i in range(57)}, taken_ns=10)
+    changes = server.compare_snapshots(before, after)
+    assert len(changes["lines"]) == server.CHANGED_LINES == 50 and changes["more"] == 7
+    record = server.JobRecord(id="20261130-000000-1", state=server.JobState.OK, changes=changes)
+    assert server.changes_lines(record)[-1] == "... and 7 more"
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029"])
+def test_unicode_line_separators_are_escaped_in_quoted_values(separator):
+    quoted = server.shown(f"folder{separator}STATUS: ok")
+    assert separator not in quoted and "STATUS: ok" in quoted
+    assert quoted.startswith("folder\\u202")
+
+
+def test_an_answer_longer_than_max_output_chars_is_cut_and_says_how_much():
+    lines = server.quoted_answer("a" * 120 + "\n" + "b" * 30, 100)
+    assert lines == [server.ANSWER_PREFIX + "a" * 100, "[cut: 51 more characters]"]
+    assert server.quoted_answer("short", 100) == [server.ANSWER_PREFIX + "short"]
+
+
+def test_forged_changes_without_their_more_count_make_the_record_damaged():
+    data = server.JobRecord(id="20261130-000000-1", state=server.JobState.OK).to_json()
+    data["changes"] = {"created": 1, "modified": 0, "deleted": 0, "lines": ["+ x (1 B)"]}
+    with pytest.raises(server.DamagedRecord):
+        server.JobRecord.from_json(data, "20261130-000000-1")
+
+
+def test_an_orphaned_job_is_rendered_with_the_part_done_advice(tmp_path):
+    cfg = config_for(tmp_path)
+    record = server.JobRecord(id="20261130-000000-1", state=server.JobState.ORPHANED, created_at=time.time() - 60,
+                              ended_at=time.time(), reason="the supervisor died")
+    text = server.render_status(server.JobView(record, server.JobState.ORPHANED), cfg)
+    assert "STATUS: orphaned" in text and "Work may be part-done" in text
+
+
+def test_hermes_upgraded_in_place_at_the_same_path_is_probed_again(tmp_path):
+    exe = tmp_path / "hermes"
+    exe.write_text("#!/bin/sh\necho 0.19\n")
+    first = server.exe_fingerprint(str(exe))
+    exe.write_text("#!/bin/sh\necho 0.22 upgraded\n")
+    os.utime(exe, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    assert server.exe_fingerprint(str(exe)) != first
+
+
+def test_a_multibyte_task_near_the_posix_argument_limit_is_refused_by_its_bytes():
+    fits = "é" * ((server.POSIX_ARGUMENT_LIMIT - len(server.QUERY_OPTION)) // 2)
+    assert server.argv_problem(["hermes", server.QUERY_OPTION + fits], windows=False) is None
+    too_long = fits + "é"  # fewer characters than the limit, more bytes
+    assert len(server.QUERY_OPTION + too_long) < server.POSIX_ARGUMENT_LIMIT
+    problem = server.argv_problem(["hermes", server.QUERY_OPTION + too_long], windows=False)
+    assert problem and "bytes" in problem
+
+
+def test_hermes_home_from_the_config_wins_and_otherwise_the_environment_is_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("HERMES_HOME", "/from/the/environment")
+    assert server.hermes_env(config_for(tmp_path))["HERMES_HOME"] == "/from/the/environment"
+    home = tmp_path / "hermes-home"
+    home.mkdir()
+    assert server.hermes_env(config_for(tmp_path, hermes_home=str(home)))["HERMES_HOME"] == str(home)
+
+
+def test_a_config_beside_server_py_is_used_only_without_hermes_bridge_config(tmp_path, monkeypatch):
+    chosen = tmp_path / "chosen.json"
+    monkeypatch.setenv("HERMES_BRIDGE_CONFIG", str(chosen))
+    assert server.config_path() == chosen
+    monkeypatch.delenv("HERMES_BRIDGE_CONFIG")
+    monkeypatch.setattr(server, "SERVER_DIR", tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    assert server.config_path() == tmp_path / "config.json"
