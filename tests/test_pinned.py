@@ -93,3 +93,49 @@ def test_a_config_beside_server_py_is_used_only_without_hermes_bridge_config(tmp
     monkeypatch.setattr(server, "SERVER_DIR", tmp_path)
     (tmp_path / "config.json").write_text("{}")
     assert server.config_path() == tmp_path / "config.json"
+
+
+def skill_md(folder, name="s"):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "SKILL.md").write_text(f"---\nname: {name}\ndescription: d\n---\nbody\n")
+
+
+@pytest.mark.posix("symlinks need privileges on Windows")
+def test_a_symlinked_folder_under_skills_is_not_followed(tmp_path):
+    skills = tmp_path / "skills"
+    skill_md(skills / "cat" / "inside")
+    skill_md(tmp_path / "elsewhere" / "outside")
+    (skills / "cat" / "linked").symlink_to(tmp_path / "elsewhere")
+    files, note = server.skill_files(str(skills))
+    assert files == [str(skills / "cat" / "inside" / "SKILL.md")] and note is None
+
+
+def test_the_skill_depth_limit_holds_at_exactly_its_boundary(tmp_path):
+    skills = tmp_path / "skills"
+    at_limit = skills.joinpath(*[f"d{i}" for i in range(server.SKILL_TREE_DEPTH)])
+    skill_md(at_limit)
+    files, note = server.skill_files(str(skills))
+    assert files == [str(at_limit / "SKILL.md")] and note is None
+    skill_md(at_limit / "one-deeper")
+    files, note = server.skill_files(str(skills))
+    assert files == [str(at_limit / "SKILL.md")]
+    assert note == f"folders deeper than {server.SKILL_TREE_DEPTH} levels are not searched"
+
+
+def test_the_skill_folder_cap_stops_the_walk_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(server, "SKILL_TREE_FOLDERS", 5)
+    skills = tmp_path / "skills"
+    for i in range(8):
+        skill_md(skills / f"c{i}")
+    files, note = server.skill_files(str(skills))
+    assert note == "stopped after 5 folders" and len(files) == 4
+
+
+def test_front_matter_with_more_plain_yaml_events_than_the_limit_is_skipped(tmp_path):
+    items = ", ".join("x" for _ in range(server.SKILL_YAML_EVENTS))
+    path = tmp_path / "SKILL.md"
+    path.write_text(f"---\nname: many\ntags: [{items}]\n---\n")
+    with pytest.raises(server.SkippedSkill, match=f"more than {server.SKILL_YAML_EVENTS} YAML nodes"):
+        server.front_matter(str(path))
+    path.write_text("---\nname: few\ntags: [" + ", ".join("x" for _ in range(100)) + "]\n---\n")
+    assert server.front_matter(str(path))["name"] == "few"
