@@ -139,3 +139,46 @@ def test_front_matter_with_more_plain_yaml_events_than_the_limit_is_skipped(tmp_
         server.front_matter(str(path))
     path.write_text("---\nname: few\ntags: [" + ", ".join("x" for _ in range(100)) + "]\n---\n")
     assert server.front_matter(str(path))["name"] == "few"
+
+
+def test_two_registrations_within_one_second_keep_both_backups(tmp_path, monkeypatch):
+    import register_with_claude as reg
+
+    monkeypatch.setattr(reg.time, "strftime", lambda _format: "20261201-120000")  # both in the same second
+    config = tmp_path / "claude_desktop_config.json"
+    config.write_text('{"first": 1}')
+    first = reg.write_safely(config, '{"second": 2}')
+    second = reg.write_safely(config, '{"third": 3}')
+    assert first and second and first != second
+    assert first.read_text() == '{"first": 1}' and second.read_text() == '{"second": 2}'
+    assert config.read_text() == '{"third": 3}'
+
+
+def session_db(sessions, messages=()):
+    import sqlite3
+
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE sessions (id TEXT, cwd TEXT, started_at REAL)")
+    db.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, session_id TEXT, role TEXT, content TEXT, "
+               "timestamp REAL)")
+    db.executemany("INSERT INTO sessions VALUES (?, ?, ?)", sessions)
+    db.executemany("INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, ?, ?, ?)", messages)
+    return db
+
+
+def test_two_sessions_started_in_the_jobs_folder_during_one_job_capture_none(tmp_path):
+    folder = str(tmp_path)
+    one = session_db([("20261201_100000_aaaaaa", folder, 100.0)])
+    assert server.matched_session(one, folder, 100.0) == ("20261201_100000_aaaaaa", "found in the session store")
+    two = session_db([("20261201_100000_aaaaaa", folder, 100.0), ("20261201_100001_bbbbbb", folder, 101.0)])
+    session, why = server.matched_session(two, folder, 100.0)
+    assert session is None and why == f"2 sessions in the store started in {folder} during the job"
+
+
+def test_an_older_reply_of_a_resumed_session_is_never_its_answer():
+    session = "20261201_100000_aaaaaa"
+    db = session_db([(session, "/w", 10.0)], [(session, "assistant", "the earlier job's reply", 50.0)])
+    assert server.final_answer(db, session, since=100.0) is None
+    db.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, 'assistant', 'this job', 120)",
+               (session,))
+    assert server.final_answer(db, session, since=100.0) == "this job"
