@@ -433,8 +433,11 @@ class Config:
     @property
     def approval_mode(self) -> str:
         """What the bridge answers when Hermes asks before a dangerous command: deny (the default), ask
-        (relay the question to the user), or yolo (allow). `yolo: true` is the older spelling of yolo."""
-        return self.approvals or ("yolo" if self.yolo else "deny")
+        (relay the question to the user), or yolo (allow). `yolo: true` is the older spelling of yolo, and wins
+        over deny: the bundle passes its "Auto-approve" box as --yolo beside --approvals deny, its default."""
+        if self.yolo and self.approvals in (None, "deny"):
+            return "yolo"
+        return self.approvals or "deny"
 
     @property
     def hermes_home_path(self) -> Path:
@@ -2488,6 +2491,34 @@ class LaunchPlan:
     task: str = ""
 
 
+def usable_hermes(cfg: Config) -> str:
+    """The Hermes executable a job would start, or Refused naming the path, where it came from, and why."""
+    hermes = locate_hermes(cfg)
+    if not hermes.usable:
+        raise Refused(f"Hermes cannot be started: {hermes.problem}. hermes_health (or `server.py --check` in a "
+                      "terminal) shows what the bridge finds")
+    return hermes.usable
+
+
+def plan_launch(cfg: Config, exe: str, record: JobRecord, task: str, folder: str, task_path: Path | None = None,
+                probe: Callable[[Config, str], HermesCli | None] = probe_cli) -> LaunchPlan | None:
+    """The one launch plan, made by the server to refuse a launch early and by the supervisor to start
+    Hermes: the command line for the record's driver and this Hermes' options, the folder, and where the
+    task goes. Refused when the command line cannot hold the task; None while the options are unknown (the
+    server's probe failed: the supervisor probes again and reports what it finds)."""
+    if record.driver == "acp":
+        return LaunchPlan([exe, "acp"], [exe, "acp"], folder, None, [], task)  # the task goes in the prompt
+    cli = known_cli(cfg, exe) or probe(cfg, exe)
+    if cli is None:
+        return None
+    argv = hermes_command(cli, exe, record, task, cfg)
+    if problem := argv_problem(argv):
+        raise Refused(problem)
+    shown_argv = [QUERY_OPTION + "<task>" if part == QUERY_OPTION + task else part for part in argv]
+    return LaunchPlan(argv, shown_argv, folder, task_path if cli.task_on_stdin else None,
+                      sorted(cli.flags & {"--query-file", "--in", "--oneshot"}), task)
+
+
 ProcessStarter = Callable[[list[str], str, Any, dict[str, str]], subprocess.Popen[bytes]]
 
 
@@ -2573,27 +2604,18 @@ class Supervisor:
         record, cfg = self.record, self.cfg
         if self._cancel_requested():
             return Outcome(JobState.CANCELLED, None, "cancelled before Hermes started")
-        hermes = locate_hermes(cfg)
-        exe = hermes.usable
-        if not exe:
-            return Outcome(JobState.ERROR, None, f"Hermes cannot be started: {hermes.problem}. Nothing was run; "
-                           "hermes_health (or `server.py --check` in a terminal) shows what the bridge finds")
-        folder = self._confined_folder()
-        if folder is None:
-            return Outcome(JobState.ERROR, None, f"the job's folder {shown(record.cwd)} no longer resolves to "
-                           "itself inside the allowed roots (moved, removed or replaced by a symlink); Hermes was "
-                           "not started")
-        task_path = self.store.task_path(self.job_id)
-        task = read_capped(task_path, MAX_TASK_BYTES).decode("utf-8")
-        if record.driver == "acp":
-            return LaunchPlan([exe, "acp"], [exe, "acp"], folder, None, [], task)
-        cli = known_cli(cfg, exe) or probe_cli(cfg, exe)
-        argv = hermes_command(cli, exe, record, task, cfg)
-        if problem := argv_problem(argv):
-            return Outcome(JobState.ERROR, None, problem)
-        shown_argv = [QUERY_OPTION + "<task>" if part == QUERY_OPTION + task else part for part in argv]
-        return LaunchPlan(argv, shown_argv, folder, task_path if cli.task_on_stdin else None,
-                          sorted(cli.flags & {"--query-file", "--in", "--oneshot"}), task)
+        try:
+            exe = usable_hermes(cfg)
+            folder = self._confined_folder()
+            if folder is None:
+                return Outcome(JobState.ERROR, None, f"the job's folder {shown(record.cwd)} no longer resolves to "
+                               "itself inside the allowed roots (moved, removed or replaced by a symlink); Hermes "
+                               "was not started")
+            task_path = self.store.task_path(self.job_id)
+            task = read_capped(task_path, MAX_TASK_BYTES).decode("utf-8")
+            return cast(LaunchPlan, plan_launch(cfg, exe, record, task, folder, task_path))  # probe_cli never None
+        except Refused as exc:
+            return Outcome(JobState.ERROR, None, f"{exc}. Nothing was run")
 
     def _start(self, plan: "LaunchPlan") -> subprocess.Popen[bytes]:
         """Start Hermes as planned, after the folder listing has begun, and record who it is."""
@@ -3273,18 +3295,10 @@ def check_launch(cfg: Config, request: "JobRequest") -> None:
     """The last launch checks, once everything else is valid: the executable may be started, and the
     command line fits. The first launch with a new Hermes probes it here (off the event loop), so a task
     too long for its command line is refused before anything starts."""
-    hermes = locate_hermes(cfg)
-    if hermes.problem:
-        raise Refused(f"Hermes cannot be started: {hermes.problem}. hermes_health (or `server.py --check` in a "
-                      "terminal) shows what the bridge finds")
-    exe = cast(str, hermes.path)
+    exe = usable_hermes(cfg)
     request.approval_mode = cfg.approval_mode
     request.driver, _ = choose_driver(cfg, exe, request.session_requested)
-    if request.driver == "acp":
-        return  # the task goes in the prompt: no command-line limit
-    cli = known_cli(cfg, exe) or probe_cli_safely(cfg, exe)
-    if cli and (problem := argv_problem(hermes_command(cli, exe, request.record("<id>"), request.task, cfg))):
-        raise Refused(problem)
+    plan_launch(cfg, exe, request.record("<id>"), request.task, request.cwd, probe=probe_cli_safely)
 
 
 def probe_cli_safely(cfg: Config, exe: str) -> HermesCli | None:

@@ -182,3 +182,11 @@ def test_an_older_reply_of_a_resumed_session_is_never_its_answer():
     db.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, 'assistant', 'this job', 120)",
                (session,))
     assert server.final_answer(db, session, since=100.0) == "this job"
+
+
+@pytest.mark.parametrize(("yolo", "approvals", "mode"), [
+    (False, None, "deny"), (True, None, "yolo"), (True, "deny", "yolo"), (True, "ask", "ask"),
+    (False, "yolo", "yolo"), (False, "ask", "ask")])
+def test_the_bundles_auto_approve_box_wins_over_its_default_deny_but_not_over_ask(yolo, approvals, mode):
+    cfg = server.Config(path=server.SERVER_DIR / "config.json", yolo=yolo, approvals=approvals)
+    assert cfg.approval_mode == mode
