@@ -95,7 +95,7 @@ import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Awaitable, Callable, Iterator, NoReturn, TypeVar, cast  # noqa: E402
+from typing import Any, Awaitable, Callable, Iterable, Iterator, NoReturn, TypeVar, cast  # noqa: E402
 
 try:
     import psutil
@@ -438,6 +438,11 @@ class Config:
         if self.yolo and self.approvals in (None, "deny"):
             return "yolo"
         return self.approvals or "deny"
+
+    @property
+    def store(self) -> "JobStore":
+        """The jobs folder this config names (a JobStore is only its paths: cheap to make)."""
+        return JobStore(self.jobs_path)
 
     @property
     def hermes_home_path(self) -> Path:
@@ -1033,6 +1038,15 @@ class JobStore:
         self.root = root
         self.active = root / "active"
         self.locks = root / "locks"
+
+    def views(self, job_ids: Iterable[str]) -> Iterator[tuple[str, "JobView | None", str]]:
+        """Each job as observed now, in the order given; a record that cannot be trusted comes as None with
+        the reason (a job can write the jobs folder: a listing shows it as damaged, never fails on it)."""
+        for job_id in job_ids:
+            try:
+                yield job_id, observe(self.read(job_id)), ""
+            except (Refused, DamagedRecord) as exc:
+                yield job_id, None, str(exc)
 
     def ensure(self) -> None:
         self.active.mkdir(parents=True, exist_ok=True)
@@ -2904,7 +2918,7 @@ def launch_job(cfg: Config, request: JobRequest) -> tuple[JobRecord, str | None]
     """Start a job, or return the identical one already running; atomic across server processes."""
     from filelock import FileLock, Timeout
 
-    store = JobStore(cfg.jobs_path)
+    store = cfg.store
     try:
         store.ensure()
     except OSError as exc:
@@ -2914,10 +2928,8 @@ def launch_job(cfg: Config, request: JobRequest) -> tuple[JobRecord, str | None]
     try:
         with FileLock(str(store.root / "launch.lock"), timeout=10):
             running = []
-            for job_id in store.active_ids():
-                try:
-                    view = observe(store.read(job_id))
-                except (Refused, DamagedRecord):
+            for _, view, _ in store.views(store.active_ids()):
+                if view is None:
                     continue
                 if view.running and view.record.dedupe_key == key:
                     return view.record, ("an identical job is already running; this is that job, "
@@ -3171,7 +3183,7 @@ def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
     from the record, and every value that came from disk is shown escaped."""
     record = view.record
     job_id = record.id
-    log = JobStore(cfg.jobs_path).log_path(job_id)
+    log = cfg.store.log_path(job_id)
     notes = list(notes or [])
     if record.cwd_note:
         notes.insert(0, record.cwd_note)
@@ -3358,7 +3370,7 @@ def resolve_resume(cfg: Config, session_id: Any, cwd: str | None, notes: list[st
     """The session to resume and the folder it will really run in, confined; refused when that folder is
     outside today's roots. "latest" is the newest captured session whose folder is inside them."""
     confine_cwd(cfg, None)  # no roots configured: refused here, with the fix
-    store = JobStore(cfg.jobs_path)
+    store = cfg.store
     if session_id == "latest":
         for candidate in store.captured_sessions():
             try:
@@ -3397,10 +3409,10 @@ JOBS_SCAN_LIMIT = 5000
 def job_view(cfg: Config, job_id: Any) -> JobView:
     job_id = validate_job_id(job_id)
     try:
-        return observe(JobStore(cfg.jobs_path).read(job_id))
+        return observe(cfg.store.read(job_id))
     except DamagedRecord as exc:
         raise Refused(f"the record of job {job_id} is damaged ({exc}); its log may still be read with "
-                      f"hermes_read(path=\"{JobStore(cfg.jobs_path).log_path(job_id)}\")") from None
+                      f"hermes_read(path=\"{cfg.store.log_path(job_id)}\")") from None
 
 
 def answer_approval(cfg: Config, job_id: Any, approval_id: Any, decision: Any, by: str) -> JobView:
@@ -3423,7 +3435,7 @@ def answer_approval(cfg: Config, job_id: Any, approval_id: Any, decision: Any, b
     if time.time() >= approval["expires_at"]:
         raise Refused(f"approval {approval_id} came too late: Hermes stopped waiting "
                       f"{int(time.time() - approval['expires_at'])} s ago and denied it itself")
-    store = JobStore(cfg.jobs_path)
+    store = cfg.store
     write_atomic(store.answer_path(view.record.id),
                  json.dumps({"id": approval_id, "decision": decision, "by": by}).encode())
     audit(cfg, event="approval", job_id=view.record.id, approval_id=approval_id, decision=decision, by=by)
@@ -3433,7 +3445,7 @@ def answer_approval(cfg: Config, job_id: Any, approval_id: Any, decision: Any, b
 def request_cancel(cfg: Config, job_id: Any) -> tuple[JobView, str]:
     """Ask a job's supervisor to stop it, or stop an orphan directly; returns the view and a note."""
     view = job_view(cfg, job_id)
-    store = JobStore(cfg.jobs_path)
+    store = cfg.store
     if view.state in FINAL_STATES:
         return view, f"the job had already ended as {view.state.value}; nothing to cancel"
     if view.state is JobState.ORPHANED:
@@ -3445,21 +3457,19 @@ def request_cancel(cfg: Config, job_id: Any) -> tuple[JobView, str]:
 
 def list_jobs(cfg: Config, limit: int | None, state: str | None) -> str:
     """The newest jobs (bounded by limit and a scan cap), with a total count; damaged records included."""
-    store = JobStore(cfg.jobs_path)
+    store = cfg.store
     notes: list[str] = []
     shown_limit = int(clamp_number("limit", limit, 50, 1, 1000, notes))
     ids = store.list_ids()
     rows: list[str] = []
     scanned = 0
-    for job_id in reversed(ids):
+    for job_id, view, damage in store.views(reversed(ids)):
         if len(rows) >= shown_limit or scanned >= JOBS_SCAN_LIMIT:
             break
         scanned += 1
-        try:
-            view = observe(store.read(job_id))
-        except (Refused, DamagedRecord) as exc:
+        if view is None:
             if state in (None, "", "damaged"):
-                rows.append(f"{job_id}  damaged            -  record {exc}")
+                rows.append(f"{job_id}  damaged            -  record {damage}")
             continue
         if state not in (None, "") and view.shown_state != state:
             continue
@@ -3801,12 +3811,8 @@ def job_counts(store: JobStore) -> str:
     active = store.active_ids()
     counted = dict.fromkeys(active + ids[-HEALTH_RECENT_JOBS:])
     counts: dict[str, int] = {}
-    for job_id in counted:
-        try:
-            view = observe(store.read(job_id))
-            state = view.shown_state
-        except (Refused, DamagedRecord):
-            state = "damaged"
+    for _, view, _ in store.views(counted):
+        state = view.shown_state if view else "damaged"
         counts[state] = counts.get(state, 0) + 1
     by_state = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
     scope = "all" if len(counted) >= len(ids) else f"unfinished and newest {HEALTH_RECENT_JOBS}"
@@ -3842,7 +3848,7 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
     exe = hermes.usable
     version = hermes_version_on_disk(exe) if exe else None
     cli = known_cli(cfg, exe)
-    store = JobStore(cfg.jobs_path)
+    store = cfg.store
     try:
         store.ensure()
         probe = store.root / f".write-test-{os.getpid()}"
@@ -4729,7 +4735,7 @@ def main(argv: list[str]) -> int:
             sys.stderr.write(problem + "\n")
             return 2
         cfg = load_config()
-        supervisor = Supervisor(validate_job_id(argv[1]), cfg, JobStore(cfg.jobs_path),
+        supervisor = Supervisor(validate_job_id(argv[1]), cfg, cfg.store,
                                 subreaper=become_subreaper())
         signal.signal(signal.SIGTERM, supervisor.on_sigterm)
         return supervisor.run()

@@ -120,12 +120,16 @@ class Bridge:
         return BridgeClient(self.env, **kwargs)
 
     def runs(self) -> list[dict[str, Any]]:
-        """Every fake Hermes run so far, from its trace file."""
-        return [json.loads(p.read_text()) for p in sorted(self.trace.glob("*.json"))]
+        """Every fake Hermes run so far, from its trace file, in the order they were written."""
+        return [json.loads(p.read_text()) for p in self.traces("*.json")]
 
     def invocations(self) -> list[list[str]]:
-        """The argv of every fake Hermes process started so far, runs and probes alike."""
-        return [json.loads(p.read_text()) for p in sorted(self.trace.glob("*.invoked"))]
+        """The argv of every fake Hermes process started so far, runs and probes alike, oldest first."""
+        return [json.loads(p.read_text()) for p in self.traces("*.invoked")]
+
+    def traces(self, pattern: str) -> list[Path]:
+        """By time written, not by name: pid 10000 sorts before pid 9999 as text."""
+        return sorted(self.trace.glob(pattern), key=lambda path: (path.stat().st_mtime_ns, path.name))
 
     def traced_pids(self) -> list[int]:
         pids = [run["pid"] for run in self.runs()]
