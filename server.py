@@ -2656,7 +2656,17 @@ class Supervisor:
 
     def _watch(self, proc: subprocess.Popen[bytes], exe: str, conversation: "AcpConversation | None" = None) -> Outcome:
         """Until Hermes exits: remember its tree, drive the ACP conversation, and stop it on cancel, timeout
-        or a move outside the roots. Over ACP a stop first asks Hermes (session/cancel, which ends the running
+        or a move outside the roots; then the outcome."""
+        exit_code, stopping, report = self._wait(proc, conversation)
+        if conversation is not None:
+            conversation.drain()
+        if stopping:
+            return self._stopped(stopping, exit_code, report)
+        return self._ended(exit_code, exe, conversation)
+
+    def _wait(self, proc: subprocess.Popen[bytes], conversation: "AcpConversation | None"
+              ) -> tuple[int, tuple[JobState, str] | None, StopReport | None]:
+        """Poll until Hermes exits. Over ACP a stop first asks Hermes (session/cancel, which ends the running
         command), then stops the tree; a finished conversation ends the process by closing its input."""
         record = self.record
         hermes = psutil.Process(proc.pid)
@@ -2666,8 +2676,7 @@ class Supervisor:
         stop_at = close_by = None
         while True:
             try:
-                exit_code = proc.wait(timeout=POLL_S)
-                break
+                return proc.wait(timeout=POLL_S), stopping, report
             except subprocess.TimeoutExpired:
                 pass
             self._remember_tree(hermes)
@@ -2688,19 +2697,23 @@ class Supervisor:
                 report = stop_tree(self.owner, hermes, record.tree, self.cfg.kill_grace_s, self.windows_job)
                 if report.survivors:
                     self.note(f"could not stop pids {report.survivors}")
-        if conversation is not None:
-            conversation.drain()
-        if stopping:
-            late = stop_tree(self.owner, None, record.tree, 0)  # tool processes Hermes left behind
-            earlier = report.survivors if report else []
-            report = StopReport((report.stopped if report else 0) + late.stopped,
-                                late.survivors + [pid for pid in earlier if pid not in late.survivors
-                                                  and psutil.pid_exists(pid)],
-                                sorted(set((report.disowned if report else []) + late.disowned)), self.subreaper)
-            return Outcome(stopping[0], exit_code, f"{stopping[1]}; {report.describe()}")
+
+    def _stopped(self, stopping: tuple[JobState, str], exit_code: int, report: StopReport | None) -> Outcome:
+        """A job the bridge stopped: sweep what Hermes left behind, and say what was stopped."""
+        late = stop_tree(self.owner, None, self.record.tree, 0)  # tool processes Hermes left behind
+        earlier = report.survivors if report else []
+        report = StopReport((report.stopped if report else 0) + late.stopped,
+                            late.survivors + [pid for pid in earlier if pid not in late.survivors
+                                              and psutil.pid_exists(pid)],
+                            sorted(set((report.disowned if report else []) + late.disowned)), self.subreaper)
+        return Outcome(stopping[0], exit_code, f"{stopping[1]}; {report.describe()}")
+
+    def _ended(self, exit_code: int, exe: str, conversation: "AcpConversation | None") -> Outcome:
+        """A job Hermes ended by itself: its conversation's outcome over ACP, else its exit code. A probe
+        that proved wrong is forgotten, so the next launch asks again."""
         if conversation is not None:
             if conversation.session_id is None and conversation.failure is None:
-                forget_probe(self.cfg, exe, "|acp")  # `hermes acp` did not even start a session: ask again next time
+                forget_probe(self.cfg, exe, "|acp")  # `hermes acp` did not even start a session
             return conversation.outcome(exit_code)
         if exit_code == 0:
             return Outcome(JobState.OK, exit_code, None)
@@ -2868,7 +2881,6 @@ def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
 
 
 # ------------------------------------------------------------------------------------------ job launch
-RUNNING_SUPERVISORS: list[subprocess.Popen[bytes]] = []
 # Runs this same file as `server.py --supervise ID`, but imported, so from its cached bytecode: the
 # supervisor starts about 15 ms faster and 5 MB smaller than compiling the source again.
 SUPERVISOR_BOOT = (
@@ -2880,11 +2892,6 @@ SUPERVISOR_BOOT = (
     "sys.pycache_prefix = None\n"
     "sys.argv[0] = spec.origin\n"
     "exec(code, {'__name__': '__main__', '__file__': spec.origin, '__builtins__': __builtins__})\n")
-
-
-def reap_supervisors() -> None:
-    """Collect exit statuses of supervisors this process started, so none lingers as a zombie."""
-    RUNNING_SUPERVISORS[:] = [p for p in RUNNING_SUPERVISORS if p.poll() is None]
 
 
 @dataclasses.dataclass
@@ -2923,7 +2930,6 @@ def launch_job(cfg: Config, request: JobRequest) -> tuple[JobRecord, str | None]
         store.ensure()
     except OSError as exc:
         raise Refused(f"cannot create the jobs folder {store.root}: {exc.strerror or exc}") from None
-    reap_supervisors()
     key = request.dedupe_key()
     try:
         with FileLock(str(store.root / "launch.lock"), timeout=10):
@@ -2971,9 +2977,10 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
     with log:
         for attempt, flags in enumerate(supervisor_creation_flags(IS_WINDOWS)):
             try:
-                RUNNING_SUPERVISORS.append(subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=str(SERVER_DIR), env=env,
-                    close_fds=True, **popen_kwargs(flags)))
+                supervisor = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                              cwd=str(SERVER_DIR), env=env, close_fds=True, **popen_kwargs(flags))
+                # its exit status is collected by a thread of its own, so it never lingers as a zombie
+                threading.Thread(target=supervisor.wait, name=f"reap {job_id}", daemon=True).start()
                 record_detach_mode(store, attempt == 0)
                 return record
             except OSError as exc:
@@ -3080,27 +3087,30 @@ def job_details(cfg: Config, view: JobView) -> JobDetails:
     if not view.running and record.usage:
         with contextlib.suppress(TypeError):
             kept_usage = Usage(**record.usage).line()
-
-    def query(db: Any) -> JobDetails:
-        session = record.session_id or record.session_requested
-        if not session and view.running and record.cwd:
-            session, why = matched_session(db, record.cwd, started)
-            if not session:
-                raise StoreUnavailable(why)
-        if not session:
-            raise StoreUnavailable(record.session_source or "no session was captured")
-        usage = session_usage(db, session)
-        if view.running:
-            return JobDetails(activity=usage.line() if usage else f"unavailable: no session {session} in the store yet",
-                              current_tool=current_tool(db, session, started, time.time()) or "none yet")
-        return JobDetails(usage=kept_usage or (usage.line() if usage else f"unavailable: no session {session}"),
-                          answer=final_answer(db, session, started) or "unavailable: Hermes wrote no reply")
-
     try:
-        return read_store(cfg, query)
+        return read_store(cfg, lambda db: store_details(db, view, started, kept_usage))
     except StoreUnavailable as exc:
         unavailable = f"unavailable: {exc}"
         return JobDetails(activity=unavailable, usage=kept_usage or unavailable, answer=unavailable)
+
+
+def store_details(db: Any, view: JobView, started: float, kept_usage: str | None) -> JobDetails:
+    """The session store's part of job_details: live counters and the current tool of a running job, or the
+    usage (the record's own copy first) and Hermes' answer of an ended one."""
+    record = view.record
+    session = record.session_id or record.session_requested
+    if not session and view.running and record.cwd:
+        session, why = matched_session(db, record.cwd, started)
+        if not session:
+            raise StoreUnavailable(why)
+    if not session:
+        raise StoreUnavailable(record.session_source or "no session was captured")
+    usage = session_usage(db, session)
+    if view.running:
+        return JobDetails(activity=usage.line() if usage else f"unavailable: no session {session} in the store yet",
+                          current_tool=current_tool(db, session, started, time.time()) or "none yet")
+    return JobDetails(usage=kept_usage or (usage.line() if usage else f"unavailable: no session {session}"),
+                      answer=final_answer(db, session, started) or "unavailable: Hermes wrote no reply")
 
 
 def acp_details(record: JobRecord, running: bool) -> JobDetails:
@@ -3182,32 +3192,39 @@ def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
     """The status block. The log shown is always the job's own <id>.log in the store, never a path taken
     from the record, and every value that came from disk is shown escaped."""
     record = view.record
-    job_id = record.id
-    log = cfg.store.log_path(job_id)
     notes = list(notes or [])
     if record.cwd_note:
         notes.insert(0, record.cwd_note)
-    lines = [f"STATUS: {view.shown_state}", f"JOB_ID: {job_id}"]
-    if view.running:
-        lines += [f"CWD: {shown(record.cwd, 1000)}", f"ELAPSED_S: {elapsed_s(record)}",
-                  f"TIMEOUT_S: {record.timeout_s:g} (hard cap we enforce)", f"FULL_LOG: {shown(str(log))}"]
-        if details:
-            lines.append(f"ACTIVITY: {shown(details.activity, 400)}")
-            if details.current_tool:
-                lines.append(f"CURRENT_TOOL: {shown(details.current_tool, 400)}")
-        lines += approval_lines(view) + decision_lines(record)
-        lines += [f"NOTE: {shown(note, 1000)}" for note in notes]
-        lines += ["Still running. This is NOT a failure and NOT a timeout.",
-                  f'Collect the result with hermes_status(job_id="{job_id}").',
-                  "Do not re-run the task -- it is already executing.",
-                  "--- OUTPUT SO FAR (tail) ---", log_excerpt(log, RUNNING_TAIL_CHARS)]
-        return "\n".join(lines)
-    exit_code = record.exit_code
-    session = record.session_id
-    lines += [f"EXIT_CODE: {'none' if exit_code is None else exit_code}",
-              f"SESSION_ID: {shown(session) if session else 'none captured'}",
-              f"CWD: {shown(record.cwd, 1000)}", f"ELAPSED_S: {elapsed_s(record)}",
-              f"FULL_LOG: {shown(str(log))}"]
+    log = cfg.store.log_path(record.id)
+    head = [f"STATUS: {view.shown_state}", f"JOB_ID: {record.id}"]
+    body = running_lines(view, log, details) if view.running else final_lines(view, cfg, log, details)
+    note_lines = [f"NOTE: {shown(note, 1000)}" for note in notes]
+    return "\n".join(head + body[0] + note_lines + body[1])
+
+
+def running_lines(view: JobView, log: Path, details: JobDetails | None) -> tuple[list[str], list[str]]:
+    """A running job's lines before the notes, and after them."""
+    record = view.record
+    lines = [f"CWD: {shown(record.cwd, 1000)}", f"ELAPSED_S: {elapsed_s(record)}",
+             f"TIMEOUT_S: {record.timeout_s:g} (hard cap we enforce)", f"FULL_LOG: {shown(str(log))}"]
+    if details:
+        lines.append(f"ACTIVITY: {shown(details.activity, 400)}")
+        if details.current_tool:
+            lines.append(f"CURRENT_TOOL: {shown(details.current_tool, 400)}")
+    lines += approval_lines(view) + decision_lines(record)
+    return lines, ["Still running. This is NOT a failure and NOT a timeout.",
+                   f'Collect the result with hermes_status(job_id="{record.id}").',
+                   "Do not re-run the task -- it is already executing.",
+                   "--- OUTPUT SO FAR (tail) ---", log_excerpt(log, RUNNING_TAIL_CHARS)]
+
+
+def final_lines(view: JobView, cfg: Config, log: Path, details: JobDetails | None) -> tuple[list[str], list[str]]:
+    """An ended job's lines before the notes, and after them: advice, usage, changes, answer, output."""
+    record = view.record
+    exit_code, session = record.exit_code, record.session_id
+    lines = [f"EXIT_CODE: {'none' if exit_code is None else exit_code}",
+             f"SESSION_ID: {shown(session) if session else 'none captured'}",
+             f"CWD: {shown(record.cwd, 1000)}", f"ELAPSED_S: {elapsed_s(record)}", f"FULL_LOG: {shown(str(log))}"]
     if view.reason and view.state is not JobState.OK:
         lines.append(f"REASON: {shown(view.reason, 2000)}")
     if not session and record.session_source:
@@ -3215,18 +3232,17 @@ def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
     if record.session_note:
         lines.append(f"SESSION_NOTE: {shown(record.session_note, 1000)}")
     lines += decision_lines(record)
-    lines += [f"NOTE: {shown(note, 1000)}" for note in notes]
+    after: list[str] = []
     if view.state is JobState.ORPHANED:
-        lines.append(f'Stop what is left with hermes_cancel(job_id="{job_id}").')
+        after.append(f'Stop what is left with hermes_cancel(job_id="{record.id}").')
     if view.state in PART_DONE_STATES:
-        lines.append("Work may be part-done: inspect the files with hermes_read before re-running.")
+        after.append("Work may be part-done: inspect the files with hermes_read before re-running.")
     if details:
-        lines.append(f"USAGE: {shown(details.usage, 400)}")
-    lines += changes_lines(record)
+        after.append(f"USAGE: {shown(details.usage, 400)}")
+    after += changes_lines(record)
     if details:
-        lines += ["--- HERMES ANSWER ---", *quoted_answer(details.answer or "", cfg.max_output_chars)]
-    lines += ["--- HERMES OUTPUT ---", log_excerpt(log, cfg.max_output_chars)]
-    return "\n".join(lines)
+        after += ["--- HERMES ANSWER ---", *quoted_answer(details.answer or "", cfg.max_output_chars)]
+    return lines, after + ["--- HERMES OUTPUT ---", log_excerpt(log, cfg.max_output_chars)]
 
 
 @dataclasses.dataclass
@@ -3594,18 +3610,15 @@ def list_directory(resolved: str, fd: int) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------- tool logic: Hermes' skills (hermes_capabilities)
 SKILL_FRONT_MATTER_BYTES = 64 * 1024
 SKILL_TREE_DEPTH = 6  # skills/<category>/<name>/SKILL.md, with room for nested categories
 SKILL_TREE_FOLDERS = 20_000
 SKILL_YAML_EVENTS = 5_000
 SKILL_FIELD_CHARS = {"name": 128, "description": 2000, "tag": 64}
 SKILL_MAX_TAGS = 32
-SKILL_CACHE: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}  # SKILL.md -> (stat, skill or skip reason)
-TREE_CACHE: dict[str, tuple[dict[str, int], list[str], str | None]] = {}  # skills dir -> (folder mtimes, files, note)
-SKILLS_LOCK = threading.Lock()
 
 
-# ----------------------------------------------------- tool logic: Hermes' skills (hermes_capabilities)
 class SkippedSkill(Exception):
     """A SKILL.md that breaks a rule (size, YAML anchors, field types): listed as skipped with the reason."""
 
@@ -3672,41 +3685,6 @@ def parse_skill(path: str, skills_dir: str) -> dict[str, Any]:
     }
 
 
-def skill_files(skills_dir: str) -> tuple[list[str], str | None]:
-    """Every SKILL.md under skills_dir, walked iteratively with a depth and a folder cap (a hostile tree can
-    be thousands of folders deep), without following symlinks; and a note when a cap was hit. The walk is
-    redone only when a folder's mtime changed, so a repeated call costs one stat per folder."""
-    cached = TREE_CACHE.get(skills_dir)
-    if cached and all(folder_mtime(folder) == mtime for folder, mtime in cached[0].items()):
-        return cached[1], cached[2]
-    folders: dict[str, int] = {}
-    files: list[str] = []
-    note = None
-    pending = [(skills_dir, 0)]
-    while pending:
-        folder, depth = pending.pop()
-        if len(folders) >= SKILL_TREE_FOLDERS:
-            note = f"stopped after {SKILL_TREE_FOLDERS} folders"
-            break
-        folders[folder] = folder_mtime(folder)
-        try:
-            with os.scandir(folder) as entries:
-                listed = sorted(entries, key=lambda e: e.name, reverse=True)
-        except OSError:
-            continue
-        for entry in listed:
-            if entry.name == "SKILL.md" and entry.is_file(follow_symlinks=False):
-                files.append(entry.path)
-            elif entry.is_dir(follow_symlinks=False):
-                if depth + 1 > SKILL_TREE_DEPTH:
-                    note = f"folders deeper than {SKILL_TREE_DEPTH} levels are not searched"
-                else:
-                    pending.append((entry.path, depth + 1))
-    files.sort()
-    TREE_CACHE[skills_dir] = (folders, files, note)
-    return files, note
-
-
 def folder_mtime(folder: str) -> int:
     try:
         return os.stat(folder, follow_symlinks=False).st_mtime_ns
@@ -3714,33 +3692,77 @@ def folder_mtime(folder: str) -> int:
         return -1
 
 
-def skill_index(skills_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every skill under skills_dir (each file parsed once per version), and why others were skipped."""
-    skills: list[dict[str, Any]] = []
-    skipped: list[str] = []
-    with SKILLS_LOCK:  # one walk at a time; a caller that cannot get it in time hits its tool deadline
-        files, note = skill_files(str(skills_dir))
-        if note:
-            skipped.append(f"{skills_dir}: {note}")
-        for path in files:
+class SkillIndex:
+    """Hermes' skills as last read, per skills folder: the tree's folders with their mtimes and each
+    SKILL.md with its stat, so a repeated call re-reads only what changed. One per server, passed to the
+    tools that read skills."""
+
+    def __init__(self) -> None:
+        self.parsed: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}  # SKILL.md -> (stat, skill or skip)
+        self.trees: dict[str, tuple[dict[str, int], list[str], str | None]] = {}  # dir -> (mtimes, files, note)
+        self.lock = threading.Lock()
+
+    def files(self, skills_dir: str) -> tuple[list[str], str | None]:
+        """Every SKILL.md under skills_dir, walked iteratively with a depth and a folder cap (a hostile tree can
+        be thousands of folders deep), without following symlinks; and a note when a cap was hit. The walk is
+        redone only when a folder's mtime changed, so a repeated call costs one stat per folder."""
+        cached = self.trees.get(skills_dir)
+        if cached and all(folder_mtime(folder) == mtime for folder, mtime in cached[0].items()):
+            return cached[1], cached[2]
+        folders: dict[str, int] = {}
+        files: list[str] = []
+        note = None
+        pending = [(skills_dir, 0)]
+        while pending:
+            folder, depth = pending.pop()
+            if len(folders) >= SKILL_TREE_FOLDERS:
+                note = f"stopped after {SKILL_TREE_FOLDERS} folders"
+                break
+            folders[folder] = folder_mtime(folder)
             try:
-                info = os.stat(path, follow_symlinks=False)
+                with os.scandir(folder) as entries:
+                    listed = sorted(entries, key=lambda e: e.name, reverse=True)
             except OSError:
                 continue
-            key = (info.st_mtime_ns, info.st_size)
-            cached = SKILL_CACHE.get(path)
-            if not cached or cached[0] != key:
+            for entry in listed:
+                if entry.name == "SKILL.md" and entry.is_file(follow_symlinks=False):
+                    files.append(entry.path)
+                elif entry.is_dir(follow_symlinks=False):
+                    if depth + 1 > SKILL_TREE_DEPTH:
+                        note = f"folders deeper than {SKILL_TREE_DEPTH} levels are not searched"
+                    else:
+                        pending.append((entry.path, depth + 1))
+        files.sort()
+        self.trees[skills_dir] = (folders, files, note)
+        return files, note
+
+    def skills(self, skills_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
+        """Every skill under skills_dir (each file parsed once per version), and why others were skipped."""
+        skills: list[dict[str, Any]] = []
+        skipped: list[str] = []
+        with self.lock:  # one walk at a time; a caller that cannot get it in time hits its tool deadline
+            files, note = self.files(str(skills_dir))
+            if note:
+                skipped.append(f"{skills_dir}: {note}")
+            for path in files:
                 try:
-                    entry: dict[str, Any] = parse_skill(path, str(skills_dir))
-                except SkippedSkill as exc:
-                    entry = {"skipped": str(exc)}
-                cached = (key, entry)
-                SKILL_CACHE[path] = cached
-            if "skipped" in cached[1]:
-                skipped.append(f"{os.path.relpath(path, skills_dir)}: {cached[1]['skipped']}")
-            else:
-                skills.append(cached[1])
-    return skills, skipped
+                    info = os.stat(path, follow_symlinks=False)
+                except OSError:
+                    continue
+                key = (info.st_mtime_ns, info.st_size)
+                cached = self.parsed.get(path)
+                if not cached or cached[0] != key:
+                    try:
+                        entry: dict[str, Any] = parse_skill(path, str(skills_dir))
+                    except SkippedSkill as exc:
+                        entry = {"skipped": str(exc)}
+                    cached = (key, entry)
+                    self.parsed[path] = cached
+                if "skipped" in cached[1]:
+                    skipped.append(f"{os.path.relpath(path, skills_dir)}: {cached[1]['skipped']}")
+                else:
+                    skills.append(cached[1])
+        return skills, skipped
 
 
 def skill_score(skill: dict[str, Any], words: list[str]) -> int:
@@ -3754,11 +3776,18 @@ def skill_score(skill: dict[str, Any], words: list[str]) -> int:
     return score
 
 
-def capabilities(cfg: Config, query: str | None, category: str | None, limit: int | None) -> str:
+SKILLS_USE = 'Preload skills with hermes_run(..., skills=["name"]).'
+
+
+def capabilities(cfg: Config, index: SkillIndex, query: str | None, category: str | None, limit: int | None) -> str:
+    """Hermes' skills in one of three modes: ranked matches for a query, one category, or the categories.
+    The arguments are checked before the skills tree is walked."""
+    if query is not None and not isinstance(query, str) or category is not None and not isinstance(category, str):
+        raise Refused("query and category must be text")
     notes: list[str] = []
     count = int(clamp_number("limit", limit, 20, 1, 200, notes))
     skills_dir = cfg.hermes_home_path / "skills"
-    skills, skipped = skill_index(skills_dir)
+    skills, skipped = index.skills(skills_dir)
     header = [f"SKILLS_DIR: {shown(str(skills_dir))}", f"SKILLS: {len(skills)}"
               + (f" ({len(skipped)} skipped)" if skipped else "")]
     header += [f"NOTE: {note}" for note in notes]
@@ -3767,23 +3796,31 @@ def capabilities(cfg: Config, query: str | None, category: str | None, limit: in
         header.append(f"SKIPPED: ... and {len(skipped) - 10} more")
     if not skills:
         return "\n".join(header + ["No skills found. Hermes installs its skills under HERMES_HOME/skills."])
-    use = 'Preload skills with hermes_run(..., skills=["name"]).'
-    if query is not None and not isinstance(query, str) or category is not None and not isinstance(category, str):
-        raise Refused("query and category must be text")
     if query:
-        words = [w for w in re.split(r"\W+", query.lower()) if w]
-        ranked = sorted(((skill_score(s, words), s) for s in skills), key=lambda p: (-p[0], p[1]["name"]))
-        hits = [s for score, s in ranked if score > 0]
-        lines = [f"MATCHES for '{shown(query)}': {len(hits)}"] + [describe_skill(s) for s in hits[:count]]
-        return "\n".join(header + lines + [use])
+        return "\n".join(header + skill_matches(skills, query, count) + [SKILLS_USE])
     if category:
-        members = sorted((s for s in skills if s["category"] == category), key=lambda s: s["name"])
-        if not members:
-            categories = sorted({s["category"] for s in skills})
-            raise Refused(f"no category '{shown(category, 80)}'; categories: {shown(', '.join(categories), 1000)} "
-                          f"({len(categories)} in all; hermes_capabilities() lists them)")
-        lines = [f"CATEGORY {shown(category)}: {len(members)} skills"] + [describe_skill(s) for s in members[:count]]
-        return "\n".join(header + lines + [use])
+        return "\n".join(header + category_members(skills, category, count) + [SKILLS_USE])
+    return "\n".join(header + skill_categories(skills, count)
+                     + ["Narrow with hermes_capabilities(query=...) or (category=...). " + SKILLS_USE])
+
+
+def skill_matches(skills: list[dict[str, Any]], query: str, count: int) -> list[str]:
+    words = [w for w in re.split(r"\W+", query.lower()) if w]
+    ranked = sorted(((skill_score(s, words), s) for s in skills), key=lambda p: (-p[0], p[1]["name"]))
+    hits = [s for score, s in ranked if score > 0]
+    return [f"MATCHES for '{shown(query)}': {len(hits)}"] + [describe_skill(s) for s in hits[:count]]
+
+
+def category_members(skills: list[dict[str, Any]], category: str, count: int) -> list[str]:
+    members = sorted((s for s in skills if s["category"] == category), key=lambda s: s["name"])
+    if not members:
+        categories = sorted({s["category"] for s in skills})
+        raise Refused(f"no category '{shown(category, 80)}'; categories: {shown(', '.join(categories), 1000)} "
+                      f"({len(categories)} in all; hermes_capabilities() lists them)")
+    return [f"CATEGORY {shown(category)}: {len(members)} skills"] + [describe_skill(s) for s in members[:count]]
+
+
+def skill_categories(skills: list[dict[str, Any]], count: int) -> list[str]:
     by_category: dict[str, list[str]] = {}
     for skill in skills:
         by_category.setdefault(skill["category"], []).append(skill["name"])
@@ -3792,7 +3829,7 @@ def capabilities(cfg: Config, query: str | None, category: str | None, limit: in
         names = sorted(by_category[name])
         lines.append(f"{shown(name, 80)} ({len(names)}): {shown(', '.join(names[:5]), 400)}"
                      + (", ..." if len(names) > 5 else ""))
-    return "\n".join(header + lines + ["Narrow with hermes_capabilities(query=...) or (category=...). " + use])
+    return lines
 
 
 def describe_skill(skill: dict[str, Any]) -> str:
@@ -4325,6 +4362,7 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
     from mcp.types import CallToolResult, ToolAnnotations
 
     tasks = JobTasks()
+    skill_index = SkillIndex()
     mcp = edge.new_server(server_instructions(cfg), tasks)
 
     def hints(read_only: bool, destructive: bool, idempotent: bool, open_world: bool) -> ToolAnnotations:
@@ -4400,7 +4438,8 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
                                   limit: int | None = None) -> CallToolResult:
         """Hermes' installed skills, read from disk. No arguments: categories with counts. query: ranked
         matches over name, description and tags. category: the skills of one category."""
-        return await respond("hermes_capabilities", lambda cfg: listing_tool(capabilities, cfg, query, category, limit))
+        return await respond("hermes_capabilities",
+                             lambda cfg: listing_tool(capabilities, cfg, skill_index, query, category, limit))
 
     @tool(read_only, "Bridge health")
     async def hermes_health() -> CallToolResult:
@@ -4728,7 +4767,7 @@ def without_unset_settings(argv: list[str]) -> list[str]:
     return kept
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], protocol_fds: tuple[int, int] | None = None) -> int:
     if len(argv) == 2 and argv[0] == "--supervise":  # the fast path: no argparse, no MCP
         problem = missing_dependencies(need_mcp=False)
         if problem:
@@ -4759,19 +4798,16 @@ def main(argv: list[str]) -> int:
         return check(serve_command)
     if args.try_task is not None:
         return 0 if anyio.run(try_task, serve_command, args.try_task, args.cwd) else 1
-    assert PROTOCOL_FDS is not None, "serves_protocol() and main() disagree about this command line"
-    anyio.run(serve, PROTOCOL_FDS)
+    assert protocol_fds is not None, "serves_protocol() and main() disagree about this command line"
+    anyio.run(serve, protocol_fds)
     return 0
 
 
 def console_main() -> None:
     """The wheel's console script, `claude-hermes-bridge`: the module is imported there, not run, so the
     stdio guard runs here first, before anything can print."""
-    global PROTOCOL_FDS
-    if serves_protocol(sys.argv[1:]):
-        PROTOCOL_FDS = guard_stdio()
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], guard_stdio() if serves_protocol(sys.argv[1:]) else None))
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], PROTOCOL_FDS))

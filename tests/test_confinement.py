@@ -250,7 +250,7 @@ def test_hostile_skills_are_skipped_with_a_reason_and_health_answers_meanwhile(b
 def test_the_skill_walk_is_iterative_with_a_depth_cap(tmp_path, deep_tree):
     deep = deep_tree(tmp_path / "skills")
     (deep[-1] / "SKILL.md").write_text("---\nname: buried\n---\n")
-    skills, skipped = server.skill_index(tmp_path / "skills")
+    skills, skipped = server.SkillIndex().skills(tmp_path / "skills")
     assert skills == [] and any("deeper than" in reason for reason in skipped)
 
 

@@ -2,6 +2,7 @@
 import json
 import os
 import time
+from typing import Any
 
 import pytest
 
@@ -106,7 +107,7 @@ def test_a_symlinked_folder_under_skills_is_not_followed(tmp_path):
     skill_md(skills / "cat" / "inside")
     skill_md(tmp_path / "elsewhere" / "outside")
     (skills / "cat" / "linked").symlink_to(tmp_path / "elsewhere")
-    files, note = server.skill_files(str(skills))
+    files, note = server.SkillIndex().files(str(skills))
     assert files == [str(skills / "cat" / "inside" / "SKILL.md")] and note is None
 
 
@@ -114,10 +115,10 @@ def test_the_skill_depth_limit_holds_at_exactly_its_boundary(tmp_path):
     skills = tmp_path / "skills"
     at_limit = skills.joinpath(*[f"d{i}" for i in range(server.SKILL_TREE_DEPTH)])
     skill_md(at_limit)
-    files, note = server.skill_files(str(skills))
+    files, note = server.SkillIndex().files(str(skills))
     assert files == [str(at_limit / "SKILL.md")] and note is None
     skill_md(at_limit / "one-deeper")
-    files, note = server.skill_files(str(skills))
+    files, note = server.SkillIndex().files(str(skills))
     assert files == [str(at_limit / "SKILL.md")]
     assert note == f"folders deeper than {server.SKILL_TREE_DEPTH} levels are not searched"
 
@@ -127,7 +128,7 @@ def test_the_skill_folder_cap_stops_the_walk_and_says_so(tmp_path, monkeypatch):
     skills = tmp_path / "skills"
     for i in range(8):
         skill_md(skills / f"c{i}")
-    files, note = server.skill_files(str(skills))
+    files, note = server.SkillIndex().files(str(skills))
     assert note == "stopped after 5 folders" and len(files) == 4
 
 
@@ -190,3 +191,12 @@ def test_an_older_reply_of_a_resumed_session_is_never_its_answer():
 def test_the_bundles_auto_approve_box_wins_over_its_default_deny_but_not_over_ask(yolo, approvals, mode):
     cfg = server.Config(path=server.SERVER_DIR / "config.json", yolo=yolo, approvals=approvals)
     assert cfg.approval_mode == mode
+
+
+def test_capabilities_checks_its_arguments_before_walking_the_skills_tree(tmp_path, monkeypatch):
+    def walked(_self, _skills_dir):
+        raise AssertionError("the skills tree was walked for arguments that are refused anyway")
+    monkeypatch.setattr(server.SkillIndex, "skills", walked)
+    not_text: Any = 5  # what a host may send for query
+    with pytest.raises(server.Refused, match="query and category must be text"):
+        server.capabilities(config_for(tmp_path), server.SkillIndex(), not_text, None, None)

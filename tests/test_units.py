@@ -190,15 +190,16 @@ def test_skill_index_cache_sees_added_edited_and_removed_skills(tmp_path):
         path.write_text(f"---\nname: {name}\ndescription: {description}\n---\n")
         return path
     first = write("cat/one", "one", "first")
-    assert [s["name"] for s in server.skill_index(skills)[0]] == ["one"]
+    index = server.SkillIndex()
+    assert [s["name"] for s in index.skills(skills)[0]] == ["one"]
     write("cat/two", "two", "second")
     write("other/deep/three", "three", "third")
-    assert sorted(s["name"] for s in server.skill_index(skills)[0]) == ["one", "three", "two"]
+    assert sorted(s["name"] for s in index.skills(skills)[0]) == ["one", "three", "two"]
     write("cat/one", "one", "edited description, longer")
-    assert {s["name"]: s["description"] for s in server.skill_index(skills)[0]}["one"].startswith("edited")
+    assert {s["name"]: s["description"] for s in index.skills(skills)[0]}["one"].startswith("edited")
     first.unlink()
     first.parent.rmdir()
-    skills_now, malformed = server.skill_index(skills)
+    skills_now, malformed = index.skills(skills)
     assert sorted(s["name"] for s in skills_now) == ["three", "two"] and malformed == []
     assert {s["name"]: s["category"] for s in skills_now} == {"two": "cat", "three": "other"}
 
