@@ -142,6 +142,14 @@ class Bridge:
         """A field of a job's record once it is set, e.g. its supervisor's or Hermes' ProcessId."""
         return wait_until(lambda: getattr(self.record(job_id), field), timeout, f"job {job_id} to record {field}")
 
+    def wait_in_tree(self, job_id: str, pids: list[int], timeout: float = 10) -> None:
+        """Until the job's supervisor has recorded these pids as Hermes or its tree (it does every poll)."""
+        def recorded() -> bool | None:
+            record = self.record(job_id)
+            known = {p.pid for p in record.tree} | ({record.hermes.pid} if record.hermes else set())
+            return set(pids) <= known or None
+        wait_until(recorded, timeout, f"pids {pids} in job {job_id}'s tree")
+
     def wait_for_runs(self, count: int, timeout: float = 30) -> list[dict[str, Any]]:
         return wait_until(lambda: runs if len(runs := self.runs()) >= count else None, timeout,
                           f"{count} Hermes runs")

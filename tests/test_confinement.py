@@ -239,7 +239,7 @@ def test_hostile_skills_are_skipped_with_a_reason_and_health_answers_meanwhile(b
         worker.join(60)
         result = answer["r"]
         assert process.memory_info().rss < 500 << 20
-    assert health.field("BRIDGE").startswith("claude-hermes-bridge") and health_s < 1.0
+    assert health.field("BRIDGE").startswith("claude-hermes-bridge") and health_s < 3  # not held behind the walk
     assert "SKILLS: 1 (" in result.text and "fine" in result.text
     assert "evil/bomb/SKILL.md: its front matter uses YAML anchors or aliases" in result.text
     assert "evil/huge/SKILL.md: no YAML front matter within its first 65536 bytes" in result.text
@@ -311,8 +311,7 @@ def test_ownership_needs_the_exact_marker_or_descent_and_never_the_protected_pid
 def test_jobs_carry_the_marker_so_cancel_still_stops_the_whole_tree(bridge):
     with bridge.client() as client:
         job_id = client.call("hermes_run", task="!sleep=60 !grandchild=60", wait_s=0).field("JOB_ID")
-        bridge.wait_for_runs(1)
-        time.sleep(1)
+        bridge.wait_in_tree(job_id, bridge.wait_for_traced(2))
         marker = bridge.runs()[0]["marker"]
         assert marker == bridge.record(job_id).marker and marker.startswith(job_id + ":")
         assert client.call("hermes_cancel", job_id=job_id).field("STATUS") in ("cancelled", "running")

@@ -36,8 +36,7 @@ def test_supervisor_killed_reports_orphaned_at_once_and_cancel_stops_the_rest(br
         job_id = client.call("hermes_run", task="lose my owner !grandchild=120 !sleep=120", wait_s=0).field("JOB_ID")
         supervisor = bridge.wait_record(job_id, "supervisor")
         hermes = bridge.wait_record(job_id, "hermes")
-        bridge.wait_for_traced(3)
-        time.sleep(0.5)  # the supervisor records the tree every poll
+        bridge.wait_in_tree(job_id, bridge.wait_for_traced(3))
         os.kill(supervisor.pid, signal.SIGKILL)
         wait_gone([supervisor.pid])
         status = client.call("hermes_status", job_id=job_id, wait_s=0)
@@ -196,14 +195,14 @@ def test_load_concurrent_status_many_records_and_a_1gib_log(bridge):
             outcomes = list(pool.map(poll, range(50)))
         for took, result in outcomes:
             assert result.field("STATUS") == "running"
-            assert took < 2 + 1, took
+            assert took < 2 + 5, took  # bounded by its wait, not hung behind the others (a bound, not a benchmark)
         for _ in range(5):
             big = a.call("hermes_status", job_id=big_id, wait_s=0)
         assert "the very end" in big.text and "[cut: the first" in big.text
         assert rss_mb(a.server_pid) - before < 5, "the server's memory grew with the log size"
         started = time.monotonic()
         listing = a.call("hermes_jobs")
-        assert time.monotonic() - started < 1 + 1
+        assert time.monotonic() - started < 5  # bounded over 10,009 records; speed is bench/'s to measure
         assert listing.text.startswith("JOBS: 10009 on disk; showing 50")
         for job_id in running:
             a.call("hermes_cancel", job_id=job_id)
@@ -237,8 +236,7 @@ def test_sigterm_to_the_supervisor_cancels_the_job_cleanly(bridge):
         job_id = client.call("hermes_run", task="shut down politely !grandchild=120 !sleep=120",
                              wait_s=0).field("JOB_ID")
         supervisor = bridge.wait_record(job_id, "supervisor")
-        bridge.wait_for_traced(3)
-        time.sleep(0.5)
+        bridge.wait_in_tree(job_id, bridge.wait_for_traced(3))
         os.kill(supervisor.pid, signal.SIGTERM)
         final = client.wait_final(job_id)
         assert final.field("STATUS") == "cancelled" and final.field("EXIT_CODE") == "130"
