@@ -114,3 +114,39 @@ def test_a_cancel_or_a_timeout_stops_the_whole_tree_and_says_work_may_be_part_do
     assert child in {process_id.pid for process_id in record.tree}
     assert record.hermes is not None
     assert wait_gone([record.hermes.pid, child]) == [], live_pids([record.hermes.pid, child])
+
+
+def announce(log: Path, text: str) -> None:
+    with open(log, "ab") as out:
+        out.write(text.encode())
+
+
+def resumed(tmp_path: Path) -> server.Supervisor:
+    supervisor, _ = supervised(tmp_path, "pass")
+    supervisor.record.session_requested = "20261201_100000_aaaaaa"  # the backstop watches resumes only
+    return supervisor
+
+
+def test_the_resume_backstop_reads_a_move_line_split_across_two_polls(tmp_path):
+    supervisor = resumed(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    log = supervisor.store.log_path(supervisor.job_id)
+    line = f"↻ Working directory: {outside}\n"
+    announce(log, line[:30])  # Hermes has written half the line when the supervisor polls
+    assert supervisor._moved_outside_roots() is None
+    announce(log, line[30:])
+    assert supervisor._moved_outside_roots() == str(outside)
+
+
+def test_the_resume_backstop_resolves_a_symlink_from_inside_a_root_to_outside(tmp_path):
+    supervisor = resumed(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    inside = tmp_path / "root" / "looks-inside"
+    inside.symlink_to(outside)
+    log = supervisor.store.log_path(supervisor.job_id)
+    announce(log, f"↻ Working directory: {tmp_path / 'root'}\n")
+    assert supervisor._moved_outside_roots() is None  # a move inside the roots is no reason to stop
+    announce(log, f"↻ Working directory: {inside}\n")
+    assert supervisor._moved_outside_roots() == str(inside)
