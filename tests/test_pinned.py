@@ -200,3 +200,22 @@ def test_capabilities_checks_its_arguments_before_walking_the_skills_tree(tmp_pa
     not_text: Any = 5  # what a host may send for query
     with pytest.raises(server.Refused, match="query and category must be text"):
         server.capabilities(config_for(tmp_path), server.SkillIndex(), not_text, None, None)
+
+
+def test_parallel_tool_calls_are_running_until_every_one_has_its_result():
+    import sqlite3
+
+    session = "20261201_100000_aaaaaa"
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, session_id TEXT, role TEXT, content TEXT, "
+               "tool_calls TEXT, tool_call_id TEXT, timestamp REAL)")
+    calls = [{"id": f"call_{n}", "type": "function",
+              "function": {"name": "terminal", "arguments": json.dumps({"command": f"make part{n}"})}} for n in (1, 2)]
+    db.execute("INSERT INTO messages (session_id, role, tool_calls, timestamp) VALUES (?, 'assistant', ?, 100)",
+               (session, json.dumps(calls)))
+    db.execute("INSERT INTO messages (session_id, role, tool_call_id, timestamp) VALUES (?, 'tool', 'call_1', 101)",
+               (session,))
+    assert server.current_tool(db, session, since=50, now=110) == "terminal: make part2 (running 10 s)"
+    db.execute("INSERT INTO messages (session_id, role, tool_call_id, timestamp) VALUES (?, 'tool', 'call_2', 102)",
+               (session,))
+    assert server.current_tool(db, session, since=50, now=110) == "terminal: make part2 (finished)"
