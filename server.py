@@ -1001,6 +1001,13 @@ class JobRecord:
             raise DamagedRecord("field tree has the wrong type")
         return cls(id=job_id, state=state, tree=[ProcessId.from_pair(entry) for entry in tree], **fields)
 
+    def change_state(self, state: JobState, reason: str | None = None, exit_code: int | None = None) -> None:
+        """Every change of a record's state goes through here (as supervisord's change_state): an ending
+        stamps its time, with the reason and the exit code it ended with."""
+        self.state = state
+        if state in FINAL_STATES:
+            self.ended_at, self.reason, self.exit_code = time.time(), reason, exit_code
+
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {}
         for field in dataclasses.fields(self):
@@ -2576,7 +2583,7 @@ class Supervisor:
 
     def run(self) -> int:
         self.record.supervisor = ProcessId.of(psutil.Process())
-        self.record.state = JobState.RUNNING
+        self.record.change_state(JobState.RUNNING)
         if not self.store.write(self.record):
             self.note("the job already has an outcome (cancelled as an orphan before this supervisor started); "
                       "Hermes was not started")
@@ -2830,8 +2837,8 @@ class Supervisor:
             record.session_source = "the session resumed (this Hermes prints no session line)"
         elif session_id is None and record.started_at and record.cwd:
             session_id, record.session_source = session_started_in(self.cfg, record.cwd, record.started_at)
-        record.state, record.exit_code, record.reason = outcome.state, exit_code, outcome.reason
-        record.ended_at, record.session_id = time.time(), session_id
+        record.change_state(outcome.state, outcome.reason, exit_code)
+        record.session_id = session_id
         try:
             record.changes = self._changes()
             self._usage(session_id)
@@ -2872,7 +2879,7 @@ def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
     if unproven:
         reason += (f"; pids {unproven[:20]} named by the record do not carry this job's marker and were not "
                    "signalled")
-    record.state, record.ended_at, record.reason = JobState.CANCELLED, time.time(), reason
+    record.change_state(JobState.CANCELLED, reason, record.exit_code)
     if not store.write(record):
         return "the supervisor wrote the job's outcome first; it stands"
     store.clear_active(job_id)
@@ -2985,8 +2992,7 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
                 return record
             except OSError as exc:
                 failure = exc
-    record.state, record.ended_at = JobState.ERROR, time.time()
-    record.reason = f"the supervisor could not start: {failure}"
+    record.change_state(JobState.ERROR, f"the supervisor could not start: {failure}")
     store.write(record)
     store.clear_active(job_id)
     return record
@@ -3337,12 +3343,25 @@ def probe_cli_safely(cfg: Config, exe: str) -> HermesCli | None:
         return None
 
 
-def job_request(cfg: Config, kind: str, task: Any, cwd: str | None, max_turns: int | None,
-                timeout_s: float | None, skills: Any, toolsets: Any, session: str | None,
+@dataclasses.dataclass
+class LaunchArguments:
+    """What a host sent to hermes_run or hermes_resume, as sent: job_request checks every field and makes the
+    JobRequest, or refuses naming the field and the fix."""
+
+    task: Any
+    cwd: Any = None
+    max_turns: Any = None
+    timeout_s: Any = None
+    skills: Any = None
+    toolsets: Any = None
+
+
+def job_request(cfg: Config, kind: str, arguments: LaunchArguments, session: str | None,
                 notes: list[str]) -> JobRequest:
     """Validate everything about a launch before anything touches the disk or starts a process."""
-    task = check_task(task)
-    resolved_cwd = confine_cwd(cfg, cwd)
+    task = check_task(arguments.task)
+    resolved_cwd = confine_cwd(cfg, arguments.cwd)
+    max_turns, timeout_s = arguments.max_turns, arguments.timeout_s
     if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int)
                                   or not 1 <= max_turns <= 1000):
         raise Refused(f"max_turns must be a whole number from 1 to 1000, got {shown(max_turns)}")
@@ -3351,8 +3370,8 @@ def job_request(cfg: Config, kind: str, task: Any, cwd: str | None, max_turns: i
         raise Refused(f"timeout_s must be a positive number of seconds, got {shown(timeout_s)}")
     timeout = clamp_number("timeout_s", timeout_s, cfg.default_timeout_s, 1, cfg.max_timeout_s, notes)
     request = JobRequest(kind=kind, task=task, cwd=resolved_cwd, max_turns=max_turns or cfg.default_max_turns,
-                         timeout_s=timeout, skills=names_argument("skills", skills),
-                         toolsets=names_argument("toolsets", toolsets), session_requested=session)
+                         timeout_s=timeout, skills=names_argument("skills", arguments.skills),
+                         toolsets=names_argument("toolsets", arguments.toolsets), session_requested=session)
     check_launch(cfg, request)
     return request
 
@@ -4033,20 +4052,19 @@ CLI_CANNOT_ASK = ("approvals is ask, but this Hermes runs with the CLI driver (n
                   + ACP_EXTRA_FIX[1:] + " to have them forwarded")
 
 
-async def run_tool(cfg: Config, task: Any, cwd: Any, max_turns: Any, timeout_s: Any, wait_s: Any, skills: Any,
-                   toolsets: Any, progress: Progress | None = None, ask_user: AskUser | None = None) -> ToolResult:
+async def run_tool(cfg: Config, arguments: LaunchArguments, wait_s: Any, progress: Progress | None = None,
+                   ask_user: AskUser | None = None) -> ToolResult:
     notes: list[str] = []
-    request = await off_loop(job_request, cfg, "run", task, cwd, max_turns, timeout_s, skills, toolsets, None, notes)
+    request = await off_loop(job_request, cfg, "run", arguments, None, notes)
     return await launch_and_wait(cfg, request, wait_s, notes, progress, ask_user)
 
 
-async def resume_tool(cfg: Config, session_id: Any, task: Any, cwd: Any, max_turns: Any, timeout_s: Any,
-                      wait_s: Any, progress: Progress | None = None, ask_user: AskUser | None = None) -> ToolResult:
+async def resume_tool(cfg: Config, session_id: Any, arguments: LaunchArguments, wait_s: Any,
+                      progress: Progress | None = None, ask_user: AskUser | None = None) -> ToolResult:
     """A resume runs where Hermes recorded the session: that folder is confined, and reported."""
     notes: list[str] = []
-    session, folder = await off_loop(resolve_resume, cfg, session_id, cwd, notes)
-    request = await off_loop(job_request, cfg, "resume", task, folder, max_turns, timeout_s, None, None, session,
-                             [])
+    session, folder = await off_loop(resolve_resume, cfg, session_id, arguments.cwd, notes)
+    request = await off_loop(job_request, cfg, "resume", dataclasses.replace(arguments, cwd=folder), session, [])
     request.cwd_note = "; ".join(notes) or None
     return await launch_and_wait(cfg, request, wait_s, [], progress, ask_user)
 
@@ -4398,8 +4416,8 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
         if it ends within wait_s (default 5 s), else STATUS: running and a JOB_ID to pass to hermes_status.
         The task must be self-contained: absolute paths and a definition of done."""
         wait, ask = 0 if tasks.as_task() else wait_s, user_asker(ctx, tasks)
-        return await respond("hermes_run", lambda cfg: run_tool(cfg, task, cwd, max_turns, timeout_s, wait, skills,
-                                                                toolsets, ctx.report_progress, ask), task)
+        arguments = LaunchArguments(task, cwd, max_turns, timeout_s, skills, toolsets)
+        return await respond("hermes_run", lambda cfg: run_tool(cfg, arguments, wait, ctx.report_progress, ask), task)
 
     @tool(launches, "Continue a Hermes session")
     async def hermes_resume(session_id: str, task: str, ctx: Any, cwd: str | None = None,
@@ -4410,8 +4428,9 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
         it, so the job runs there (it must be inside the allowed roots); cwd is only checked against it.
         Same waiting rules as hermes_run."""
         wait, ask = 0 if tasks.as_task() else wait_s, user_asker(ctx, tasks)
-        return await respond("hermes_resume", lambda cfg: resume_tool(cfg, session_id, task, cwd, max_turns, timeout_s,
-                                                                      wait, ctx.report_progress, ask), task)
+        arguments = LaunchArguments(task, cwd, max_turns, timeout_s)
+        return await respond("hermes_resume",
+                             lambda cfg: resume_tool(cfg, session_id, arguments, wait, ctx.report_progress, ask), task)
 
     @tool(read_only, "Wait for a Hermes job")
     async def hermes_status(job_id: str, ctx: Any, wait_s: float | None = None) -> CallToolResult:

@@ -34,7 +34,7 @@ def test_a_cancel_stops_only_its_own_job_when_another_jobs_folder_has_the_same_i
     first, second = Bridge.create(tmp_path / "first"), Bridge.create(tmp_path / "second")
     cfgs = [config_of(first), config_of(second)]
     tasks = ["keeps running !sleep=4", "is cancelled !sleep=60 !grandchild=60"]
-    requests = [server.job_request(cfg, "run", task, None, None, None, None, None, None, [])
+    requests = [server.job_request(cfg, "run", server.LaunchArguments(task), None, [])
                 for cfg, task in zip(cfgs, tasks, strict=True)]
     for _ in range(5):  # the ids match when both launches fall in one second
         records = [server.launch_job(cfg, request)[0] for cfg, request in zip(cfgs, requests, strict=True)]
