@@ -150,3 +150,12 @@ def test_the_resume_backstop_resolves_a_symlink_from_inside_a_root_to_outside(tm
     assert supervisor._moved_outside_roots() is None  # a move inside the roots is no reason to stop
     announce(log, f"↻ Working directory: {inside}\n")
     assert supervisor._moved_outside_roots() == str(inside)
+
+
+def test_a_failed_resume_on_a_hermes_that_prints_no_session_line_captures_nothing(tmp_path):
+    supervisor, _ = supervised(tmp_path, "import sys; sys.exit(1)", form="query-file")  # 0.21: no session line
+    supervisor.record.session_requested = "20261201_100000_aaaaaa"
+    supervisor.run()
+    record = supervisor.store.read(supervisor.job_id)
+    assert record.state is server.JobState.ERROR and record.exit_code == 1
+    assert record.session_id is None  # the session it was asked to resume was not continued: nothing to resume
