@@ -4650,7 +4650,9 @@ def init_config(settings: dict[str, Any], force: bool) -> int:
         sys.stderr.write(f"claude-hermes-bridge: {path} exists; nothing written (add --force to replace it)\n")
         return 1
     defaults = Config(path=path)
-    values = {key: settings.get(key, getattr(defaults, key)) for key in CONFIG_TYPES}
+    values = {key: settings.get(key, getattr(defaults, key)) for key in CONFIG_TYPES if key != "yolo"}
+    values["approvals"] = Config(path=path, yolo=bool(settings.get("yolo")),
+                                 approvals=settings.get("approvals")).approval_mode  # yolo is its older spelling
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, (json.dumps(values, indent=2) + "\n").encode())
     print(f"wrote {path}")
