@@ -205,10 +205,16 @@ def open_regular(path: Path | str, follow: bool = False) -> Any:
         if NOFOLLOW and exc.errno == errno.ELOOP:
             raise NotRegularFile(exc.errno, "a symlink, not a regular file", str(path)) from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode) or (not follow and not NOFOLLOW and os.path.islink(path)):
+    return regular_handle(fd, path, "rb", symlink=not follow and not NOFOLLOW and os.path.islink(path))
+
+
+def regular_handle(fd: int, path: Path | str, mode: str, symlink: bool = False) -> Any:
+    """A handle on fd when it is a regular file (and not a symlink the open could not refuse); else the fd
+    is closed and NotRegularFile raised."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode) or symlink:
         os.close(fd)
         raise NotRegularFile(0, "not a regular file", str(path))
-    return os.fdopen(fd, "rb")
+    return os.fdopen(fd, mode)
 
 
 def read_capped(path: Path | str, cap: int, follow: bool = False) -> bytes:
@@ -230,8 +236,6 @@ def read_json(path: Path | str, cap: int = 1 << 20) -> Any:
 
 CREATE_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
                 | getattr(os, "O_BINARY", 0))
-
-
 APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
 
 
@@ -243,11 +247,7 @@ def create_exclusive(path: Path) -> int:
 def open_append(path: Path) -> Any:
     """A file the bridge created, opened to append without following a symlink or blocking on a FIFO that
     replaced it; anything but a regular file raises NotRegularFile."""
-    fd = os.open(path, APPEND_FLAGS)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise NotRegularFile(0, "not a regular file", str(path))
-    return os.fdopen(fd, "ab")
+    return regular_handle(os.open(path, APPEND_FLAGS), path, "ab")
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -4214,10 +4214,10 @@ class JobTasks:
             doing = details.current_tool if details.current_tool not in (None, "none yet") else details.activity
             message = f"Hermes: {doing}" if view.state is JobState.RUNNING and doing else "Hermes is starting"
             return {**task, "status": "working", "statusMessage": shown(message, TASK_MESSAGE_CHARS)}
-        final = status_result(view, cfg)
         if view.state is JobState.CANCELLED:
             task |= {"status": "cancelled", "statusMessage": shown(view.reason or "cancelled", TASK_MESSAGE_CHARS)}
         else:
+            final = status_result(view, cfg)
             task |= {"status": "completed", "result": {"content": [{"type": "text", "text": final.text}],
                                                        "isError": view.state in TASK_FAILED_STATES}}
         if len(self.terminal) >= TERMINAL_TASKS_KEPT:
