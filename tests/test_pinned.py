@@ -1,9 +1,14 @@
 """Behaviours a deliberate-bug pass found unpinned (issue 22): each test fails when its behaviour breaks."""
+import contextlib
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
+import psutil
 import pytest
 
 import server
@@ -219,3 +224,71 @@ def test_parallel_tool_calls_are_running_until_every_one_has_its_result():
     db.execute("INSERT INTO messages (session_id, role, tool_call_id, timestamp) VALUES (?, 'tool', 'call_2', 102)",
                (session,))
     assert server.current_tool(db, session, since=50, now=110) == "terminal: make part2 (finished)"
+
+
+FORKS_ON_SIGTERM = """
+import os, signal, subprocess, sys, time
+def forks(*_):
+    if sys.argv[1] == "detached":  # re-parented away from this process at once
+        shell = ["sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"]
+        late = subprocess.run(shell, capture_output=True, text=True).stdout.strip()
+    else:
+        late = str(subprocess.Popen(["sleep", "60"]).pid)
+    open(sys.argv[2], "w").write(late)
+signal.signal(signal.SIGTERM, forks)
+print("ready", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+@pytest.mark.posix("POSIX signals and sh")
+@pytest.mark.parametrize(("fork", "require_descent"), [("child", True), ("detached", False)],
+                         ids=["a-child-found-by-descent", "a-detached-process-found-by-its-marker"])
+def test_a_process_forked_during_a_stop_is_caught_by_a_later_sweep(tmp_path, fork, require_descent):
+    """The root answers the polite stop by starting one more process, after the first snapshot was taken."""
+    marker = "20261130-000000-1:" + "cd" * 16
+    late_pid = tmp_path / "late.pid"
+    root = subprocess.Popen([sys.executable, "-c", FORKS_ON_SIGTERM, fork, str(late_pid)], stdout=subprocess.PIPE,
+                            text=True, env=dict(os.environ, HERMES_BRIDGE_JOB=marker))
+    late = None
+    try:
+        assert root.stdout is not None and root.stdout.readline() == "ready\n"
+        owner = server.Ownership(marker, frozenset({os.getpid()}), require_descent=require_descent)
+        report = server.stop_tree(owner, psutil.Process(root.pid), [], grace_s=2)
+        late = int(late_pid.read_text())
+        assert report.survivors == [] and report.stopped == 2, report
+        with contextlib.suppress(psutil.NoSuchProcess):
+            assert server.still_running([psutil.Process(late)], 5) == []
+    finally:
+        root.kill()
+        root.wait()
+        if late is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(late, signal.SIGKILL)
+
+
+STOPS_ITS_OWN_MARKER = """
+import json, os, subprocess, sys, psutil
+sys.path.insert(0, sys.argv[1])
+import server
+victim = subprocess.Popen(["sleep", "60"])
+ancestor = psutil.Process().parent()
+owner = server.Ownership(os.environ["HERMES_BRIDGE_JOB"], frozenset({ancestor.pid}), require_descent=sys.argv[2] == "1")
+report = server.stop_tree(owner, ancestor, [], grace_s=1)
+print(json.dumps({"stopped": report.stopped, "victim": victim.wait(timeout=10)}), flush=True)
+"""
+
+
+@pytest.mark.posix("POSIX signals")
+@pytest.mark.parametrize("require_descent", [True, False], ids=["by-descent", "by-marker"])
+def test_a_protected_process_carrying_the_marker_is_never_signalled_by_a_stop(require_descent):
+    """The stopping process and its ancestor both carry the job's marker, and a record names the ancestor
+    as the job's root: only the marked child below is stopped; the stopper and the ancestor live on."""
+    marker = "20261130-000000-1:" + "ef" * 16
+    stopper = [sys.executable, "-c", STOPS_ITS_OWN_MARKER, str(server.SERVER_DIR), "1" if require_descent else "0"]
+    waits = "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).returncode)"
+    ancestor = subprocess.run([sys.executable, "-c", waits, *stopper], capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, HERMES_BRIDGE_JOB=marker))
+    assert ancestor.returncode == 0, ancestor.stderr
+    assert json.loads(ancestor.stdout) == {"stopped": 1, "victim": -signal.SIGKILL}
