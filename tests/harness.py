@@ -119,6 +119,16 @@ class Bridge:
     def client(self, **kwargs: Any) -> "BridgeClient":
         return BridgeClient(self.env, **kwargs)
 
+    def call_body(self, monkeypatch: Any, tool: str, body: Callable[[server.Config], Any]) -> "Result":
+        """A tool body run in this process as the server runs it (answer: this bridge's config, a refusal or
+        a bug as a result, the audit line), without MCP: for tables of cases a host sees one of end to end."""
+        import anyio
+
+        monkeypatch.setenv("HERMES_BRIDGE_CONFIG", str(self.config))
+        monkeypatch.delenv(server.SETTINGS_ENV, raising=False)
+        outcome = anyio.run(server.answer, tool, body)
+        return Result(outcome.text, outcome.is_error)
+
     def runs(self) -> list[dict[str, Any]]:
         """Every fake Hermes run so far, from its trace file, in the order they were written."""
         return [json.loads(p.read_text()) for p in self.traces("*.json")]

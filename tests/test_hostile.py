@@ -47,9 +47,10 @@ def in_playground(root: Path, spelling: str) -> str:
     ("/" + "/".join(["d" * 200] * 30), ""),
 ], ids=["relative", "dot-dot", "sibling-via-dot-dot", "sibling-sharing-the-prefix", "symlink-out", "symlink-loop",
         "a-file", "missing", "NUL", "too-long"])
-def test_cwd_tricks_are_refused(playground, cwd, word):
-    bridge, client = playground
-    refused(client.call("hermes_run", task="anything", cwd=in_playground(bridge.root, cwd), wait_s=0), word)
+def test_cwd_tricks_are_refused(playground, monkeypatch, cwd, word):
+    bridge, _ = playground
+    arguments = server.LaunchArguments("anything", in_playground(bridge.root, cwd))
+    refused(bridge.call_body(monkeypatch, "hermes_run", lambda cfg: server.run_tool(cfg, arguments, 0)), word)
     nothing_started(bridge, settle_s=0)
 
 
@@ -65,9 +66,11 @@ def test_no_roots_refuses_every_run_with_the_fix(bridge):
     ("<root>/loop", "cannot be resolved"), ("/etc/passwd", "outside"), ("<root>/\x00", "NUL"),
     ("<root>/fifo", "not a regular file"), ("<root>/sock", "not a regular file"),
 ], ids=["relative", "sibling-via-dot-dot", "symlink-out", "symlink-loop", "outside", "NUL", "fifo", "socket"])
-def test_read_tricks_are_refused(playground, path, word):
-    bridge, client = playground
-    refused(client.call("hermes_read", path=in_playground(bridge.root, path)), word)
+def test_read_tricks_are_refused(playground, monkeypatch, path, word):
+    bridge, _ = playground
+    path = in_playground(bridge.root, path)
+    refused(bridge.call_body(monkeypatch, "hermes_read",
+                             lambda cfg: server.listing_tool(server.read_path, cfg, path, None, None)), word)
 
 
 @pytest.mark.parametrize("tool", ["hermes_status", "hermes_cancel"])
@@ -75,18 +78,32 @@ def test_read_tricks_are_refused(playground, path, word):
                                     "$(reboot)", "20261130-000000-1/../../x", "`id`", "20261130-000000-1\n"],
                          ids=["dot-dot", "absolute", "empty", "huge", "command", "substitution", "suffix-traversal",
                               "backticks", "newline"])
-def test_job_id_tricks_are_refused(playground, tool, job_id):
-    bridge, client = playground
-    refused(client.call(tool, job_id=job_id), "is not a job id")
+def test_job_id_tricks_are_refused(playground, monkeypatch, tool, job_id):
+    bridge, _ = playground
+    bodies = {"hermes_status": lambda cfg: server.status_tool(cfg, job_id, 0),
+              "hermes_cancel": lambda cfg: server.cancel_tool(cfg, job_id)}
+    refused(bridge.call_body(monkeypatch, tool, bodies[tool]), "is not a job id")
     nothing_started(bridge, settle_s=0)
 
 
 @pytest.mark.parametrize(("task", "word"), [("", "empty"), ("  \n ", "empty"), ("a\x00b", "NUL"),
                                         ("x" * 2**20, "command line")],
                          ids=["empty", "blank", "NUL", "too-long-for-the-command-line"])
-def test_task_tricks_are_refused(playground, task, word):
+def test_task_tricks_are_refused(playground, monkeypatch, task, word):
+    bridge, _ = playground
+    arguments = server.LaunchArguments(task)
+    refused(bridge.call_body(monkeypatch, "hermes_run", lambda cfg: server.run_tool(cfg, arguments, None)), word)
+    nothing_started(bridge, settle_s=0)
+
+
+def test_a_host_gets_each_refusal_over_stdio(playground):
+    """The tables above run the tool bodies in this process; one case of each, as a host sends it."""
     bridge, client = playground
-    refused(client.call("hermes_run", task=task), word)
+    refused(client.call("hermes_run", task="anything", cwd=str(bridge.root / "out"), wait_s=0), "outside")
+    refused(client.call("hermes_run", task="a\x00b"), "NUL")
+    refused(client.call("hermes_read", path=str(bridge.root / "fifo")), "not a regular file")
+    for tool in ("hermes_status", "hermes_cancel"):
+        refused(client.call(tool, job_id="20261130-000000-1/../../x"), "is not a job id")
     nothing_started(bridge, settle_s=0)
 
 
