@@ -317,7 +317,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="Benchmark the bridge against its floors.")
     parser.add_argument("--tiny", action="store_true", help="small sizes and few runs, to check every row")
     args = parser.parse_args(argv)
-    runs, calls, log_mb = (2, 5, 8) if args.tiny else (7, 40, 1024)
+    runs, calls, log_mb = (1, 5, 8) if args.tiny else (7, 40, 1024)
     sizes = [100, 1000] if args.tiny else [1000, 10_000, 100_000]
     skills = 50 if args.tiny else 1000
     files, messages = (2000, 2000) if args.tiny else (100_000, 100_000)

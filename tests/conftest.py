@@ -28,6 +28,8 @@ def require_component(path: Path, what: str) -> Path:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "posix(reason): needs a POSIX system; on Windows it is skipped, with "
                                        "the reason shown")
+    config.addinivalue_line("markers", "uv_environment: the server runs in an environment uv builds from the "
+                                       "project's pins, whatever MCP SDK this interpreter has")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -103,6 +103,7 @@ def test_try_runs_one_task_as_a_host_would_and_exits_0_only_on_ok(bridge):
     assert failed.returncode == 1 and "STATUS: error" in failed.stdout and "EXIT_CODE: 3" in failed.stdout
 
 
+@pytest.mark.uv_environment
 def test_the_bundle_validates_packs_and_runs_as_claude_desktop_starts_it_with_fields_left_empty(bridge):
     mcpb = require_component(MCPB, "the MCP Bundle CLI")
     uv = require_component(UV, "uv")
@@ -163,6 +164,7 @@ def desktop_command(folder: Path, user_config: dict[str, Any]) -> dict[str, Any]
     return cast(dict[str, Any], config)
 
 
+@pytest.mark.uv_environment
 def test_the_wheel_runs_through_uvx(tmp_path):
     uv = require_component(UV, "uv")
     built = subprocess.run([str(uv), "build", "--wheel", "--out-dir", str(tmp_path / "dist"), str(REPO)],
@@ -183,6 +185,7 @@ def test_the_wheel_runs_through_uvx(tmp_path):
     assert "HERMES_RUNS: yes: Hermes Agent v0.19.0 (fake)" in done.stdout
 
 
+@pytest.mark.uv_environment
 def test_register_writes_the_uvx_from_entry_with_the_roots(tmp_path):
     uv = require_component(UV, "uv")
     home = tmp_path / "home"
