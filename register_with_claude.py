@@ -260,7 +260,7 @@ def plan(args: argparse.Namespace) -> list[tuple[str, Path, bool]]:
     return targets
 
 
-def main(argv: list[str]) -> int:
+def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", choices=HOSTS + ("all",), default="claude-desktop",
                         help="which MCP host to register with (default: claude-desktop; all = every host found)")
@@ -277,53 +277,67 @@ def main(argv: list[str]) -> int:
                         help="pass the folders Hermes may work in as server options (else config.json's)")
     parser.add_argument("--platform", choices=("windows", "macos", "linux"), default=this_platform(),
                         help="which OS's config locations to use (default: this one)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def refuse_store_python(args: argparse.Namespace, targets: list[tuple[str, Path, bool]], python: str) -> None:
+    """Windows redirects what the Microsoft Store Python writes under %APPDATA%: say so, with the JSON to
+    paste, instead of writing a file Claude Desktop never reads."""
+    if (args.platform == "windows" and not args.print and not args.remove
+            and any(host == "claude-desktop" for host, _, _ in targets)
+            and is_store_python(sys.executable, sys.base_prefix)):
+        to_paste = {"mcpServers": {args.name: server_entry("claude-desktop", python, args.platform)}}
+        raise Refused("this is the Microsoft Store Python: Windows redirects the files it writes under "
+                      "%APPDATA% into its private LocalCache, where Claude Desktop never looks. Run this script "
+                      "with a python.org Python, or paste this into "
+                      f"{targets[0][1]} yourself (merge it with what is there):\n"
+                      + json.dumps(to_paste, indent=2))
+
+
+def apply(args: argparse.Namespace, host: str, path: Path, created: bool, entry: dict[str, Any] | None) -> None:
+    """One host's file: the entry written (with a backup), removed, or the change shown (--print)."""
+    editor: Callable[..., str | None] = edit_toml if host == "codex" else edit_json
+    old = path.read_text(encoding="utf-8") if path.exists() else None
+    new = editor(old, path, args.name, entry)
+    label = f"{host}: {path}"
+    if new is None:
+        state = "not registered" if args.remove else "already registered"
+        print(f"{label}: {args.name} is {state}; nothing changed")
+        return
+    if args.print:
+        print(f"{label}: would {'create it' if created else 'change it'}; nothing written:")
+        sys.stdout.writelines(difflib.unified_diff(
+            (old or "").splitlines(keepends=True), new.splitlines(keepends=True),
+            fromfile=str(path), tofile=f"{path} (new)"))
+        return
+    backup = write_safely(path, new)
+    verb = "removed" if args.remove else ("created the file and added" if created else "registered")
+    print(f"{label}: {verb} {args.name}" + (f" (backup: {backup.name})" if backup else "")
+          + (" -- no config existed, so this platform's usual one was created" if created else ""))
+    print(f"  next: {NEXT_STEPS[host]}")
+
+
+def main(argv: list[str]) -> int:
+    args = parse_arguments(argv)
     if not re.fullmatch(r"[A-Za-z0-9_-]+", args.name):
         print(f"--name {args.name!r}: use letters, digits, - and _ only")
         return 2
     python = str(Path(args.python).absolute()) if os.sep in args.python else args.python
     roots = [str(Path(root).expanduser().absolute()) for root in args.allowed_roots or []]
+    uvx_from = str(Path(args.uvx_from).expanduser().absolute()) if args.uvx_from else None
+
+    def entry_for(host: str) -> dict[str, Any]:
+        return server_entry(host, python, args.platform, shutil.which("hermes"), args.uvx, roots, uvx_from)
     try:
         targets = plan(args)
         if not targets:
             print(f"no config of {args.host} found on this machine; nothing to do")
             return 0
-        if (args.platform == "windows" and not args.print and not args.remove
-                and any(host == "claude-desktop" for host, _, _ in targets)
-                and is_store_python(sys.executable, sys.base_prefix)):
-            to_paste = {"mcpServers": {args.name: server_entry("claude-desktop", python, args.platform)}}
-            raise Refused("this is the Microsoft Store Python: Windows redirects the files it writes under "
-                          "%APPDATA% into its private LocalCache, where Claude Desktop never looks. Run this script "
-                          "with a python.org Python, or paste this into "
-                          f"{targets[0][1]} yourself (merge it with what is there):\n"
-                          + json.dumps(to_paste, indent=2))
-        uvx_from = str(Path(args.uvx_from).expanduser().absolute()) if args.uvx_from else None
-
-        def entry_for(host: str) -> dict[str, Any]:
-            return server_entry(host, python, args.platform, shutil.which("hermes"), args.uvx, roots, uvx_from)
+        refuse_store_python(args, targets, python)
         if not args.remove:
             run_check(entry_for("claude-desktop"), uvx=bool(args.uvx or uvx_from))
         for host, path, created in targets:
-            editor: Callable[..., str | None] = edit_toml if host == "codex" else edit_json
-            old = path.read_text(encoding="utf-8") if path.exists() else None
-            entry = None if args.remove else entry_for(host)
-            new = editor(old, path, args.name, entry)
-            label = f"{host}: {path}"
-            if new is None:
-                state = "not registered" if args.remove else "already registered"
-                print(f"{label}: {args.name} is {state}; nothing changed")
-                continue
-            if args.print:
-                print(f"{label}: would {'create it' if created else 'change it'}; nothing written:")
-                sys.stdout.writelines(difflib.unified_diff(
-                    (old or "").splitlines(keepends=True), new.splitlines(keepends=True),
-                    fromfile=str(path), tofile=f"{path} (new)"))
-                continue
-            backup = write_safely(path, new)
-            verb = "removed" if args.remove else ("created the file and added" if created else "registered")
-            print(f"{label}: {verb} {args.name}" + (f" (backup: {backup.name})" if backup else "")
-                  + (" -- no config existed, so this platform's usual one was created" if created else ""))
-            print(f"  next: {NEXT_STEPS[host]}")
+            apply(args, host, path, created, None if args.remove else entry_for(host))
     except Refused as exc:
         print(f"refused: {exc}")
         return 1

@@ -633,7 +633,18 @@ def guard_file_settings(cfg: Config, pinned: dict[str, Any]) -> None:
 
 
 def validate_config(cfg: Config) -> None:
-    """Problems that only show once the values are read: missing roots, out-of-range numbers."""
+    """Problems that only show once the values are read: missing roots, unknown choices, out-of-range
+    numbers, a Hermes or a default folder that is not there. Each bad value is replaced by its default."""
+    root_problems(cfg)
+    choice_problems(cfg)
+    number_problems(cfg)
+    if cfg.hermes_exe_path and not os.path.exists(cfg.hermes_exe_path):
+        cfg.problems.append(f"hermes_exe {cfg.hermes_exe!r} does not exist (looked at {cfg.hermes_exe_path})")
+    if cfg.default_cwd and not within_any(os.path.realpath(os.path.expanduser(cfg.default_cwd)), cfg.roots):
+        cfg.problems.append(f"default_cwd {cfg.default_cwd!r} is not an existing folder inside allowed_roots")
+
+
+def root_problems(cfg: Config) -> None:
     if not cfg.allowed_roots:
         cfg.problems.append("allowed_roots is empty: no job can start until you list at least one folder")
     for root in cfg.allowed_roots:
@@ -642,27 +653,38 @@ def validate_config(cfg: Config) -> None:
             cfg.problems.append(f"allowed root {root!r} is not an absolute path (ignored)")
         elif not os.path.isdir(expanded):
             cfg.problems.append(f"allowed root {root!r} does not exist or is not a folder (ignored)")
-        elif broad_root(os.path.realpath(expanded)):
-            cfg.problems.append(f"allowed root {root!r} is {broad_root(os.path.realpath(expanded))}: every "
-                                "folder under it is open to jobs and hermes_read; list project folders instead")
-    if cfg.approvals is not None and cfg.approvals not in APPROVAL_MODES:
-        cfg.problems.append(f"approvals {shown(cfg.approvals, 40)} is not deny, ask or yolo (deny used)")
-        cfg.approvals = "deny"
-    if cfg.hermes_driver not in ("auto", "acp", "cli"):
-        cfg.problems.append(f"hermes_driver {shown(cfg.hermes_driver, 40)} is not auto, acp or cli (auto used)")
-        cfg.hermes_driver = "auto"
-    if cfg.hermes_cli_form not in ("auto", "query-file", "query-arg"):
-        cfg.problems.append(f"hermes_cli_form {cfg.hermes_cli_form!r} is not auto, query-file or query-arg "
-                            "(auto used)")
-        cfg.hermes_cli_form = "auto"
+        elif why := broad_root(os.path.realpath(expanded)):
+            cfg.problems.append(f"allowed root {root!r} is {why}: every folder under it is open to jobs and "
+                                "hermes_read; list project folders instead")
+
+
+# Settings that take one of a few words: the words, the first of which is the default. approvals may also be
+# unset (None): then the older yolo setting decides.
+CONFIG_CHOICES = {"approvals": APPROVAL_MODES, "hermes_driver": ("auto", "acp", "cli"),
+                  "hermes_cli_form": ("auto", "query-file", "query-arg")}
+
+
+def choice_problems(cfg: Config) -> None:
+    for key, words in CONFIG_CHOICES.items():
+        value = getattr(cfg, key)
+        if value is not None and value not in words:
+            cfg.problems.append(f"{key} {shown(value, 40)} is not {', '.join(words[:-1])} or {words[-1]} "
+                                f"({words[0]} used)")
+            setattr(cfg, key, words[0])
+
+
+# Numbers and their lowest sensible value; below it (or not finite) the default is used.
+CONFIG_MINIMUMS = {"default_timeout_s": 1, "max_timeout_s": 1, "max_output_chars": 200, "approval_timeout_s": 5,
+                   "max_running_jobs": 1, "kill_grace_s": 0, "retention_days": 0, "retention_max_jobs": 1,
+                   "audit_max_bytes": 10_000, "changed_files_max_entries": 0, "changed_files_max_s": 0}
+
+
+def number_problems(cfg: Config) -> None:
     if cfg.max_wait_s > MAX_WAIT_CEILING_S or cfg.max_wait_s < 1:
         cfg.problems.append(f"max_wait_s {cfg.max_wait_s} is outside 1..{MAX_WAIT_CEILING_S:g} "
                             "(hosts cut calls off at about 60 s); clamped")
         cfg.max_wait_s = min(max(cfg.max_wait_s, 1), MAX_WAIT_CEILING_S)
-    for key, low in (("default_timeout_s", 1), ("max_timeout_s", 1), ("max_output_chars", 200),
-                     ("approval_timeout_s", 5), ("max_running_jobs", 1), ("kill_grace_s", 0), ("retention_days", 0),
-                     ("retention_max_jobs", 1), ("audit_max_bytes", 10_000), ("changed_files_max_entries", 0),
-                     ("changed_files_max_s", 0)):
+    for key, low in CONFIG_MINIMUMS.items():
         value = getattr(cfg, key)
         if not math.isfinite(value) or value < low:
             default = getattr(Config(path=cfg.path), key)
@@ -671,10 +693,6 @@ def validate_config(cfg: Config) -> None:
     if cfg.default_max_turns is not None and cfg.default_max_turns < 1:
         cfg.problems.append("default_max_turns must be at least 1 (Hermes' own default used)")
         cfg.default_max_turns = None
-    if cfg.hermes_exe_path and not os.path.exists(cfg.hermes_exe_path):
-        cfg.problems.append(f"hermes_exe {cfg.hermes_exe!r} does not exist (looked at {cfg.hermes_exe_path})")
-    if cfg.default_cwd and not within_any(os.path.realpath(os.path.expanduser(cfg.default_cwd)), cfg.roots):
-        cfg.problems.append(f"default_cwd {cfg.default_cwd!r} is not an existing folder inside allowed_roots")
 
 
 def broad_root(resolved: str) -> str | None:

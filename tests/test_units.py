@@ -155,6 +155,22 @@ def test_config_problems_name_the_spot_and_keep_defaults(tmp_path):
     assert "no config file" in server.load_config(tmp_path / "missing.json").problems[0]
 
 
+@pytest.mark.parametrize(("key", "value", "problem", "used"), [
+    ("approvals", "maybe", "approvals maybe is not deny, ask or yolo (deny used)", "deny"),
+    ("hermes_driver", "ssh", "hermes_driver ssh is not auto, acp or cli (auto used)", "auto"),
+    ("hermes_cli_form", "x\ny", "hermes_cli_form x\\ny is not auto, query-file or query-arg (auto used)", "auto"),
+    ("max_wait_s", 0.5, "max_wait_s 0.5 is outside 1..50", 1),
+    ("approval_timeout_s", 1, "approval_timeout_s 1 must be at least 5 (default 300 used)", 300),
+    ("default_max_turns", 0, "default_max_turns must be at least 1", None),
+], ids=["approvals", "driver", "cli-form-escaped", "wait-clamped", "number-below-its-minimum", "turns"])
+def test_a_setting_out_of_its_choices_or_range_is_named_and_replaced(tmp_path, key, value, problem, used):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"allowed_roots": [str(tmp_path)], key: value}))
+    cfg = server.load_config(path)
+    assert len(cfg.problems) == 1 and cfg.problems[0].startswith(problem), cfg.problems
+    assert getattr(cfg, key) == used
+
+
 @pytest.mark.parametrize(("form", "expected"), [
     ("query-arg", ["hermes", "chat", "--query=-do it", "-Q", "--max-turns=5", "--resume=S", "--skills=a,b",
                    "--toolsets=t", "--yolo", "--source", "tool"]),
