@@ -2,6 +2,7 @@
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -226,6 +227,10 @@ def test_parallel_tool_calls_are_running_until_every_one_has_its_result():
     assert server.current_tool(db, session, since=50, now=110) == "terminal: make part2 (finished)"
 
 
+# A stand-in for a supervisor: it starts the command it is given and waits for it. Stops in these tests are
+# anchored on it, never on the test's own process, whose other children belong to other tests.
+WAITS = "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).returncode)"
+
 FORKS_ON_SIGTERM = """
 import os, signal, subprocess, sys, time
 def forks(*_):
@@ -236,36 +241,40 @@ def forks(*_):
         late = str(subprocess.Popen(["sleep", "60"]).pid)
     open(sys.argv[2], "w").write(late)
 signal.signal(signal.SIGTERM, forks)
-print("ready", flush=True)
+print("ready", os.getpid(), flush=True)
 while True:
     time.sleep(1)
 """
 
 
-@pytest.mark.posix("POSIX signals and sh")
+@pytest.mark.posix("POSIX signals, sh and env")
 @pytest.mark.parametrize(("fork", "require_descent"), [("child", True), ("detached", False)],
                          ids=["a-child-found-by-descent", "a-detached-process-found-by-its-marker"])
 def test_a_process_forked_during_a_stop_is_caught_by_a_later_sweep(tmp_path, fork, require_descent):
-    """The root answers the polite stop by starting one more process, after the first snapshot was taken."""
-    marker = "20261130-000000-1:" + "cd" * 16
+    """Hermes (the root, below a supervisor) answers the polite stop by starting one more process, after the
+    first snapshot was taken."""
+    marker = "20261130-000000-1:" + secrets.token_hex(16)  # unique: the sweep looks at every process
     late_pid = tmp_path / "late.pid"
-    root = subprocess.Popen([sys.executable, "-c", FORKS_ON_SIGTERM, fork, str(late_pid)], stdout=subprocess.PIPE,
-                            text=True, env=dict(os.environ, HERMES_BRIDGE_JOB=marker))
-    late = None
+    hermes = ["env", f"HERMES_BRIDGE_JOB={marker}", sys.executable, "-c", FORKS_ON_SIGTERM, fork, str(late_pid)]
+    supervisor = subprocess.Popen([sys.executable, "-c", WAITS, *hermes], stdout=subprocess.PIPE, text=True)
+    started: list[int] = []
     try:
-        assert root.stdout is not None and root.stdout.readline() == "ready\n"
-        owner = server.Ownership(marker, frozenset({os.getpid()}), require_descent=require_descent)
-        report = server.stop_tree(owner, psutil.Process(root.pid), [], grace_s=2)
-        late = int(late_pid.read_text())
+        assert supervisor.stdout is not None
+        ready, root = supervisor.stdout.readline().split()
+        started.append(int(root))
+        assert ready == "ready"
+        owner = server.Ownership(marker, frozenset({supervisor.pid}), require_descent=require_descent)
+        report = server.stop_tree(owner, psutil.Process(int(root)), [], grace_s=2)
+        started.append(late := int(late_pid.read_text()))
         assert report.survivors == [] and report.stopped == 2, report
         with contextlib.suppress(psutil.NoSuchProcess):
             assert server.still_running([psutil.Process(late)], 5) == []
     finally:
-        root.kill()
-        root.wait()
-        if late is not None:
+        supervisor.kill()
+        supervisor.wait()
+        for pid in started:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(late, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
 
 
 STOPS_ITS_OWN_MARKER = """
@@ -285,10 +294,9 @@ print(json.dumps({"stopped": report.stopped, "victim": victim.wait(timeout=10)})
 def test_a_protected_process_carrying_the_marker_is_never_signalled_by_a_stop(require_descent):
     """The stopping process and its ancestor both carry the job's marker, and a record names the ancestor
     as the job's root: only the marked child below is stopped; the stopper and the ancestor live on."""
-    marker = "20261130-000000-1:" + "ef" * 16
+    marker = "20261130-000000-1:" + secrets.token_hex(16)
     stopper = [sys.executable, "-c", STOPS_ITS_OWN_MARKER, str(server.SERVER_DIR), "1" if require_descent else "0"]
-    waits = "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).returncode)"
-    ancestor = subprocess.run([sys.executable, "-c", waits, *stopper], capture_output=True, text=True, timeout=60,
+    ancestor = subprocess.run([sys.executable, "-c", WAITS, *stopper], capture_output=True, text=True, timeout=60,
                               env=dict(os.environ, HERMES_BRIDGE_JOB=marker))
     assert ancestor.returncode == 0, ancestor.stderr
     assert json.loads(ancestor.stdout) == {"stopped": 1, "victim": -signal.SIGKILL}

@@ -45,7 +45,8 @@ def test_a_stop_that_cannot_be_sent_does_not_wait_the_grace_period(monkeypatch):
         time.sleep(0.2)
         monkeypatch.setattr(server, "interrupt", lambda _proc: False)
         started = time.monotonic()
-        owner = server.Ownership("20261130-000000-1", frozenset({os.getpid()}))
+        # anchored on the child, not on this worker, whose other children belong to other tests
+        owner = server.Ownership("20261130-000000-1", frozenset({child.pid}))
         report = server.stop_tree(owner, psutil.Process(child.pid), [], grace_s=60)
         assert report.survivors == [] and time.monotonic() - started < 30
     finally:
