@@ -1511,6 +1511,13 @@ def session_id_from_log(path: Path) -> str | None:
     return found[-1] if found else None
 
 
+def ends_with_session_line(path: Path) -> bool:
+    """Whether the log's last line is a `session_id:` line: a CLI turn prints it last, once the turn is saved."""
+    tail, _ = read_tail(path, 4096)
+    lines = tail.decode("utf-8", "replace").rstrip().splitlines()
+    return bool(lines) and SESSION_ID_RE.fullmatch(lines[-1]) is not None
+
+
 # Hermes 0.19-0.20 print these when a resumed session moves to its recorded folder (cli.py, hermes_cli/main.py).
 MOVE_ANNOUNCEMENT_BYTES = 16384
 FOLDER_MOVE_RE = re.compile(r"^(?:↻ Working directory|↪ restored workspace dir): (.+?)\s*$", re.MULTILINE)
@@ -2411,7 +2418,34 @@ def stop_tree(owner: Ownership, root: "psutil.Process | None", seen: list[Proces
     return StopReport(len(targets), [proc.pid for proc in survivors], disowned, complete)
 
 
-def describe_exit(code: int) -> str:
+# Signals a process gets from its own fault, not from another process; and Windows' NTSTATUS codes of a crash
+# (0xC0000005 access violation, 0xC0000409 fail-fast, ...) as the exit code of the process that had it.
+CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGSYS", "SIGTRAP"})
+WINDOWS_CRASH_CODES = range(0xC0000000, 0x1_0000_0000)
+
+
+def crash_name(code: int) -> str | None:
+    """The fault an exit code shows ("SIGSEGV, 11", "Windows status 0xC0000005"), or None for any other end."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            name = signal.Signals(-code).name
+            return f"{name}, {-code}" if name in CRASH_SIGNALS else None
+        return None
+    return f"Windows status 0x{code:08X}" if code in WINDOWS_CRASH_CODES else None
+
+
+def describe_exit(code: int, turn_saved: bool = False) -> str:
+    """Hermes' failing exit code in words. A crash (a fault in Hermes or its Python) is told from a kill,
+    and a crash after Hermes printed its session id, the last thing a CLI turn prints once the turn is saved
+    (seen here: Hermes 0.22.2 segfaults on its way out in about one resume of 40), from one during the turn."""
+    crash = crash_name(code)
+    if crash and turn_saved:
+        return (f"Hermes crashed ({crash}) on its way out, after its turn had ended and been saved (its session id "
+                "was the last line it printed): the answer is the one it gave and the work is whatever the turn "
+                "did. Check the files with hermes_read rather than running the task again")
+    if crash:
+        return (f"Hermes crashed ({crash}) before it printed its session id, so its turn may not have ended: "
+                "work may be part-done; inspect the files with hermes_read before re-running")
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -2744,7 +2778,8 @@ class Supervisor:
             return Outcome(JobState.OK, exit_code, None)
         if exit_code == 2 and UNKNOWN_OPTION_RE.search(read_tail(self.store.log_path(self.job_id), 65536)[0]):
             forget_probe(self.cfg, exe)
-        return Outcome(JobState.ERROR, exit_code, describe_exit(exit_code))
+        log = self.store.log_path(self.job_id)
+        return Outcome(JobState.ERROR, exit_code, describe_exit(exit_code, ends_with_session_line(log)))
 
     def _reason_to_stop(self, deadline: float) -> tuple[JobState, str] | None:
         record = self.record

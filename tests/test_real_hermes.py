@@ -62,23 +62,33 @@ def wait_for_command(bridge, job_id, needle, timeout=90):
     return wait_until(tree_running_needle, timeout, f"a process running {needle!r} in job {job_id}", interval=0.2)
 
 
+def finish(client, result, timeout=120):
+    return client.wait_final(result.field("JOB_ID"), timeout=timeout) if result.field("STATUS") == "running" else result
+
+
+def assert_turn_ended(result):
+    """The job's turn ended: ok with exit 0, or the one crash seen from a real Hermes (0.22.2 segfaults on its way
+    out in about one resume of 40, after its turn is saved), reported as that. Any other end fails."""
+    if result.field("STATUS") == "error" and "on its way out, after its turn had ended" in result.text:
+        assert result.field("REASON").startswith("Hermes crashed (SIGSEGV, 11)"), result.text
+        assert result.field("EXIT_CODE") == "-11", result.text
+        return
+    assert result.field("STATUS") == "ok", result.text
+    assert result.field("EXIT_CODE") == "0", result.text
+
+
 def test_run_writes_the_file_and_captures_the_session_then_resume_continues_it(real):
     bridge, model, client = real
     task = "Create the file.\nRUN: printf 'real content' > made.txt && echo wrote"
-    result = client.call("hermes_run", task=task, wait_s=45)
-    if result.field("STATUS") == "running":
-        result = client.wait_final(result.field("JOB_ID"), timeout=120)
-    assert result.field("STATUS") == "ok", result.text
-    assert result.field("EXIT_CODE") == "0"
+    result = finish(client, client.call("hermes_run", task=task, wait_s=45))
+    assert_turn_ended(result)
     assert (bridge.root / "made.txt").read_text() == "real content"
     session = result.field("SESSION_ID")
     assert re.match(r"^\d{8}_\d{6}_[0-9a-f]+$", session), session
     assert "SCRIPTED DONE" in result.text
 
-    resumed = client.call("hermes_resume", session_id=session, task="What did you write?", wait_s=45)
-    if resumed.field("STATUS") == "running":
-        resumed = client.wait_final(resumed.field("JOB_ID"), timeout=120)
-    assert resumed.field("STATUS") == "ok", resumed.text
+    resumed = finish(client, client.call("hermes_resume", session_id=session, task="What did you write?", wait_s=45))
+    assert_turn_ended(resumed)
     assert resumed.field("SESSION_ID") == session
     assert "SESSION_NOTE" not in resumed.text
     last = [r for r in model.requests() if r.get("tools")][-1]
@@ -123,8 +133,6 @@ def test_a_model_endpoint_that_is_down_ends_error_with_hermes_exit_code_and_mess
     assert "connect" in output or "error" in output
 
 
-def finish(client, result, timeout=120):
-    return client.wait_final(result.field("JOB_ID"), timeout=timeout) if result.field("STATUS") == "running" else result
 
 
 def test_a_session_made_outside_the_roots_cannot_be_resumed_through_the_bridge(real):
@@ -150,10 +158,10 @@ def test_a_bridge_session_from_root_a_resumed_with_cwd_b_runs_in_a_and_says_so(r
     root_b.mkdir()
     bridge.configure(allowed_roots=[str(bridge.root), str(root_b)])
     first = finish(client, client.call("hermes_run", task="Note this.\nRUN: echo first", wait_s=45))
-    assert first.field("STATUS") == "ok", first.text
+    assert_turn_ended(first)
     resumed = finish(client, client.call("hermes_resume", session_id=first.field("SESSION_ID"), cwd=str(root_b),
                                          task="Again.\nRUN: printf resumed > resumed.txt", wait_s=45))
-    assert resumed.field("STATUS") == "ok", resumed.text
+    assert_turn_ended(resumed)
     assert resumed.field("CWD") == str(bridge.root.resolve())
     assert "not in the cwd asked for" in resumed.text
     assert (bridge.root / "resumed.txt").read_text() == "resumed"
@@ -181,9 +189,7 @@ def test_capabilities_read_a_hermes_skills_tree_and_skills_reach_hermes(real):
     found = client.call("hermes_capabilities", query="pytest")
     assert "- pytest-runner [software-development]" in found.text
     result = client.call("hermes_run", task="Use the skill.", skills=["probe-skill"], wait_s=45)
-    if result.field("STATUS") == "running":
-        result = client.wait_final(result.field("JOB_ID"), timeout=120)
-    assert result.field("STATUS") == "ok", result.text
+    assert_turn_ended(finish(client, result))
     first = [r for r in model.requests() if r.get("tools")][0]
     system = " ".join(str(m.get("content")) for m in first["messages"] if m.get("role") == "system")
     assert f"{SKILL_MARKER} probe-skill" in system
@@ -209,7 +215,7 @@ def test_activity_changed_files_and_hermes_own_answer(real):
     assert running is not None, "CURRENT_TOOL never named the running terminal command"
     assert re.match(r"\d+ API calls?, \d+ tool calls?, tokens in [\d,]+ / out [\d,]+$", running.field("ACTIVITY"))
     final = finish(client, client.call("hermes_status", job_id=job_id, wait_s=45))
-    assert final.field("STATUS") == "ok", final.text
+    assert_turn_ended(final)
     assert re.match(r"\d+ API calls?, [1-9]\d* tool calls?, tokens in [\d,]+ / out [\d,]+$", final.field("USAGE"))
     assert final.field("CHANGED_FILES") == "1 created, 1 modified, 1 deleted (under CWD, since the job started)"
     assert "+ created.txt (3 B)" in final.text and "~ existing.txt (11 B)" in final.text and "- gone.txt" in final.text

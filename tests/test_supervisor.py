@@ -83,6 +83,27 @@ def test_a_failing_exit_is_an_error_that_names_the_code(tmp_path):
     assert record.reason == server.describe_exit(3)
 
 
+CRASH_AT_EXIT = ("import os, signal, sys; print('the answer'); sys.stdout.flush(); {session}"
+                 "os.kill(os.getpid(), signal.SIGSEGV)")
+
+
+@pytest.mark.parametrize(("session_line", "says"), [
+    (True, "on its way out, after its turn had ended and been saved"),
+    (False, "before it printed its session id, so its turn may not have ended"),
+])
+def test_a_crash_is_told_from_a_kill_and_one_after_the_saved_turn_from_one_during_it(tmp_path, session_line, says):
+    """Hermes 0.22.2 segfaults on its way out now and then, after it printed its session id: the host is told
+    the turn was over (check the work, do not run it again), not that someone killed Hermes mid-task."""
+    session = "print('session_id: 20261202_013955_eebde4', file=sys.stderr); sys.stderr.flush(); "
+    supervisor, _ = supervised(tmp_path, CRASH_AT_EXIT.format(session=session if session_line else ""))
+    supervisor.run()
+    record = supervisor.store.read(supervisor.job_id)
+    assert record.state is server.JobState.ERROR and record.exit_code == -11
+    assert record.reason and record.reason.startswith("Hermes crashed (SIGSEGV, 11)") and says in record.reason
+    assert "from outside the bridge" not in record.reason
+    assert record.session_id == ("20261202_013955_eebde4" if session_line else None)
+
+
 def test_a_cancel_before_hermes_starts_starts_nothing(tmp_path):
     supervisor, starter = supervised(tmp_path, "print('never')")
     supervisor.store.cancel_path(supervisor.job_id).write_text("now")

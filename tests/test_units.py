@@ -192,9 +192,27 @@ def test_the_flags_a_0_20_hermes_declares_give_in_but_not_query_file():
     assert argv == ["hermes", "chat", "--query=task", "-Q", "--in=/w"]
 
 
-def test_describe_exit_names_signals():
-    assert "SIGKILL" in server.describe_exit(-9)
+def test_describe_exit_names_signals_and_tells_a_crash_from_a_kill():
+    assert server.describe_exit(-9) == "Hermes was killed by SIGKILL (9) from outside the bridge"
     assert "hermes_health" in server.describe_exit(2)
+    assert server.describe_exit(-6).startswith("Hermes crashed (SIGABRT, 6) before it printed its session id")
+    assert server.describe_exit(0xC0000005, turn_saved=True).startswith(
+        "Hermes crashed (Windows status 0xC0000005) on its way out")
+    assert server.describe_exit(-9, turn_saved=True).startswith("Hermes was killed by SIGKILL")
+    assert server.describe_exit(1, turn_saved=True) == "Hermes exited with code 1"
+
+
+@pytest.mark.parametrize(("log", "ends"), [
+    ("answer\n\nsession_id: 20261202_013955_eebde4\n", True),
+    ("answer\nsession_id: 20261202_013955_eebde4\n\n  \n", True),
+    ("session_id: 20261202_013955_eebde4\nFatal Python error: Segmentation fault\n", False),
+    ("a tool printed session_id: x\n", False),
+    ("", False),
+])
+def test_a_turn_counts_as_saved_only_when_the_session_line_is_the_logs_last(tmp_path, log, ends):
+    path = tmp_path / "job.log"
+    path.write_text(log)
+    assert server.ends_with_session_line(path) is ends
 
 
 def test_skill_index_cache_sees_added_edited_and_removed_skills(tmp_path):
