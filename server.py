@@ -2444,8 +2444,8 @@ def describe_exit(code: int, turn_saved: bool = False) -> str:
                 "was the last line it printed): the answer is the one it gave and the work is whatever the turn "
                 "did. Check the files with hermes_read rather than running the task again")
     if crash:
-        return (f"Hermes crashed ({crash}) before it printed its session id, so its turn may not have ended: "
-                "work may be part-done; inspect the files with hermes_read before re-running")
+        return (f"Hermes crashed ({crash}) before its turn was known to have ended: work may be part-done; "
+                "inspect the files with hermes_read before re-running")
     if code < 0:
         try:
             name = signal.Signals(-code).name

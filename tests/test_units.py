@@ -195,7 +195,7 @@ def test_the_flags_a_0_20_hermes_declares_give_in_but_not_query_file():
 def test_describe_exit_names_signals_and_tells_a_crash_from_a_kill():
     assert server.describe_exit(-9) == "Hermes was killed by SIGKILL (9) from outside the bridge"
     assert "hermes_health" in server.describe_exit(2)
-    assert server.describe_exit(-6).startswith("Hermes crashed (SIGABRT, 6) before it printed its session id")
+    assert server.describe_exit(-6).startswith("Hermes crashed (SIGABRT, 6) before its turn was known to have ended")
     assert server.describe_exit(0xC0000005, turn_saved=True).startswith(
         "Hermes crashed (Windows status 0xC0000005) on its way out")
     assert server.describe_exit(-9, turn_saved=True).startswith("Hermes was killed by SIGKILL")
