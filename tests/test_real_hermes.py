@@ -22,8 +22,10 @@ def write_hermes_home(home, base_url):
     (home / "config.yaml").write_text(
         "model:\n  provider: custom\n  base_url: " + base_url + "\n  default: scripted\n  api_key: test-key\n"
         "security:\n  tirith_enabled: false\n  allow_lazy_installs: false\n"
-        # 0.22 retries a dead endpoint, then runs 5 "auto-recovery cycles" of growing waits: past a job's timeout
-        "agent:\n  api_max_retries: 1\n  auto_recovery_cycles: 0\n")
+        # 0.22 retries a dead endpoint, then runs 5 "auto-recovery cycles" of growing waits: past a job's timeout.
+        # The environment probe (`python3 -m pip --version` and the like, for one line of the system prompt) costs
+        # about 2 of the 7-8 CPU-seconds of a run, and no test looks at it.
+        "agent:\n  api_max_retries: 1\n  auto_recovery_cycles: 0\n  environment_probe: false\n")
 
 
 @pytest.fixture(params=sorted(REAL_HERMES_VERSIONS), ids=lambda v: f"hermes-{v}")
