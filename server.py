@@ -2776,9 +2776,9 @@ class Supervisor:
             return conversation.outcome(exit_code)
         if exit_code == 0:
             return Outcome(JobState.OK, exit_code, None)
-        if exit_code == 2 and UNKNOWN_OPTION_RE.search(read_tail(self.store.log_path(self.job_id), 65536)[0]):
-            forget_probe(self.cfg, exe)
         log = self.store.log_path(self.job_id)
+        if exit_code == 2 and UNKNOWN_OPTION_RE.search(read_tail(log, 65536)[0]):
+            forget_probe(self.cfg, exe)
         return Outcome(JobState.ERROR, exit_code, describe_exit(exit_code, ends_with_session_line(log)))
 
     def _reason_to_stop(self, deadline: float) -> tuple[JobState, str] | None:
