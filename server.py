@@ -2424,13 +2424,17 @@ CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "
 WINDOWS_CRASH_CODES = range(0xC0000000, 0x1_0000_0000)
 
 
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def crash_name(code: int) -> str | None:
     """The fault an exit code shows ("SIGSEGV, 11", "Windows status 0xC0000005"), or None for any other end."""
     if code < 0:
-        with contextlib.suppress(ValueError):
-            name = signal.Signals(-code).name
-            return f"{name}, {-code}" if name in CRASH_SIGNALS else None
-        return None
+        return f"{signal_name(-code)}, {-code}" if signal_name(-code) in CRASH_SIGNALS else None
     return f"Windows status 0x{code:08X}" if code in WINDOWS_CRASH_CODES else None
 
 
@@ -2447,11 +2451,7 @@ def describe_exit(code: int, turn_saved: bool = False) -> str:
         return (f"Hermes crashed ({crash}) before its turn was known to have ended: work may be part-done; "
                 "inspect the files with hermes_read before re-running")
     if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"Hermes was killed by {name} ({-code}) from outside the bridge"
+        return f"Hermes was killed by {signal_name(-code)} ({-code}) from outside the bridge"
     if code == 2:
         return ("Hermes exited 2: it rejected its command line (see the output); hermes_health shows the options "
                 "this Hermes declared and the command line the bridge built from them")
