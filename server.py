@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # /// script
 # requires-python = ">=3.10"
-# dependencies = ["mcp>=1.24,<3", "psutil>=5.9", "PyYAML>=6", "filelock>=3.12", "platformdirs>=4"]
+# dependencies = ["mcp>=1.24,<3", "psutil>=5.9", "PyYAML>=6", "platformdirs>=4"]
 # ///
 """claude-hermes-bridge: an MCP stdio server that gives a planner (Claude Desktop or any MCP host) an
 executor, the Hermes Agent CLI, on the same machine.
@@ -10,29 +10,36 @@ The one decision that shapes it: a job never lives inside a request. A job is a 
 detached supervisor process on disk, so every tool returns within seconds, a job outlives the server
 process that started it, and any later server process can answer for it or cancel it.
 
-Contents, in the order data flows; each section opens with a banner of the same name, and nothing is used
-above the section that defines it:
+Contents, in the order data flows; each section opens with a banner of the same name, marked with the
+program that uses it: the file holds two, the MCP server and the per-job supervisor (`server.py --supervise
+ID`, which never loads the MCP stack). Nothing is used above the section that defines it, and no [supervisor]
+or [both] section uses a [server] one (tests/test_layout.py holds both promises):
 
-  stdio guard ........ the client's pipes moved aside before anything can print (stdout is the protocol)
-  primitives ......... names, escaping (shown, clean_text), safe opening (open_regular, read_capped), atomic
-                       writes (write_atomic, create_exclusive), process identity (ProcessId)
-  config ............. Config, where it is found, the host's settings, validation
-  confinement ........ allowed roots: resolve a folder, decide inside or outside (within_root, confine_cwd)
-  audit log .......... one line per tool call and job state change
-  job store .......... JobRecord (every field checked), JobStore (the jobs folder), JobView (observe)
-  Hermes CLI ......... locating Hermes, the options it declares (probe_cli), its command line and environment
-  Hermes session store  Hermes' state.db read with a deadline: activity, usage, current tool, answer, folder
-  Hermes ACP driver .. `hermes acp` over JSON-RPC: AcpConversation, approvals, the managed policy
-  supervisor and process control  Supervisor (one detached process per job), Ownership, stop_tree, snapshots
-  job launch ......... JobRequest, launch_job (dedupe, limits, the record), start_job (spawns the supervisor)
-  rendering .......... the status block: job_details, render_status, ToolResult
-  tool logic ......... plain functions per tool: arguments and the launch request; resuming a session; one
-                       job and the job list; reading files; Hermes' skills; health and instructions
-  tool bodies ........ async bodies (run_tool, status_tool, ...) with disk work off the event loop: no MCP
-  MCP edge ........... the tasks extension (JobTasks), the two SDK lines (McpEdge), build_server, serve
-  command line ....... --check, --try, --init-config, --supervise, main
+  stdio guard ........ [both] the client's pipes moved aside before anything can print (stdout is the protocol)
+  primitives ......... [both] names, escaping (shown, clean_text), path decisions (within_root), safe opening
+                       (open_regular, read_capped), atomic writes (write_atomic, create_exclusive), a file
+                       lock (locked), process identity (ProcessId)
+  config ............. [both] Config (each setting declared once, in SETTINGS), where it is found, validation
+  confinement ........ [both] allowed roots: resolve a folder, confine it (confine_cwd, confine_read)
+  audit log .......... [both] one line per tool call and job state change
+  job store .......... [both] JobRecord (every field checked), JobStore (the jobs folder), JobView (observe)
+  Hermes CLI ......... [both] locating Hermes, the options it declares (probe_cli), its command line and
+                       environment, its exit codes in words (describe_exit)
+  Hermes session store  [both] Hermes' state.db read with a deadline: activity, usage, current tool, answer
+  Hermes ACP ......... [both] whether this Hermes speaks ACP, and which driver a job gets (choose_driver);
+                       [supervisor] the conversation over JSON-RPC (AcpConversation), approvals, the policy
+  process control .... [both] creation flags, Ownership (the proof before any signal), stop_tree
+  Hermes drivers ..... [both] the seam: HermesRun, CliRun, AcpRun, DRIVERS, and the launch plan (plan_launch)
+  supervisor ......... [supervisor] Supervisor (one detached process per job), the folder snapshots
+  job launch ......... [server] JobRequest, launch_job (dedupe, limits, the record), start_job
+  rendering .......... [server] the status block: job_details, render_status, ToolResult
+  tool logic ......... [server] plain functions per tool: arguments and the launch request; resuming a
+                       session; one job and the job list; reading files; Hermes' skills; health and instructions
+  tool bodies ........ [server] async bodies (run_tool, status_tool, ...), disk work off the event loop: no MCP
+  MCP edge ........... [server] the tasks extension (JobTasks), the two SDK lines (McpEdge), build_server, serve
+  command line ....... [server] --check, --try, --init-config; [both] main, which picks the program
 
-One hermes_run, end to end: build_server's hermes_run → answer → run_tool → job_request (arguments, roots,
+One hermes_run, end to end: build_server's hermes_run → run_tool_body → run_tool → job_request (arguments, roots,
 Hermes, the launch plan) → launch_and_wait → launch_job writes the record and start_job spawns
 `server.py --supervise <id>` → main → Supervisor.run (_plan, _start Hermes, _watch, _finish writes the
 outcome to the record) ← wait_for_end polls the record (JobStore.read → observe) → status_result →
@@ -43,7 +50,7 @@ import os
 import sys
 
 
-# ------------------------------------------------------------------------------------------ stdio guard
+# ----------------------------------------------------------------------------------------- stdio guard [both]
 def guard_stdio() -> tuple[int, int]:
     """Move the client's pipes to private fds; fd 0 becomes the null device and fd 1 becomes stderr.
 
@@ -83,7 +90,6 @@ import dataclasses  # noqa: E402
 import enum  # noqa: E402
 import errno  # noqa: E402
 import functools  # noqa: E402
-import hashlib  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
@@ -95,7 +101,7 @@ import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Awaitable, Callable, Iterable, Iterator, NoReturn, TypeVar, cast  # noqa: E402
+from typing import Any, Awaitable, Callable, Generator, Generic, Iterable, Iterator, NoReturn, TypeVar, cast  # noqa: E402
 
 try:
     import psutil
@@ -103,7 +109,7 @@ except ImportError:  # reported with its fix by missing_dependencies()
     psutil = None  # type: ignore[assignment]
 
 
-# --------------------------- primitives: names, escaping, safe opening, atomic writes, process identity
+# ------------------- primitives: names, escaping, paths, safe opening, atomic writes, process identity [both]
 # Small pieces every later section uses. Every file the bridge reads may have been written by a job running
 # as the user, so reading means open_regular (no FIFO, no symlink, capped) and writing means write_atomic.
 T = TypeVar("T")
@@ -150,8 +156,7 @@ def missing_dependencies(need_mcp: bool) -> str | None:
             return (f"claude-hermes-bridge needs the MCP Python SDK {MCP_SUPPORTED} (1.24 or later on the 1.x line, "
                     f"or 2.x); interpreter {sys.executable} has {'no mcp' if found is None else 'mcp ' + found}. "
                     f"Fix: {fix}")
-    for module, package in (("psutil", "psutil"), ("yaml", "PyYAML"), ("filelock", "filelock"),
-                            ("platformdirs", "platformdirs")):
+    for module, package in (("psutil", "psutil"), ("yaml", "PyYAML"), ("platformdirs", "platformdirs")):
         if importlib.util.find_spec(module) is None:
             return (f"claude-hermes-bridge needs {package}; interpreter {sys.executable} does not have it. "
                     f"Fix: {fix}")
@@ -252,12 +257,18 @@ def open_append(path: Path) -> Any:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Whole-file write: a reader sees the old content or the new, never half. The temporary file has a
-    name of its own per write (mkstemp: created exclusively, never through a symlink), so two threads or
+    random name of its own per write, created exclusively and never through a symlink (as mkstemp does,
+    without tempfile, which would load shutil and three compressors into every supervisor), so two threads or
     processes writing one record never share it, and a file planted at a predictable name is never opened."""
-    import tempfile
-
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{os.urandom(8).hex()}.tmp"
+        try:
+            fd = create_exclusive(tmp)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temporary name beside {path}")
     try:
         with open(fd, "wb") as handle:
             handle.write(data)
@@ -273,6 +284,47 @@ def write_atomic(path: Path, data: bytes) -> None:
                 time.sleep(0.05)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+class LockTimeout(TimeoutError):
+    """Another process held a lock file past the deadline."""
+
+
+def try_lock(fd: int) -> bool:
+    """Take an exclusive lock on an open file without waiting: flock on POSIX, a one-byte msvcrt lock on
+    Windows (what filelock does on each)."""
+    try:
+        if IS_WINDOWS:
+            import msvcrt
+
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)  # type: ignore[attr-defined]
+        else:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def locked(path: Path, timeout_s: float) -> Iterator[None]:
+    """An exclusive lock between processes on a lock file, polled until timeout_s (LockTimeout past it).
+    A few lines instead of filelock, whose 4.x loads logging, decimal and OpenSSL (through hmac): 5 MB more
+    in every supervisor. The lock file is opened without following a symlink or blocking on a FIFO a job
+    may have planted; the lock goes with the file's closing, so a killed holder never leaves it held."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0),
+                 0o600)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not try_lock(fd):
+            if time.monotonic() >= deadline:
+                raise LockTimeout(f"{path} is held by another process")
+            time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)
 
 
 def create_time_tolerance(platform: str) -> float:
@@ -291,6 +343,10 @@ def is_number(value: Any) -> bool:
 
 def is_whole_number(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+class DamagedRecord(Exception):
+    """A job record that cannot be read as one: listed as damaged, never fatal."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,44 +402,132 @@ def running_process(process_id: ProcessId | None) -> "psutil.Process | None":
     return process_id.process() if process_id else None
 
 
-# ----------------------------------------------------------------------------------------------- config
+def folder_identity(path: str) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def case_normalised(path: str) -> str:
+    """The path with its case normalised where the OS does so (Windows: lower case, / as \\); macOS and
+    Linux keep it as given, so equal folders there are told by identity (within_root)."""
+    return os.path.normcase(path)
+
+
+FOLDS_CASE = sys.platform in ("win32", "darwin")  # NTFS and APFS ignore case (APFS also normalisation)
+
+
+def within_root(resolved: str, root: str, folds_case: bool = FOLDS_CASE,
+                identity: Callable[[str], tuple[int, int] | None] = folder_identity) -> bool:
+    """True when a resolved path sits inside a resolved root, by whole components. Where the file system
+    ignores case, realpath keeps the spelling given, so a path whose spelling differs is also inside when
+    one of its own ancestors is the root itself (same device and inode): equal folders are equal, and
+    nothing becomes reachable that is not inside the root."""
+    try:
+        if os.path.commonpath([case_normalised(resolved), case_normalised(root)]) == case_normalised(root):
+            return True
+    except ValueError:  # different drives on Windows
+        return False
+    if not folds_case:
+        return False
+    root_id = identity(root)
+    if root_id is None:
+        return False
+    current = resolved
+    while True:
+        if identity(current) == root_id:
+            return True
+        parent = os.path.dirname(current)
+        if parent == current:
+            return False
+        current = parent
+
+
+def within_any(resolved: str, roots: list[str]) -> bool:
+    """True when a resolved path sits inside one of the resolved roots (see within_root)."""
+    return any(within_root(resolved, root) for root in roots)
+
+
+# ---------------------------------------------------------------------------------------------- config [both]
 MAX_WAIT_CEILING_S = 50.0
 APPROVAL_MODES = ("deny", "ask", "yolo")
+DRIVER_NAMES = ("acp", "cli")  # the ways to drive Hermes; DRIVERS (Hermes drivers) holds their classes
 START_GRACE_S = 30.0  # a launched job whose supervisor has not reported by then is orphaned
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One config.json key, declared once, beside its Config field: the JSON types it takes (and the same in
+    words), its bounds or its choices (the first choice is the default), and what it is for."""
+
+    described: str
+    types: tuple[type, ...]
+    purpose: str
+    low: float | None = None  # below it, or not finite, the default is used
+    high: float | None = None  # above it the value is clamped
+    choices: tuple[str, ...] = ()
+
+
+def setting(default: Any, described: str, types: tuple[type, ...], purpose: str, *, low: float | None = None,
+            high: float | None = None, choices: tuple[str, ...] = ()) -> Any:
+    """A Config field that is a setting: its default and its Setting (read back through SETTINGS)."""
+    meta = {"setting": Setting(described, types, purpose, low, high, choices)}
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=functools.partial(list, default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+PATH_OR_NULL = ("a path string or null", (str, type(None)))
+FOLDER_OR_NULL = ("a folder path or null", (str, type(None)))
+SECONDS = ("a number of seconds", (int, float))
+WHOLE = ("a whole number", (int,))
+FLAG = ("true or false", (bool,))
 
 
 @dataclasses.dataclass
 class Config:
-    """config.json as the server uses it. Every problem found while loading is kept, never raised."""
+    """config.json as the server uses it: each setting is declared here once (setting), and every problem
+    found while loading is kept, never raised."""
 
     path: Path
-    hermes_exe: str | None = None
-    hermes_home: str | None = None
-    allowed_roots: list[str] = dataclasses.field(default_factory=list)
-    default_cwd: str | None = None
-    default_timeout_s: float = 1800
-    max_timeout_s: float = 14400
-    default_max_turns: int | None = None
-    max_wait_s: float = 45
-    max_output_chars: int = 8000
-    max_running_jobs: int = 4
-    yolo: bool = False  # the older spelling of approvals: "yolo"
-    approvals: str | None = None  # deny, ask or yolo; see approval_mode
-    approval_timeout_s: float = 300
-    hermes_driver: str = "auto"
-    hermes_cli_form: str = "auto"
-    extra_args: list[str] = dataclasses.field(default_factory=list)
-    jobs_dir: str | None = None
-    logs_dir: str | None = None
-    read_anywhere: bool = False
-    kill_grace_s: float = 5
-    retention_days: float = 30
-    retention_max_jobs: int = 1000
-    audit_max_bytes: int = 1_000_000
-    changed_files_skip: list[str] = dataclasses.field(
-        default_factory=lambda: [".git", "node_modules", ".venv", "__pycache__"])
-    changed_files_max_entries: int = 20_000
-    changed_files_max_s: float = 10
+    hermes_exe: str | None = setting(None, *PATH_OR_NULL, "the hermes executable (else `hermes` on PATH)")
+    hermes_home: str | None = setting(None, *PATH_OR_NULL, "Hermes' home: skills and sessions")
+    allowed_roots: list[str] = setting([], "a list of folder paths", (list,), "the folders jobs may start in")
+    default_cwd: str | None = setting(None, *FOLDER_OR_NULL, "the folder of a job given no cwd")
+    default_timeout_s: float = setting(1800, *SECONDS, "a job's timeout when the call gives none", low=1)
+    max_timeout_s: float = setting(14400, *SECONDS, "the most timeout_s a call may ask", low=1)
+    default_max_turns: int | None = setting(None, "a whole number or null", (int, type(None)),
+                                            "max_turns when the call gives none (null: Hermes' own)", low=1)
+    max_wait_s: float = setting(45, *SECONDS, "the longest a tool call waits; hosts cut calls off at about 60 s",
+                                low=1, high=MAX_WAIT_CEILING_S)
+    max_output_chars: int = setting(8000, *WHOLE, "how much of Hermes' output a final block quotes", low=200)
+    max_running_jobs: int = setting(4, *WHOLE, "how many jobs may run at once", low=1)
+    yolo: bool = setting(False, *FLAG, 'the older spelling of approvals "yolo"')
+    approvals: str | None = setting(None, '"deny", "ask" or "yolo"', (str,),
+                                    "what the bridge answers when Hermes asks before a dangerous command",
+                                    choices=APPROVAL_MODES)  # unset: the older yolo decides (approval_mode)
+    approval_timeout_s: float = setting(300, *SECONDS, "how long Hermes waits for an answer", low=5)
+    hermes_driver: str = setting("auto", '"auto", "acp" or "cli"', (str,), "how jobs drive Hermes",
+                                 choices=("auto", *DRIVER_NAMES))
+    hermes_cli_form: str = setting("auto", '"auto", "query-file" or "query-arg"', (str,),
+                                   "the CLI's options (auto: as `hermes chat --help` declares them)",
+                                   choices=("auto", "query-file", "query-arg"))
+    extra_args: list[str] = setting([], "a list of strings", (list,), "more options for `hermes chat`")
+    jobs_dir: str | None = setting(None, *FOLDER_OR_NULL, "the jobs folder (else the per-user state folder)")
+    logs_dir: str | None = setting(None, *FOLDER_OR_NULL, "the audit log's folder (else the per-user one)")
+    read_anywhere: bool = setting(False, *FLAG, "let hermes_read read outside the allowed roots")
+    kill_grace_s: float = setting(5, *SECONDS, "how long a stopped Hermes gets before it is killed", low=0)
+    retention_days: float = setting(30, "a number of days", (int, float), "how long finished jobs are kept",
+                                    low=0)
+    retention_max_jobs: int = setting(1000, *WHOLE, "how many finished jobs are kept at most", low=1)
+    audit_max_bytes: int = setting(1_000_000, "a whole number of bytes", (int,), "the audit log's size before it "
+                                   "rotates", low=10_000)
+    changed_files_skip: list[str] = setting([".git", "node_modules", ".venv", "__pycache__"],
+                                            "a list of folder names", (list,), "folders CHANGED_FILES leaves out")
+    changed_files_max_entries: int = setting(20_000, *WHOLE, "how many entries CHANGED_FILES lists at most", low=0)
+    changed_files_max_s: float = setting(10, *SECONDS, "how long listing a job's folder may take", low=0)
     problems: list[str] = dataclasses.field(default_factory=list)
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
     file_stamp: tuple[int, int] | None = None  # the config file's mtime and size when it was read
@@ -440,11 +584,6 @@ class Config:
         return self.approvals or "deny"
 
     @property
-    def store(self) -> "JobStore":
-        """The jobs folder this config names (a JobStore is only its paths: cheap to make)."""
-        return JobStore(self.jobs_path)
-
-    @property
     def hermes_home_path(self) -> Path:
         if self.hermes_home:
             return Path(os.path.expanduser(self.hermes_home))
@@ -455,34 +594,8 @@ class Config:
         return Path.home() / ".hermes"
 
 
-CONFIG_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
-    "hermes_exe": ("a path string or null", (str, type(None))),
-    "hermes_home": ("a path string or null", (str, type(None))),
-    "allowed_roots": ("a list of folder paths", (list,)),
-    "default_cwd": ("a folder path or null", (str, type(None))),
-    "default_timeout_s": ("a number of seconds", (int, float)),
-    "max_timeout_s": ("a number of seconds", (int, float)),
-    "default_max_turns": ("a whole number or null", (int, type(None))),
-    "max_wait_s": ("a number of seconds", (int, float)),
-    "max_output_chars": ("a whole number", (int,)),
-    "max_running_jobs": ("a whole number", (int,)),
-    "yolo": ("true or false", (bool,)),
-    "approvals": ('"deny", "ask" or "yolo"', (str,)),
-    "approval_timeout_s": ("a number of seconds", (int, float)),
-    "hermes_driver": ('"auto", "acp" or "cli"', (str,)),
-    "hermes_cli_form": ('"auto", "query-file" or "query-arg"', (str,)),
-    "extra_args": ("a list of strings", (list,)),
-    "jobs_dir": ("a folder path or null", (str, type(None))),
-    "logs_dir": ("a folder path or null", (str, type(None))),
-    "read_anywhere": ("true or false", (bool,)),
-    "kill_grace_s": ("a number of seconds", (int, float)),
-    "retention_days": ("a number of days", (int, float)),
-    "retention_max_jobs": ("a whole number", (int,)),
-    "audit_max_bytes": ("a whole number of bytes", (int,)),
-    "changed_files_skip": ("a list of folder names", (list,)),
-    "changed_files_max_entries": ("a whole number", (int,)),
-    "changed_files_max_s": ("a number of seconds", (int, float)),
-}
+SETTINGS: dict[str, Setting] = {field.name: field.metadata["setting"] for field in dataclasses.fields(Config)
+                                if "setting" in field.metadata}
 
 
 APP_NAME = "claude-hermes-bridge"
@@ -498,22 +611,26 @@ def user_dir(kind: str) -> Path:
     return Path(getattr(platformdirs, f"user_{kind}_dir")(APP_NAME, appauthor=False))
 
 
+def config_override() -> Path | None:
+    override = os.environ.get("HERMES_BRIDGE_CONFIG")
+    return Path(override).expanduser().resolve() if override else None
+
+
 def config_places() -> list[tuple[str, Path | None]]:
     """Where the config is looked for, in order: (what, path); the first that exists is used, and with none
     the per-user one (where --init-config writes)."""
-    override = os.environ.get("HERMES_BRIDGE_CONFIG")
-    return [("HERMES_BRIDGE_CONFIG", Path(override).expanduser().resolve() if override else None),
-            ("beside server.py", SERVER_DIR / "config.json"),
+    return [("HERMES_BRIDGE_CONFIG", config_override()), ("beside server.py", SERVER_DIR / "config.json"),
             ("the per-user folder", user_dir("config") / "config.json")]
 
 
 def config_path() -> Path:
-    """HERMES_BRIDGE_CONFIG, else config.json beside server.py (the clone route), else the per-user one."""
-    places = config_places()
-    override, beside, per_user = (path for _, path in places)
+    """HERMES_BRIDGE_CONFIG (what a supervisor always gets: it then never asks for the per-user folders),
+    else config.json beside server.py (the clone route), else the per-user one."""
+    override = config_override()
     if override:
         return override
-    return beside if beside and beside.exists() else cast(Path, per_user)
+    beside = SERVER_DIR / "config.json"
+    return beside if beside.exists() else user_dir("config") / "config.json"
 
 
 def config_search() -> str:
@@ -577,15 +694,16 @@ def load_config(path: Path | None = None) -> Config:
     for key, value in read_config_file(path, cfg).items():
         if key.startswith("_"):
             continue  # "_comment" keys document the file
-        if key not in CONFIG_TYPES:
+        if key not in SETTINGS:
             cfg.problems.append(f"unknown key {key!r} in {path.name} (ignored); known keys: "
-                                + ", ".join(CONFIG_TYPES))
+                                + ", ".join(SETTINGS))
             continue
-        described, types = CONFIG_TYPES[key]
-        wrong_bool = isinstance(value, bool) and bool not in types
-        if wrong_bool or not isinstance(value, types) or (
+        known = SETTINGS[key]
+        wrong_bool = isinstance(value, bool) and bool not in known.types
+        if wrong_bool or not isinstance(value, known.types) or (
                 isinstance(value, list) and not all(isinstance(v, str) for v in value)):
-            cfg.problems.append(f"{key} must be {described}, got {json.dumps(value)[:60]} (default used)")
+            cfg.problems.append(f"{key} ({known.purpose}) must be {known.described}, got {json.dumps(value)[:60]} "
+                                "(default used)")
             continue
         setattr(cfg, key, value)
         cfg.sources[key] = f"config file {path}"
@@ -593,8 +711,8 @@ def load_config(path: Path | None = None) -> Config:
     for key, value in pinned.items():
         setattr(cfg, key, value)
         cfg.sources[key] = "command line"
-    guard_file_settings(cfg, pinned)
-    validate_config(cfg)
+    cfg.problems += guard_file_settings(cfg, pinned)
+    cfg.problems += validate_config(cfg)
     return cfg
 
 
@@ -615,84 +733,85 @@ def bridge_option(arg: str) -> bool:
     return arg.startswith("-") and len(arg) > 1 and any(flag in BRIDGE_SHORT_OPTIONS for flag in arg[1:])
 
 
-def guard_file_settings(cfg: Config, pinned: dict[str, Any]) -> None:
+def guard_file_settings(cfg: Config, pinned: dict[str, Any]) -> list[str]:
     """What a config file (which a job can write) may not do: carry an option the bridge sets in extra_args,
-    or widen what the host pinned on the command line (read_anywhere reads outside the pinned roots)."""
+    or widen what the host pinned on the command line (read_anywhere reads outside the pinned roots). The
+    value is put right, and the problem returned."""
+    problems = []
     claimed = [arg for arg in cfg.extra_args if bridge_option(arg)]
     if claimed:
-        cfg.problems.append(f"extra_args holds options the bridge sets itself ({shown(', '.join(claimed), 200)}); "
-                            "extra_args is ignored until they are removed")
+        problems.append(f"extra_args holds options the bridge sets itself ({shown(', '.join(claimed), 200)}); "
+                        "extra_args is ignored until they are removed")
         cfg.extra_args = []
     if "approvals" not in pinned and pinned.get("yolo") is False and cfg.approvals == "yolo":
-        cfg.problems.append(f"approvals yolo in {cfg.path} is lowered to ask: the host pinned --yolo false")
+        problems.append(f"approvals yolo in {cfg.path} is lowered to ask: the host pinned --yolo false")
         cfg.approvals = "ask"
     if "allowed_roots" in pinned and cfg.read_anywhere:
-        cfg.problems.append(f"read_anywhere in {cfg.path} is ignored: the host pinned allowed_roots on the command "
-                            "line, and a file cannot widen what the host pinned")
+        problems.append(f"read_anywhere in {cfg.path} is ignored: the host pinned allowed_roots on the command "
+                        "line, and a file cannot widen what the host pinned")
         cfg.read_anywhere = False
+    return problems
 
 
-def validate_config(cfg: Config) -> None:
+def validate_config(cfg: Config) -> list[str]:
     """Problems that only show once the values are read: missing roots, unknown choices, out-of-range
     numbers, a Hermes or a default folder that is not there. Each bad value is replaced by its default."""
-    root_problems(cfg)
-    choice_problems(cfg)
-    number_problems(cfg)
+    problems = root_problems(cfg) + choice_problems(cfg) + number_problems(cfg)
     if cfg.hermes_exe_path and not os.path.exists(cfg.hermes_exe_path):
-        cfg.problems.append(f"hermes_exe {cfg.hermes_exe!r} does not exist (looked at {cfg.hermes_exe_path})")
+        problems.append(f"hermes_exe {cfg.hermes_exe!r} does not exist (looked at {cfg.hermes_exe_path})")
     if cfg.default_cwd and not within_any(os.path.realpath(os.path.expanduser(cfg.default_cwd)), cfg.roots):
-        cfg.problems.append(f"default_cwd {cfg.default_cwd!r} is not an existing folder inside allowed_roots")
+        problems.append(f"default_cwd {cfg.default_cwd!r} is not an existing folder inside allowed_roots")
+    return problems
 
 
-def root_problems(cfg: Config) -> None:
+def root_problems(cfg: Config) -> list[str]:
+    problems = []
     if not cfg.allowed_roots:
-        cfg.problems.append("allowed_roots is empty: no job can start until you list at least one folder")
+        problems.append("allowed_roots is empty: no job can start until you list at least one folder")
     for root in cfg.allowed_roots:
         expanded = os.path.expanduser(root)
         if not os.path.isabs(expanded):
-            cfg.problems.append(f"allowed root {root!r} is not an absolute path (ignored)")
+            problems.append(f"allowed root {root!r} is not an absolute path (ignored)")
         elif not os.path.isdir(expanded):
-            cfg.problems.append(f"allowed root {root!r} does not exist or is not a folder (ignored)")
+            problems.append(f"allowed root {root!r} does not exist or is not a folder (ignored)")
         elif why := broad_root(os.path.realpath(expanded)):
-            cfg.problems.append(f"allowed root {root!r} is {why}: every folder under it is open to jobs and "
-                                "hermes_read; list project folders instead")
+            problems.append(f"allowed root {root!r} is {why}: every folder under it is open to jobs and "
+                            "hermes_read; list project folders instead")
+    return problems
 
 
-# Settings that take one of a few words: the words, the first of which is the default. approvals may also be
-# unset (None): then the older yolo setting decides.
-CONFIG_CHOICES = {"approvals": APPROVAL_MODES, "hermes_driver": ("auto", "acp", "cli"),
-                  "hermes_cli_form": ("auto", "query-file", "query-arg")}
-
-
-def choice_problems(cfg: Config) -> None:
-    for key, words in CONFIG_CHOICES.items():
+def choice_problems(cfg: Config) -> list[str]:
+    """Settings that take one of a few words; another word is replaced by the first, the default. approvals
+    may also be unset (None): then the older yolo setting decides."""
+    problems = []
+    for key, known in SETTINGS.items():
         value = getattr(cfg, key)
-        if value is not None and value not in words:
-            cfg.problems.append(f"{key} {shown(value, 40)} is not {', '.join(words[:-1])} or {words[-1]} "
-                                f"({words[0]} used)")
+        if known.choices and value is not None and value not in known.choices:
+            words = known.choices
+            problems.append(f"{key} {shown(value, 40)} is not {', '.join(words[:-1])} or {words[-1]} "
+                            f"({words[0]} used)")
             setattr(cfg, key, words[0])
+    return problems
 
 
-# Numbers and their lowest sensible value; below it (or not finite) the default is used.
-CONFIG_MINIMUMS = {"default_timeout_s": 1, "max_timeout_s": 1, "max_output_chars": 200, "approval_timeout_s": 5,
-                   "max_running_jobs": 1, "kill_grace_s": 0, "retention_days": 0, "retention_max_jobs": 1,
-                   "audit_max_bytes": 10_000, "changed_files_max_entries": 0, "changed_files_max_s": 0}
-
-
-def number_problems(cfg: Config) -> None:
-    if cfg.max_wait_s > MAX_WAIT_CEILING_S or cfg.max_wait_s < 1:
-        cfg.problems.append(f"max_wait_s {cfg.max_wait_s} is outside 1..{MAX_WAIT_CEILING_S:g} "
-                            "(hosts cut calls off at about 60 s); clamped")
-        cfg.max_wait_s = min(max(cfg.max_wait_s, 1), MAX_WAIT_CEILING_S)
-    for key, low in CONFIG_MINIMUMS.items():
+def number_problems(cfg: Config) -> list[str]:
+    """Numbers outside their bounds: below the lowest sensible value (or not finite) the default is used,
+    above the highest they are clamped."""
+    problems = []
+    for key, known in SETTINGS.items():
         value = getattr(cfg, key)
-        if not math.isfinite(value) or value < low:
+        if known.low is None or value is None:
+            continue
+        if known.high is not None and not known.low <= value <= known.high:
+            clamped = min(max(value, known.low), known.high)
+            problems.append(f"{key} {value} is outside {known.low:g}..{known.high:g} ({known.purpose}); clamped")
+            setattr(cfg, key, clamped)
+        elif not math.isfinite(value) or value < known.low:
             default = getattr(Config(path=cfg.path), key)
-            cfg.problems.append(f"{key} {value} must be at least {low} (default {default} used)")
+            instead = "Hermes' own default" if default is None else f"default {default}"
+            problems.append(f"{key} {value} must be at least {known.low:g} ({instead} used)")
             setattr(cfg, key, default)
-    if cfg.default_max_turns is not None and cfg.default_max_turns < 1:
-        cfg.problems.append("default_max_turns must be at least 1 (Hermes' own default used)")
-        cfg.default_max_turns = None
+    return problems
 
 
 def broad_root(resolved: str) -> str | None:
@@ -720,55 +839,7 @@ def path_advice(path_env: str, platform: str, home: str) -> str | None:
             "need: register_with_claude.py writes both into the host entry")
 
 
-# ------------------------------------------------------------------------------------------ confinement
-def case_normalised(path: str) -> str:
-    """The path with its case normalised where the OS does so (Windows: lower case, / as \\); macOS and
-    Linux keep it as given, so equal folders there are told by identity (within_root)."""
-    return os.path.normcase(path)
-
-
-def folder_identity(path: str) -> tuple[int, int] | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return info.st_dev, info.st_ino
-
-
-FOLDS_CASE = sys.platform in ("win32", "darwin")  # NTFS and APFS ignore case (APFS also normalisation)
-
-
-def within_root(resolved: str, root: str, folds_case: bool = FOLDS_CASE,
-                identity: Callable[[str], tuple[int, int] | None] = folder_identity) -> bool:
-    """True when a resolved path sits inside a resolved root, by whole components. Where the file system
-    ignores case, realpath keeps the spelling given, so a path whose spelling differs is also inside when
-    one of its own ancestors is the root itself (same device and inode): equal folders are equal, and
-    nothing becomes reachable that is not inside the root."""
-    try:
-        if os.path.commonpath([case_normalised(resolved), case_normalised(root)]) == case_normalised(root):
-            return True
-    except ValueError:  # different drives on Windows
-        return False
-    if not folds_case:
-        return False
-    root_id = identity(root)
-    if root_id is None:
-        return False
-    current = resolved
-    while True:
-        if identity(current) == root_id:
-            return True
-        parent = os.path.dirname(current)
-        if parent == current:
-            return False
-        current = parent
-
-
-def within_any(resolved: str, roots: list[str]) -> bool:
-    """True when a resolved path sits inside one of the resolved roots (see within_root)."""
-    return any(within_root(resolved, root) for root in roots)
-
-
+# ----------------------------------------------------------------------------------------- confinement [both]
 def resolve_path(path: str, what: str) -> str:
     """An absolute path with every symlink followed, or Refused saying what is wrong with it."""
     if not isinstance(path, str) or not path.strip():
@@ -815,7 +886,7 @@ def confine_read(cfg: Config, path: str) -> str:
     return resolved
 
 
-# ------------------------------------------------------------------------------------------- audit log
+# ------------------------------------------------------------------------------------------- audit log [both]
 AUDIT_FIELD_CHARS = 300
 AUDIT_BACKUPS = 3
 
@@ -832,15 +903,13 @@ def audit(cfg: Config, **fields: Any) -> None:
     never prints: a full disk must not fail a tool call, and a supervisor's stderr is the job log the model
     reads. The file is opened per line and rotated under a lock, so no process holds it open while another
     renames it (Windows refuses that), and opened without blocking or following a symlink."""
-    from filelock import FileLock
-
     capped = {key: shown(value, AUDIT_FIELD_CHARS) if isinstance(value, str) else value
               for key, value in fields.items()}
     line = (json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(), **capped}) + "\n").encode()
     path = cfg.logs_path / "audit.log"
     try:
         cfg.logs_path.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(path) + ".lock", timeout=2):
+        with locked(Path(str(path) + ".lock"), 2):
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
                          | getattr(os, "O_BINARY", 0), 0o600)
             try:
@@ -864,10 +933,14 @@ def audit(cfg: Config, **fields: Any) -> None:
         pass
 
 
-# -------------------------------------------------------------------------------------------- job store
+# ------------------------------------------------------------------------------------------- job store [both]
 JOB_ID_RE = re.compile(r"\d{8}-\d{6}-\d{1,6}")
 RECORD_MAX_BYTES = 4 << 20  # a record holds the pids Hermes started; far below this
 MAX_TASK_BYTES = 4 << 20
+JOB_MARKER = "HERMES_BRIDGE_JOB"  # set in the supervisor's and Hermes' environment: the proof of ownership
+SESSION_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")  # a Hermes session id, as records hold it
+
+
 class JobState(str, enum.Enum):
     """A job's state. A record holds the value; orphaned is never written, only observed."""
 
@@ -892,10 +965,6 @@ class Outcome:
     state: JobState
     exit_code: int | None
     reason: str | None
-
-
-class DamagedRecord(Exception):
-    """A job record that cannot be read as one: listed as damaged, never fatal."""
 
 
 def is_text_list(value: Any) -> bool:
@@ -927,7 +996,7 @@ RECORD_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
     "started_at": is_number, "ended_at": is_number,
     "changes": is_changes,
     "nonce": lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{16,64}", v) is not None,
-    "driver": lambda v: v in ("cli", "acp"),
+    "driver": lambda v: v in DRIVER_NAMES,
     "approval_mode": lambda v: v in APPROVAL_MODES,
     "acp": lambda v: isinstance(v, dict) and all(isinstance(k, str) and (isinstance(x, str) or is_number(x))
                                                  for k, x in v.items()),
@@ -1064,6 +1133,11 @@ class JobStore:
         self.active = root / "active"
         self.locks = root / "locks"
 
+    @classmethod
+    def of(cls, cfg: Config) -> "JobStore":
+        """The jobs folder a config names (a JobStore is only its paths: cheap to make)."""
+        return cls(cfg.jobs_path)
+
     def views(self, job_ids: Iterable[str]) -> Iterator[tuple[str, "JobView | None", str]]:
         """Each job as observed now, in the order given; a record that cannot be trusted comes as None with
         the reason (a job can write the jobs folder: a listing shows it as damaged, never fails on it)."""
@@ -1127,9 +1201,7 @@ class JobStore:
         raise Refused("no free job id this second; try again")
 
     def record_lock(self, job_id: str) -> Any:
-        from filelock import FileLock
-
-        return FileLock(str(self.locks / f"{job_id}.lock"), timeout=RECORD_LOCK_S)
+        return locked(self.locks / f"{job_id}.lock", RECORD_LOCK_S)
 
     def write(self, record: JobRecord) -> bool:
         """Write the record whole, unless the disk already holds an outcome: an outcome is final, so a
@@ -1250,13 +1322,12 @@ def observe(record: JobRecord) -> JobView:
                    "Inspect the log and the files before re-running.")
 
 
-# ------------------------------------------------------------------------------------------- Hermes CLI
+# ------------------------------------------------------------------------------------------ Hermes CLI [both]
 # Linux caps one argument at 128 KiB (MAX_ARG_STRLEN counts the terminating NUL); macOS caps the whole
 # argv and environment at 1 MiB, which an argument within this limit leaves room for.
 POSIX_ARGUMENT_LIMIT = 131072 - 1
 QUERY_OPTION = "--query="
 SESSION_ID_RE = re.compile(r"^session_id:\s*(\S+)\s*$", re.MULTILINE)
-SESSION_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
 # What each hermes_cli_form override declares; "auto" asks the installed Hermes (`hermes chat --help`).
 FORM_FLAGS = {
@@ -1284,13 +1355,13 @@ class HermesExe:
 def locate_hermes(cfg: Config) -> HermesExe:
     """hermes_exe (command line or config file), else `hermes` on PATH; each problem named with the path
     and where it came from, so "not found" never hides which file is wrong and how."""
-    import shutil
-
     if cfg.hermes_exe_path:
         source = ("--hermes-exe on the command line" if cfg.sources.get("hermes_exe") == "command line"
                   else f"hermes_exe in {cfg.path}")
         path = cfg.hermes_exe_path
     else:
+        import shutil  # only here: shutil loads three compressors, which a supervisor given hermes_exe never needs
+
         found = shutil.which("hermes")
         if not found:
             return HermesExe(None, "PATH", "no `hermes` on the server's PATH: install Hermes (see README, Hermes "
@@ -1303,8 +1374,6 @@ def locate_hermes(cfg: Config) -> HermesExe:
 def hermes_file_problem(path: str) -> str | None:
     """What is wrong with this file as a program to start, in words: missing, a folder, not executable, or a
     script whose interpreter (its #! line) is gone, as when the venv it was installed in was moved."""
-    import shutil
-
     if not os.path.exists(path):
         return "does not exist"
     if os.path.isdir(path):
@@ -1322,6 +1391,8 @@ def hermes_file_problem(path: str) -> str | None:
     if not words:
         return "has an empty #! line"
     if os.path.basename(words[0]) == "env" and len(words) > 1:
+        import shutil
+
         if shutil.which(words[1]):
             return None
         return f"names `{shown(words[1], 200)}` in its #! line, which is not on PATH"
@@ -1518,12 +1589,54 @@ def ends_with_session_line(path: Path) -> bool:
     return bool(lines) and SESSION_ID_RE.fullmatch(lines[-1]) is not None
 
 
+# Signals a process gets from its own fault, not from another process; and Windows' NTSTATUS codes of a crash
+# (0xC0000005 access violation, 0xC0000409 fail-fast, ...) as the exit code of the process that had it.
+CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGSYS", "SIGTRAP"})
+WINDOWS_CRASH_CODES = range(0xC0000000, 0x1_0000_0000)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def crash_name(code: int) -> str | None:
+    """The fault an exit code shows ("SIGSEGV, 11", "Windows status 0xC0000005"), or None for any other end."""
+    if code < 0:
+        return f"{signal_name(-code)}, {-code}" if signal_name(-code) in CRASH_SIGNALS else None
+    return f"Windows status 0x{code:08X}" if code in WINDOWS_CRASH_CODES else None
+
+
+def describe_exit(code: int, turn_saved: bool = False) -> str:
+    """Hermes' failing exit code in words. A crash (a fault in Hermes or its Python) is told from a kill,
+    and a crash after Hermes printed its session id, the last thing a CLI turn prints once the turn is saved
+    (seen here: Hermes 0.22.2 segfaults on its way out in about one resume of 40), from one during the turn."""
+    crash = crash_name(code)
+    if crash and turn_saved:
+        return (f"Hermes crashed ({crash}) on its way out, after its turn had ended and been saved (its session id "
+                "was the last line it printed): the answer is the one it gave and the work is whatever the turn "
+                "did. Check the files with hermes_read rather than running the task again")
+    if crash:
+        return (f"Hermes crashed ({crash}) before its turn was known to have ended: work may be part-done; "
+                "inspect the files with hermes_read before re-running")
+    if code < 0:
+        return f"Hermes was killed by {signal_name(-code)} ({-code}) from outside the bridge"
+    if code == 2:
+        return ("Hermes exited 2: it rejected its command line (see the output); hermes_health shows the options "
+                "this Hermes declared and the command line the bridge built from them")
+    if code == 130:
+        return "Hermes exited 130: interrupted"
+    return f"Hermes exited with code {code}"
+
+
 # Hermes 0.19-0.20 print these when a resumed session moves to its recorded folder (cli.py, hermes_cli/main.py).
 MOVE_ANNOUNCEMENT_BYTES = 16384
 FOLDER_MOVE_RE = re.compile(r"^(?:↻ Working directory|↪ restored workspace dir): (.+?)\s*$", re.MULTILINE)
 
 
-# --------------------------------------------------------------------------------- Hermes session store
+# -------------------------------------------------------------------------------- Hermes session store [both]
 # Hermes' own SQLite store (state.db in HERMES_HOME), read-only, with a deadline, every value checked: a job can
 # write it. It gives the activity lines, usage, the current tool, Hermes' answer and where a session ran.
 class StoreUnavailable(Exception):
@@ -1573,22 +1686,22 @@ def read_store(cfg: Config, query: Callable[[Any], T], deadline_s: float = STORE
         raise StoreUnavailable(f"an earlier read of the session store {path} has not returned (a file beside it "
                                "may be a FIFO, or held by a lock)")
     check_store_files(path)
-    answer: dict[str, Any] = {}
+    found: dict[str, Any] = {}
 
     def work() -> None:
         try:
             connection = sqlite3.connect(path.absolute().as_uri() + "?mode=ro", uri=True, timeout=1,
                                          check_same_thread=False)
             try:
-                answer["value"] = query(connection)
+                found["value"] = query(connection)
             finally:
                 connection.close()
         except sqlite3.Error as exc:
-            answer["error"] = StoreUnavailable(f"the session store {path} cannot answer: {exc}")
+            found["error"] = StoreUnavailable(f"the session store {path} cannot answer: {exc}")
         except StoreUnavailable as exc:
-            answer["error"] = exc
+            found["error"] = exc
         except (ValueError, TypeError, OverflowError, RecursionError, MemoryError) as exc:
-            answer["error"] = StoreUnavailable(f"a row of the session store {path} is not what Hermes writes "
+            found["error"] = StoreUnavailable(f"a row of the session store {path} is not what Hermes writes "
                                                f"({type(exc).__name__})")
 
     thread = threading.Thread(target=work, name="session-store", daemon=True)
@@ -1598,9 +1711,9 @@ def read_store(cfg: Config, query: Callable[[Any], T], deadline_s: float = STORE
     if thread.is_alive():
         raise StoreUnavailable(f"the session store {path} did not answer within {deadline_s:g} s (a file beside it "
                                "may be a FIFO, or held by a lock)")
-    if "error" in answer:
-        raise answer["error"]
-    return cast(T, answer["value"])
+    if "error" in found:
+        raise found["error"]
+    return cast(T, found["value"])
 
 
 def session_folder(cfg: Config, session_id: str) -> str:
@@ -1756,7 +1869,7 @@ def final_answer(db: Any, session_id: str, since: float) -> str | None:
     return row[0] if row and isinstance(row[0], str) else None
 
 
-# ------------------------------------------------------------------------------------- Hermes ACP driver
+# ----------------------------------- Hermes ACP: can this Hermes speak it, and which driver a job gets [both]
 # Hermes' Agent Client Protocol (`hermes acp`, JSON-RPC 2.0 over its stdin and stdout, with Hermes' `acp`
 # extra): Hermes asks before a dangerous command or a file edit, reports its tools and its answer as events,
 # and stops on session/cancel. The bridge is the client. Checked with Hermes 0.19.0 and 0.22.2.
@@ -1844,6 +1957,7 @@ def choose_driver(cfg: Config, exe: str, session: str | None = None) -> tuple[st
                   "forwarded"
 
 
+# ------------------------------------------------------------------ Hermes ACP: the conversation [supervisor]
 def approval_policy_dir(cfg: Config) -> Path:
     """A private folder for Hermes' managed scope (HERMES_MANAGED_DIR, whose config.yaml wins over the user's
     per key): approvals.mode manual, so Hermes asks the bridge before every dangerous command whatever the
@@ -1912,20 +2026,55 @@ class AcpConversation:
 
         self.proc, self.record, self.cfg, self.store, self.task, self.log = proc, record, cfg, store, task, log
         self.inbox: "queue.Queue[dict[str, Any]]" = queue.Queue()
-        self.waiting: dict[int, str] = {}
         self.next_id = 0
+        self.step: tuple[int, str] = (0, "")  # the request of the handshake waiting for its reply: id, method
         self.session_id: str | None = None
         self.result: dict[str, Any] | None = None
         self.failure: str | None = None
-        self.answer: list[str] = []
+        self.answer_chunks: list[str] = []
         self.asked: dict[str, Any] = {}  # approval id -> the JSON-RPC id of Hermes' request
         self.approval_timeout_s = cfg.approval_timeout_s
         self.changed = False
         record.acp = {"tool_calls": 0}
         self.reader = threading.Thread(target=self._read, name="acp-reader", daemon=True)
         self.reader.start()
-        self._request("initialize", {"protocolVersion": 1, "clientCapabilities": {
-            "fs": {"readTextFile": False, "writeTextFile": False}, "terminal": False}})
+        self.steps = self._handshake()
+        self._next_step(next(self.steps))
+
+    def _handshake(self) -> Generator[tuple[str, dict[str, Any]], dict[str, Any], None]:
+        """The conversation in order: initialize, then session/new (or session/load, for a resume), then one
+        session/prompt. Each step yields one request; the reply to it is sent back in (see _reply)."""
+        hermes = yield "initialize", {"protocolVersion": 1, "clientCapabilities": {
+            "fs": {"readTextFile": False, "writeTextFile": False}, "terminal": False}}
+        agent = hermes.get("agentInfo")
+        version = agent.get("version") if isinstance(agent, dict) else None
+        if isinstance(version, str) and version.startswith("0.19"):
+            self.approval_timeout_s = HERMES_019_APPROVAL_TIMEOUT_S
+        folder: dict[str, Any] = {"cwd": self.record.cwd, "mcpServers": []}
+        if self.record.session_requested:
+            self.session_id = self.record.session_requested  # known at once: a cancel during the load reaches it
+            yield "session/load", {"sessionId": self.session_id, **folder}
+        else:
+            session = (yield "session/new", folder).get("sessionId")
+            if not (isinstance(session, str) and SESSION_NAME_RE.fullmatch(session)):
+                self.failure = "Hermes answered session/new without a usable session id"
+                return
+            self.session_id = session
+        self.record.session_id = self.session_id
+        self.record.session_source = "the ACP session"
+        self.changed = True
+        result = yield "session/prompt", {"sessionId": self.session_id,
+                                          "prompt": [{"type": "text", "text": self.task}]}
+        self.result = result
+        usage = result.get("usage")
+        if isinstance(usage, dict):
+            self._set(tokens_in=usage.get("inputTokens"), tokens_out=usage.get("outputTokens"))
+        self._set(stop_reason=result.get("stopReason"))
+
+    def _next_step(self, step: tuple[str, dict[str, Any]]) -> None:
+        self.next_id += 1
+        self.step = (self.next_id, step[0])
+        self._send({"id": self.next_id, "method": step[0], "params": step[1]})
 
     # -- the wire
     def _read(self) -> None:
@@ -1948,11 +2097,6 @@ class AcpConversation:
             stdin.flush()
         except (OSError, ValueError):
             pass  # Hermes is gone; its exit ends the job
-
-    def _request(self, method: str, params: dict[str, Any]) -> None:
-        self.next_id += 1
-        self.waiting[self.next_id] = method
-        self._send({"id": self.next_id, "method": method, "params": params})
 
     def cancel(self) -> None:
         if self.session_id:
@@ -1996,7 +2140,8 @@ class AcpConversation:
     def _handle(self, message: dict[str, Any]) -> None:
         method = message.get("method")
         if method is None and "id" in message:
-            self._reply(self.waiting.pop(message["id"], "") if isinstance(message["id"], int) else "", message)
+            if message["id"] == self.step[0] and not self.finished:
+                self._reply(message)
         elif method == "session/request_permission" and "id" in message:
             self._permission(message["id"], message.get("params") or {})
         elif method == "session/update":
@@ -2007,42 +2152,19 @@ class AcpConversation:
             self._send({"id": message["id"], "error": {"code": -32601, "message": f"{shown(method, 80)} is not "
                                                         "supported by this client"}})
 
-    def _reply(self, method: str, message: dict[str, Any]) -> None:
+    def _reply(self, message: dict[str, Any]) -> None:
+        """Hermes' reply to the handshake's current step: an error ends the conversation, a result goes on."""
         result = message.get("result")
         if "error" in message or not isinstance(result, dict):
             error = message.get("error")
             text = error.get("message") if isinstance(error, dict) else error
-            self.failure = f"Hermes answered {method or 'a request'} with an error: {shown(text, 500)}"
+            self.failure = f"Hermes answered {self.step[1]} with an error: {shown(text, 500)}"
             return
-        if method == "initialize":
-            agent = result.get("agentInfo")
-            version = agent.get("version") if isinstance(agent, dict) else None
-            if isinstance(version, str) and version.startswith("0.19"):
-                self.approval_timeout_s = HERMES_019_APPROVAL_TIMEOUT_S
-            folder: dict[str, Any] = {"cwd": self.record.cwd, "mcpServers": []}
-            if self.record.session_requested:
-                self.session_id = self.record.session_requested
-                self._request("session/load", {"sessionId": self.session_id, **folder})
-            else:
-                self._request("session/new", folder)
-        elif method in ("session/new", "session/load"):
-            if method == "session/new":
-                session = result.get("sessionId")
-                if not (isinstance(session, str) and SESSION_NAME_RE.fullmatch(session)):
-                    self.failure = "Hermes answered session/new without a usable session id"
-                    return
-                self.session_id = session
-            self.record.session_id = self.session_id
-            self.record.session_source = "the ACP session"
-            self.changed = True
-            self._request("session/prompt", {"sessionId": self.session_id, "prompt": [{"type": "text",
-                                                                                       "text": self.task}]})
-        elif method == "session/prompt":
-            self.result = result
-            usage = result.get("usage")
-            if isinstance(usage, dict):
-                self._set(tokens_in=usage.get("inputTokens"), tokens_out=usage.get("outputTokens"))
-            self._set(stop_reason=result.get("stopReason"))
+        try:
+            step = self.steps.send(result)
+        except StopIteration:  # the prompt was answered: the conversation is over
+            return
+        self._next_step(step)
 
     def _set(self, **values: Any) -> None:
         """Activity fields of the record, kept only when they are of the shape the record allows."""
@@ -2068,9 +2190,9 @@ class AcpConversation:
             self.log(f"[hermes] {update['status']}:\n{cut}\n")
         elif kind == "agent_message_chunk":
             text = content_text(update.get("content"))
-            if text and sum(map(len, self.answer)) < ANSWER_MAX_CHARS:
-                self.answer.append(text)
-                self._set(answer="".join(self.answer))
+            if text and sum(map(len, self.answer_chunks)) < ANSWER_MAX_CHARS:
+                self.answer_chunks.append(text)
+                self._set(answer="".join(self.answer_chunks))
                 self.log(text)
         elif kind == "usage_update":
             self._set(context_used=update.get("used"), context_size=update.get("size"))
@@ -2130,16 +2252,17 @@ class AcpConversation:
         pending = self.record.approval
         if not pending:
             return
-        answer = read_json(self.store.answer_path(self.record.id), 4096)
-        if isinstance(answer, dict) and answer.get("id") == pending["id"] and answer.get("decision") in (
+        if time.time() > pending["expires_at"]:  # checked first: an answer read after the deadline never decides
+            self._expire(f"Hermes itself: no answer within {self.approval_timeout_s:g} s")
+            return
+        given = read_json(self.store.answer_path(self.record.id), 4096)
+        if isinstance(given, dict) and given.get("id") == pending["id"] and given.get("decision") in (
                 "allow", "deny"):
             self.store.answer_path(self.record.id).unlink(missing_ok=True)
             request_id, by_kind = self.asked.pop(pending["id"])
             self.record.approval = None
-            by = "the user (elicitation)" if answer.get("by") == "user" else "the planner (hermes_approve)"
-            self._decide(request_id, by_kind, pending["id"], pending["what"], answer["decision"], by)
-        elif time.time() > pending["expires_at"]:
-            self._expire(f"Hermes itself: no answer within {self.approval_timeout_s:g} s")
+            by = "the user (elicitation)" if given.get("by") == "user" else "the planner (hermes_approve)"
+            self._decide(request_id, by_kind, pending["id"], pending["what"], given["decision"], by)
 
     def _expire(self, by: str) -> None:
         """The pending question, no longer waited for: Hermes denies it (the request is never withdrawn)."""
@@ -2165,18 +2288,7 @@ class AcpConversation:
         return Outcome(JobState.ERROR, exit_code, f"Hermes stopped with stopReason {shown(stop, 60)}")
 
 
-def start_acp_process(argv: list[str], folder: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """`hermes acp` with pipes for the protocol; its stderr (Hermes' own log lines) goes to the job's log."""
-    return subprocess.Popen(argv, cwd=folder, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=sys.stderr.fileno(), env=env, close_fds=True,
-                            **popen_kwargs(hermes_creation_flags(IS_WINDOWS)))
-
-
-# ------------------------------------------------------------------------ supervisor and process control
-POLL_S = 0.2
-JOB_MARKER = "HERMES_BRIDGE_JOB"  # set in the supervisor's and Hermes' environment: the proof of ownership
-
-
+# ------------------------------------------------------------------------------------- process control [both]
 # Win32 process creation flags, spelled out so the decisions below can be tested on any platform.
 CREATE_SUSPENDED = 0x00000004
 CREATE_NEW_PROCESS_GROUP = 0x00000200
@@ -2418,48 +2530,229 @@ def stop_tree(owner: Ownership, root: "psutil.Process | None", seen: list[Proces
     return StopReport(len(targets), [proc.pid for proc in survivors], disowned, complete)
 
 
-# Signals a process gets from its own fault, not from another process; and Windows' NTSTATUS codes of a crash
-# (0xC0000005 access violation, 0xC0000409 fail-fast, ...) as the exit code of the process that had it.
-CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGSYS", "SIGTRAP"})
-WINDOWS_CRASH_CODES = range(0xC0000000, 0x1_0000_0000)
+# -------------------------------------------------------------------------------------- Hermes drivers [both]
+# The ways to drive Hermes, behind one seam: `hermes chat` with the task on its command line or stdin (CliRun)
+# and `hermes acp` spoken to over JSON-RPC (AcpRun). The server plans a launch with them to refuse early; the
+# supervisor starts, pumps, stops and reads the outcome of one. A third driver is one class and one entry in
+# DRIVERS (its name in DRIVER_NAMES, and where choose_driver picks it).
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """The command the supervisor will start, once every check before it passed."""
+
+    argv: list[str]
+    shown_argv: list[str]  # the argv with the task elided, for the record
+    folder: str
+    stdin_path: Path | None  # the task file, for a Hermes that reads the task on stdin
+    cli_flags: list[str]
+    task: str = ""
 
 
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
+def usable_hermes(cfg: Config) -> str:
+    """The Hermes executable a job would start, or Refused naming the path, where it came from, and why."""
+    hermes = locate_hermes(cfg)
+    if not hermes.usable:
+        raise Refused(f"Hermes cannot be started: {hermes.problem}. hermes_health (or `server.py --check` in a "
+                      "terminal) shows what the bridge finds")
+    return hermes.usable
 
 
-def crash_name(code: int) -> str | None:
-    """The fault an exit code shows ("SIGSEGV, 11", "Windows status 0xC0000005"), or None for any other end."""
-    if code < 0:
-        return f"{signal_name(-code)}, {-code}" if signal_name(-code) in CRASH_SIGNALS else None
-    return f"Windows status 0x{code:08X}" if code in WINDOWS_CRASH_CODES else None
+Probe = Callable[[Config, str], "HermesCli | None"]
+ProcessStarter = Callable[[list[str], str, Any, dict[str, str]], subprocess.Popen[bytes]]
+LogWriter = Callable[[str], None]
 
 
-def describe_exit(code: int, turn_saved: bool = False) -> str:
-    """Hermes' failing exit code in words. A crash (a fault in Hermes or its Python) is told from a kill,
-    and a crash after Hermes printed its session id, the last thing a CLI turn prints once the turn is saved
-    (seen here: Hermes 0.22.2 segfaults on its way out in about one resume of 40), from one during the turn."""
-    crash = crash_name(code)
-    if crash and turn_saved:
-        return (f"Hermes crashed ({crash}) on its way out, after its turn had ended and been saved (its session id "
-                "was the last line it printed): the answer is the one it gave and the work is whatever the turn "
-                "did. Check the files with hermes_read rather than running the task again")
-    if crash:
-        return (f"Hermes crashed ({crash}) before its turn was known to have ended: work may be part-done; "
-                "inspect the files with hermes_read before re-running")
-    if code < 0:
-        return f"Hermes was killed by {signal_name(-code)} ({-code}) from outside the bridge"
-    if code == 2:
-        return ("Hermes exited 2: it rejected its command line (see the output); hermes_health shows the options "
-                "this Hermes declared and the command line the bridge built from them")
-    if code == 130:
-        return "Hermes exited 130: interrupted"
-    return f"Hermes exited with code {code}"
+class HermesRun:
+    """One job's Hermes, driven one way. The supervisor calls start, then pump on every poll until the
+    process exits (ask_to_stop when the job must stop, close once the turn is over while the process still
+    runs), then drain, outcome and session. Everything a job has whatever the driver (the record, the
+    deadline, the tree stop, the outcome written) stays in Supervisor."""
+
+    stop_grace_s = 0.0  # how long Hermes gets to stop by itself after ask_to_stop, before the tree stop
+    exit_grace_s = 0.0  # how long Hermes gets to exit by itself after close, before the tree stop
+
+    def __init__(self, cfg: Config, store: JobStore, record: JobRecord, exe: str, log: LogWriter,
+                 start_process: ProcessStarter | None = None):
+        self.cfg, self.store, self.record, self.exe, self.log = cfg, store, record, exe, log
+        self.start_process = start_process or self.start_default
+
+    @classmethod
+    def plan(cls, cfg: Config, exe: str, record: JobRecord, task: str, folder: str, task_path: Path | None,
+             probe: Probe) -> LaunchPlan | None:
+        raise NotImplementedError
+
+    @staticmethod
+    def start_default(argv: list[str], folder: str, stdin: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        raise NotImplementedError
+
+    def start(self, plan: LaunchPlan, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        raise NotImplementedError
+
+    def pump(self) -> None:
+        """Handle what Hermes sent since the last poll."""
+
+    @property
+    def finished(self) -> bool:
+        """Whether Hermes' turn is over while its process still runs (then close ends it)."""
+        return False
+
+    def close(self) -> None:
+        """Let a Hermes whose turn is over exit by itself."""
+
+    def ask_to_stop(self) -> None:
+        """Ask Hermes to stop by itself, before the tree stop that follows after stop_grace_s."""
+
+    def drain(self) -> None:
+        """After the process exited: what it wrote last."""
+
+    def outcome(self, exit_code: int) -> Outcome:
+        raise NotImplementedError
+
+    def session(self, exit_code: int | None) -> tuple[str | None, str | None]:
+        """The session the job ran in, and where that came from (None: as the record already says)."""
+        raise NotImplementedError
+
+    def usage(self, session_id: str) -> "Usage | None":
+        """The session's counters, from Hermes' session store (StoreUnavailable when it cannot answer)."""
+        return read_store(self.cfg, lambda db: session_usage(db, session_id))
+
+    def cleanup(self) -> None:
+        """Remove what the driver made for the job."""
 
 
+class CliRun(HermesRun):
+    """`hermes chat` answering one task and exiting: the task on its command line or on stdin, its output
+    straight into the job's log, its exit code the outcome, its session id from its last `session_id:` line
+    (or from the session store, for a Hermes that prints none)."""
+
+    @classmethod
+    def plan(cls, cfg: Config, exe: str, record: JobRecord, task: str, folder: str, task_path: Path | None,
+             probe: Probe) -> LaunchPlan | None:
+        cli = known_cli(cfg, exe) or probe(cfg, exe)
+        if cli is None:
+            return None
+        argv = hermes_command(cli, exe, record, task, cfg)
+        if problem := argv_problem(argv):
+            raise Refused(problem)
+        shown_argv = [QUERY_OPTION + "<task>" if part == QUERY_OPTION + task else part for part in argv]
+        return LaunchPlan(argv, shown_argv, folder, task_path if cli.task_on_stdin else None,
+                          sorted(cli.flags & {"--query-file", "--in", "--oneshot"}), task)
+
+    @staticmethod
+    def start_default(argv: list[str], folder: str, stdin: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Hermes' output goes to the supervisor's stderr, which is the job's log; never through a shell."""
+        return subprocess.Popen(argv, cwd=folder, stdin=stdin, stdout=sys.stderr.fileno(), stderr=subprocess.STDOUT,
+                                env=env, close_fds=True, **popen_kwargs(hermes_creation_flags(IS_WINDOWS)))
+
+    def start(self, plan: LaunchPlan, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with open_regular(plan.stdin_path) if plan.stdin_path else open(os.devnull, "rb") as stdin:
+            return self.start_process(plan.argv, plan.folder, stdin, env)
+
+    def outcome(self, exit_code: int) -> Outcome:
+        """Its exit code; a command line Hermes rejected forgets the cached options, so the next launch asks."""
+        if exit_code == 0:
+            return Outcome(JobState.OK, exit_code, None)
+        log = self.store.log_path(self.record.id)
+        if exit_code == 2 and UNKNOWN_OPTION_RE.search(read_tail(log, 65536)[0]):
+            forget_probe(self.cfg, self.exe)
+        return Outcome(JobState.ERROR, exit_code, describe_exit(exit_code, ends_with_session_line(log)))
+
+    def session(self, exit_code: int | None) -> tuple[str | None, str | None]:
+        record = self.record
+        session_id = session_id_from_log(self.store.log_path(record.id))
+        if session_id is not None:
+            return session_id, None
+        if record.session_requested and exit_code == 0:
+            return record.session_requested, "the session resumed (this Hermes prints no session line)"
+        if record.started_at and record.cwd:
+            return session_started_in(self.cfg, record.cwd, record.started_at)
+        return None, None
+
+
+class AcpRun(HermesRun):
+    """`hermes acp` in the job's folder, spoken to over its stdin and stdout (AcpConversation): Hermes' questions
+    are decided or relayed, a stop is asked with session/cancel first, and a finished turn closes its input.
+    Each job has its own managed policy folder (approval_policy_dir), removed at the end."""
+
+    stop_grace_s = ACP_CANCEL_GRACE_S
+    exit_grace_s = ACP_EXIT_GRACE_S
+
+    def __init__(self, cfg: Config, store: JobStore, record: JobRecord, exe: str, log: LogWriter,
+                 start_process: ProcessStarter | None = None):
+        super().__init__(cfg, store, record, exe, log, start_process)
+        self.conversation: AcpConversation | None = None
+        self.policy_dir: Path | None = None
+
+    @classmethod
+    def plan(cls, cfg: Config, exe: str, record: JobRecord, task: str, folder: str,  # noqa: ARG003 (the seam's)
+             task_path: Path | None, probe: Probe) -> LaunchPlan | None:  # noqa: ARG003
+        return LaunchPlan([exe, "acp"], [exe, "acp"], folder, None, [], task)  # the task goes in the prompt
+
+    @staticmethod
+    def start_default(argv: list[str], folder: str, stdin: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Pipes for the protocol; its stderr (Hermes' own log lines) goes to the job's log."""
+        return subprocess.Popen(argv, cwd=folder, stdin=stdin, stdout=subprocess.PIPE, stderr=sys.stderr.fileno(),
+                                env=env, close_fds=True, **popen_kwargs(hermes_creation_flags(IS_WINDOWS)))
+
+    def start(self, plan: LaunchPlan, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        self.policy_dir = approval_policy_dir(self.cfg)
+        proc = self.start_process(plan.argv, plan.folder, subprocess.PIPE,
+                                  dict(env, HERMES_MANAGED_DIR=str(self.policy_dir)))
+        self.conversation = AcpConversation(proc, self.record, self.cfg, self.store, plan.task, self.log)
+        return proc
+
+    @property
+    def talk(self) -> AcpConversation:
+        return cast(AcpConversation, self.conversation)
+
+    def pump(self) -> None:
+        self.talk.pump()
+
+    @property
+    def finished(self) -> bool:
+        return self.talk.finished
+
+    def close(self) -> None:
+        self.talk.close()
+
+    def ask_to_stop(self) -> None:
+        self.talk.cancel()
+
+    def drain(self) -> None:
+        self.talk.drain()
+
+    def outcome(self, exit_code: int) -> Outcome:
+        """The conversation's outcome; a `hermes acp` that did not even open a session forgets the cached
+        "speaks ACP" answer, so the next launch asks again."""
+        talk = self.talk
+        if talk.session_id is None and talk.failure is None:
+            forget_probe(self.cfg, self.exe, "|acp")
+        return talk.outcome(exit_code)
+
+    def session(self, exit_code: int | None) -> tuple[str | None, str | None]:  # noqa: ARG002 (the seam's)
+        return self.record.session_id, None  # the protocol's, or none when Hermes never opened one
+
+    def cleanup(self) -> None:
+        if self.policy_dir is not None:
+            import shutil
+
+            shutil.rmtree(self.policy_dir, ignore_errors=True)
+
+
+DRIVERS: dict[str, type[HermesRun]] = {"cli": CliRun, "acp": AcpRun}
+
+
+def plan_launch(cfg: Config, exe: str, record: JobRecord, task: str, folder: str, task_path: Path | None = None,
+                probe: Probe = probe_cli) -> LaunchPlan | None:
+    """The one launch plan, made by the server to refuse a launch early and by the supervisor to start
+    Hermes: the command line for the record's driver and this Hermes' options, the folder, and where the
+    task goes. Refused when the command line cannot hold the task; None while the options are unknown (the
+    server's probe failed: the supervisor probes again and reports what it finds)."""
+    return DRIVERS[record.driver or "cli"].plan(cfg, exe, record, task, folder, task_path, probe)
+
+
+# ------------------------------------------------------------------------------------ supervisor [supervisor]
+# `server.py --supervise <id>`: one detached process per job that owns it from start to outcome.
+POLL_S = 0.2
 CHANGED_LINES = 50
 
 
@@ -2552,68 +2845,17 @@ def compare_snapshots(before: FolderSnapshot, after: FolderSnapshot) -> dict[str
             "lines": lines[:CHANGED_LINES], "more": max(0, len(lines) - CHANGED_LINES)}
 
 
-@dataclasses.dataclass(frozen=True)
-class LaunchPlan:
-    """The command the supervisor will start, once every check before it passed."""
-
-    argv: list[str]
-    shown_argv: list[str]  # the argv with the task elided, for the record
-    folder: str
-    stdin_path: Path | None  # the task file, for a Hermes that reads the task on stdin
-    cli_flags: list[str]
-    task: str = ""
-
-
-def usable_hermes(cfg: Config) -> str:
-    """The Hermes executable a job would start, or Refused naming the path, where it came from, and why."""
-    hermes = locate_hermes(cfg)
-    if not hermes.usable:
-        raise Refused(f"Hermes cannot be started: {hermes.problem}. hermes_health (or `server.py --check` in a "
-                      "terminal) shows what the bridge finds")
-    return hermes.usable
-
-
-def plan_launch(cfg: Config, exe: str, record: JobRecord, task: str, folder: str, task_path: Path | None = None,
-                probe: Callable[[Config, str], HermesCli | None] = probe_cli) -> LaunchPlan | None:
-    """The one launch plan, made by the server to refuse a launch early and by the supervisor to start
-    Hermes: the command line for the record's driver and this Hermes' options, the folder, and where the
-    task goes. Refused when the command line cannot hold the task; None while the options are unknown (the
-    server's probe failed: the supervisor probes again and reports what it finds)."""
-    if record.driver == "acp":
-        return LaunchPlan([exe, "acp"], [exe, "acp"], folder, None, [], task)  # the task goes in the prompt
-    cli = known_cli(cfg, exe) or probe(cfg, exe)
-    if cli is None:
-        return None
-    argv = hermes_command(cli, exe, record, task, cfg)
-    if problem := argv_problem(argv):
-        raise Refused(problem)
-    shown_argv = [QUERY_OPTION + "<task>" if part == QUERY_OPTION + task else part for part in argv]
-    return LaunchPlan(argv, shown_argv, folder, task_path if cli.task_on_stdin else None,
-                      sorted(cli.flags & {"--query-file", "--in", "--oneshot"}), task)
-
-
-ProcessStarter = Callable[[list[str], str, Any, dict[str, str]], subprocess.Popen[bytes]]
-
-
-def start_hermes_process(argv: list[str], folder: str, stdin: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Hermes' output goes to the supervisor's stderr, which is the job's log; never through a shell."""
-    return subprocess.Popen(argv, cwd=folder, stdin=stdin, stdout=sys.stderr.fileno(), stderr=subprocess.STDOUT,
-                            env=env, close_fds=True, **popen_kwargs(hermes_creation_flags(IS_WINDOWS)))
-
-
 class Supervisor:
-    """Owns one job from a detached process: starts Hermes, enforces the timeout, obeys cancel, records.
-    Its collaborators come in (config, store, the process starter), so tests can drive the loop with a fake."""
+    """Owns one job from a detached process: starts Hermes with the record's driver, enforces the timeout,
+    obeys cancel, records. Its collaborators come in (config, store, the process starter), so tests can drive
+    the loop with a fake; the driver (DRIVERS) holds everything that differs between the ways to run Hermes."""
 
-    def __init__(self, job_id: str, cfg: Config, store: JobStore,
-                 start_process: ProcessStarter = start_hermes_process, subreaper: bool = False,
-                 start_acp: Callable[[list[str], str, dict[str, str]], subprocess.Popen[bytes]] = start_acp_process):
+    def __init__(self, job_id: str, cfg: Config, store: JobStore, start_process: ProcessStarter | None = None,
+                 subreaper: bool = False):
         self.cfg = cfg
         self.store = store
         self.start_process = start_process
-        self.start_acp = start_acp
-        self.conversation: AcpConversation | None = None
-        self.policy_dir: Path | None = None
+        self.run_: HermesRun | None = None
         self.subreaper = subreaper  # orphans of the job's tools re-parent to this process (Linux)
         self.job_id = job_id
         self.record = self.store.read(job_id)
@@ -2669,8 +2911,10 @@ class Supervisor:
         plan = self._plan()
         if isinstance(plan, Outcome):
             return plan
-        proc = self._start(plan)
-        return self._watch(proc, plan.argv[0], self.conversation)
+        driver = DRIVERS[self.record.driver or "cli"]
+        self.run_ = driver(self.cfg, self.store, self.record, plan.argv[0], self.write_log, self.start_process)
+        proc = self._start(plan, self.run_)
+        return self._watch(proc, self.run_)
 
     def _plan(self) -> "LaunchPlan | Outcome":
         """Everything checked before Hermes starts: the executable, its command line, the folder."""
@@ -2690,20 +2934,12 @@ class Supervisor:
         except Refused as exc:
             return Outcome(JobState.ERROR, None, f"{exc}. Nothing was run")
 
-    def _start(self, plan: "LaunchPlan") -> subprocess.Popen[bytes]:
+    def _start(self, plan: "LaunchPlan", run: HermesRun) -> subprocess.Popen[bytes]:
         """Start Hermes as planned, after the folder listing has begun, and record who it is."""
         record, cfg = self.record, self.cfg
         self._start_snapshot(plan.folder)
-        record.cli_flags = plan.cli_flags
         record.argv = plan.shown_argv
-        env = hermes_env(cfg, self.record.marker)
-        if record.driver == "acp":
-            self.policy_dir = approval_policy_dir(cfg)
-            proc = self.start_acp(plan.argv, plan.folder, dict(env, HERMES_MANAGED_DIR=str(self.policy_dir)))
-            self.conversation = AcpConversation(proc, record, cfg, self.store, plan.task, self.write_log)
-        else:
-            with open_regular(plan.stdin_path) if plan.stdin_path else open(os.devnull, "rb") as stdin:
-                proc = self.start_process(plan.argv, plan.folder, stdin, env)
+        proc = run.start(plan, hermes_env(cfg, record.marker))
         if IS_WINDOWS:
             self.windows_job = self._job_object_for(proc)
         record.hermes = ProcessId.of(psutil.Process(proc.pid))
@@ -2713,20 +2949,19 @@ class Supervisor:
               cwd=record.cwd, cli_flags=plan.cli_flags)
         return proc
 
-    def _watch(self, proc: subprocess.Popen[bytes], exe: str, conversation: "AcpConversation | None" = None) -> Outcome:
-        """Until Hermes exits: remember its tree, drive the ACP conversation, and stop it on cancel, timeout
-        or a move outside the roots; then the outcome."""
-        exit_code, stopping, report = self._wait(proc, conversation)
-        if conversation is not None:
-            conversation.drain()
+    def _watch(self, proc: subprocess.Popen[bytes], run: HermesRun) -> Outcome:
+        """Until Hermes exits: remember its tree, pump its driver, and stop it on cancel, timeout or a move
+        outside the roots; then the outcome."""
+        exit_code, stopping, report = self._wait(proc, run)
+        run.drain()
         if stopping:
             return self._stopped(stopping, exit_code, report)
-        return self._ended(exit_code, exe, conversation)
+        return run.outcome(exit_code)
 
-    def _wait(self, proc: subprocess.Popen[bytes], conversation: "AcpConversation | None"
+    def _wait(self, proc: subprocess.Popen[bytes], run: HermesRun
               ) -> tuple[int, tuple[JobState, str] | None, StopReport | None]:
-        """Poll until Hermes exits. Over ACP a stop first asks Hermes (session/cancel, which ends the running
-        command), then stops the tree; a finished conversation ends the process by closing its input."""
+        """Poll until Hermes exits. A stop first asks Hermes (the driver's ask_to_stop), then, after the
+        driver's grace, stops the tree; a turn that is over while the process runs is closed, then stopped."""
         record = self.record
         hermes = psutil.Process(proc.pid)
         deadline = (record.started_at or time.time()) + record.timeout_s
@@ -2740,17 +2975,15 @@ class Supervisor:
                 pass
             self._remember_tree(hermes)
             now = time.monotonic()
-            if conversation is not None:
-                conversation.pump()
-                if conversation.finished and close_by is None:
-                    conversation.close()
-                    close_by = now + ACP_EXIT_GRACE_S
+            run.pump()
+            if run.finished and close_by is None:
+                run.close()
+                close_by = now + run.exit_grace_s
             if stopping is None and (stopping := self._reason_to_stop(deadline)):
                 self.note(f"{stopping[0].value}: stopping Hermes (pid {proc.pid}) and its tree")
-                if conversation is not None:
-                    conversation.cancel()
-                stop_at = now + (ACP_CANCEL_GRACE_S if conversation is not None else 0)
-            due = (stop_at is not None and (now >= stop_at or bool(conversation and conversation.finished))) or (
+                run.ask_to_stop()
+                stop_at = now + run.stop_grace_s
+            due = (stop_at is not None and (now >= stop_at or run.finished)) or (
                 close_by is not None and now >= close_by)
             if due and report is None:
                 report = stop_tree(self.owner, hermes, record.tree, self.cfg.kill_grace_s, self.windows_job)
@@ -2766,20 +2999,6 @@ class Supervisor:
                                               and psutil.pid_exists(pid)],
                             sorted(set((report.disowned if report else []) + late.disowned)), self.subreaper)
         return Outcome(stopping[0], exit_code, f"{stopping[1]}; {report.describe()}")
-
-    def _ended(self, exit_code: int, exe: str, conversation: "AcpConversation | None") -> Outcome:
-        """A job Hermes ended by itself: its conversation's outcome over ACP, else its exit code. A probe
-        that proved wrong is forgotten, so the next launch asks again."""
-        if conversation is not None:
-            if conversation.session_id is None and conversation.failure is None:
-                forget_probe(self.cfg, exe, "|acp")  # `hermes acp` did not even start a session
-            return conversation.outcome(exit_code)
-        if exit_code == 0:
-            return Outcome(JobState.OK, exit_code, None)
-        log = self.store.log_path(self.job_id)
-        if exit_code == 2 and UNKNOWN_OPTION_RE.search(read_tail(log, 65536)[0]):
-            forget_probe(self.cfg, exe)
-        return Outcome(JobState.ERROR, exit_code, describe_exit(exit_code, ends_with_session_line(log)))
 
     def _reason_to_stop(self, deadline: float) -> tuple[JobState, str] | None:
         record = self.record
@@ -2816,15 +3035,12 @@ class Supervisor:
 
     def _usage(self, session_id: str | None) -> None:
         """The session's counters, kept in the record for hermes_jobs and for when the store is gone."""
-        if not session_id:
+        if not session_id or self.run_ is None:
             return
-        try:
-            usage = read_store(self.cfg, lambda db: session_usage(db, session_id))
-        except StoreUnavailable as exc:
-            self.record.usage_note = str(exc)
-            return
-        if usage:
-            self.record.usage = dataclasses.asdict(usage)
+        with contextlib.suppress(StoreUnavailable):
+            usage = self.run_.usage(session_id)
+            if usage:
+                self.record.usage = dataclasses.asdict(usage)
 
     def _job_object_for(self, proc: subprocess.Popen[bytes]) -> "WindowsJob | None":
         """Hermes in a job object of its own; without one (nested jobs refused) the tree walk still applies."""
@@ -2877,19 +3093,14 @@ class Supervisor:
     def _finish(self, outcome: Outcome) -> None:
         record = self.record
         exit_code = outcome.exit_code
-        if self.policy_dir is not None:
-            import shutil
-
-            shutil.rmtree(self.policy_dir, ignore_errors=True)
-        session_id = record.session_id if record.driver == "acp" else session_id_from_log(
-            self.store.log_path(self.job_id))
-        if record.driver == "acp":
-            pass  # the session is the protocol's, or none when Hermes never opened one
-        elif session_id is None and record.session_requested and exit_code == 0:
-            session_id = record.session_requested  # a Hermes that prints no session line resumed it
-            record.session_source = "the session resumed (this Hermes prints no session line)"
-        elif session_id is None and record.started_at and record.cwd:
-            session_id, record.session_source = session_started_in(self.cfg, record.cwd, record.started_at)
+        session_id: str | None = None
+        if self.run_ is not None:
+            try:
+                self.run_.cleanup()
+                session_id, source = self.run_.session(exit_code)
+                record.session_source = source or record.session_source
+            except Exception as exc:  # the outcome is written whatever the driver did
+                self.note(f"could not tell the job's session: {exc}")
         record.change_state(outcome.state, outcome.reason, exit_code)
         record.session_id = session_id
         try:
@@ -2917,41 +3128,27 @@ class Supervisor:
               reason=outcome.reason)
 
 
-def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
-    """Stop what is left of a job whose supervisor died, and write the outcome it could not. The pids come
-    from the record, so only processes that prove to be this job's are signalled: its Hermes, when it still
-    runs and carries the job's exact marker, anchors the rest."""
-    record = view.record
-    job_id = record.id
-    hermes = running_process(record.hermes)
-    anchors = frozenset({hermes.pid}) if hermes and carries_marker(hermes, record.marker) else frozenset()
-    owner = Ownership(record.marker, anchors)
-    unproven = [proc.pid for proc in tree_of(hermes, record.tree) if not owner.owns(proc)]
-    report = stop_tree(owner, hermes if anchors else None, record.tree, cfg.kill_grace_s)
-    reason = f"cancelled after its supervisor had died; {report.describe()}"
-    if unproven:
-        reason += (f"; pids {unproven[:20]} named by the record do not carry this job's marker and were not "
-                   "signalled")
-    record.change_state(JobState.CANCELLED, reason, record.exit_code)
-    if not store.write(record):
-        return "the supervisor wrote the job's outcome first; it stands"
-    store.clear_active(job_id)
-    audit(cfg, event="job", job_id=job_id, state=JobState.CANCELLED.value, reason=reason)
-    return reason
-
-
-# ------------------------------------------------------------------------------------------ job launch
-# Runs this same file as `server.py --supervise ID`, but imported, so from its cached bytecode: the
-# supervisor starts about 15 ms faster and 5 MB smaller than compiling the source again.
+# ---------------------------------------------------------------------------------------- job launch [server]
+# Runs this same file as `server.py --supervise ID`, but imported, so from its cached bytecode (in the
+# bridge's own cache folder, written even where PYTHONDONTWRITEBYTECODE is set): the supervisor starts faster
+# and about 10 MB smaller than compiling the whole source again.
 SUPERVISOR_BOOT = (
     "import importlib.util, sys\n"
     "folder, sys.pycache_prefix = sys.argv.pop(1), sys.argv.pop(1)\n"
+    "sys.dont_write_bytecode = False\n"
     "sys.path.insert(0, folder)\n"
     f"spec = importlib.util.find_spec({SERVER_FILE.stem!r})\n"
     "code = spec.loader.get_code(spec.name)\n"
     "sys.pycache_prefix = None\n"
     "sys.argv[0] = spec.origin\n"
     "exec(code, {'__name__': '__main__', '__file__': spec.origin, '__builtins__': __builtins__})\n")
+
+
+def supervisor_argv(job_id: str) -> list[str]:
+    """The command that starts a job's supervisor, its bytecode cached outside the install folder (a
+    bundle's is read-only)."""
+    bytecode_cache = str(user_dir("cache") / "bytecode")
+    return [sys.executable, "-c", SUPERVISOR_BOOT, str(SERVER_DIR), bytecode_cache, "--supervise", job_id]
 
 
 @dataclasses.dataclass
@@ -2969,6 +3166,8 @@ class JobRequest:
     approval_mode: str = "deny"
 
     def dedupe_key(self) -> str:
+        import hashlib  # here, not at the top: it maps OpenSSL (3 MB) into every supervisor, which needs none
+
         identity = [self.kind, self.task, self.cwd, self.session_requested, self.skills, self.toolsets]
         return hashlib.sha256(json.dumps(identity).encode()).hexdigest()
 
@@ -2983,16 +3182,14 @@ class JobRequest:
 
 def launch_job(cfg: Config, request: JobRequest) -> tuple[JobRecord, str | None]:
     """Start a job, or return the identical one already running; atomic across server processes."""
-    from filelock import FileLock, Timeout
-
-    store = cfg.store
+    store = JobStore.of(cfg)
     try:
         store.ensure()
     except OSError as exc:
         raise Refused(f"cannot create the jobs folder {store.root}: {exc.strerror or exc}") from None
     key = request.dedupe_key()
     try:
-        with FileLock(str(store.root / "launch.lock"), timeout=10):
+        with locked(store.root / "launch.lock", 10):
             running = []
             for _, view, _ in store.views(store.active_ids()):
                 if view is None:
@@ -3008,7 +3205,7 @@ def launch_job(cfg: Config, request: JobRequest) -> tuple[JobRecord, str | None]
                               "Wait for one (hermes_status) or cancel one (hermes_cancel)")
             prune_jobs(store, cfg)
             return start_job(cfg, store, request), None
-    except Timeout:
+    except LockTimeout:
         raise Refused("another server process holds the launch lock; try again in a moment") from None
 
 
@@ -3032,8 +3229,7 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
         store.remove(job_id)
         raise Refused(f"cannot write the job record in {store.root}: {exc.strerror or exc}; nothing started") from None
     env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path), **{JOB_MARKER: record.marker})
-    bytecode_cache = str(user_dir("cache") / "bytecode")  # outside the install folder (a bundle's is read-only)
-    argv = [sys.executable, "-c", SUPERVISOR_BOOT, str(SERVER_DIR), bytecode_cache, "--supervise", job_id]
+    argv = supervisor_argv(job_id)
     with log:
         for attempt, flags in enumerate(supervisor_creation_flags(IS_WINDOWS)):
             try:
@@ -3085,7 +3281,7 @@ def prune_jobs(store: JobStore, cfg: Config) -> int:
     return removed
 
 
-# -------------------------------------------------------------------------------------------- rendering
+# ----------------------------------------------------------------------------------------- rendering [server]
 RUNNING_TAIL_CHARS = 2000
 
 
@@ -3254,7 +3450,7 @@ def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
     notes = list(notes or [])
     if record.cwd_note:
         notes.insert(0, record.cwd_note)
-    log = cfg.store.log_path(record.id)
+    log = JobStore.of(cfg).log_path(record.id)
     head = [f"STATUS: {view.shown_state}", f"JOB_ID: {record.id}"]
     body = running_lines(view, log, details) if view.running else final_lines(view, cfg, log, details)
     note_lines = [f"NOTE: {shown(note, 1000)}" for note in notes]
@@ -3331,18 +3527,24 @@ def refused_result(reason: str) -> ToolResult:
     return ToolResult(f"STATUS: refused\nREASON: {reason}\nNothing was started.", "refused", reason=reason)
 
 
-# ---------------------------------------------- tool logic (no MCP): arguments and the launch request
-def clamp_number(name: str, value: float | None, default: float, low: float, high: float,
-                 notes: list[str]) -> float:
+# --------------------------------------------- tool logic: arguments and the launch request (no MCP) [server]
+@dataclasses.dataclass(frozen=True)
+class Noted(Generic[T]):
+    """What a check found, with what to tell the caller about it (a clamp, a folder that moved): returned,
+    never appended to a list the caller passed in."""
+
+    value: T
+    notes: tuple[str, ...] = ()
+
+
+def clamp_number(name: str, value: float | None, default: float, low: float, high: float) -> Noted[float]:
     """A number argument brought into range, with a note when it was changed; NaN is refused."""
     if value is None:
-        return default
+        return Noted(default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         raise Refused(f"{name} must be a number, got {value!r}")
     clamped = min(max(value, low), high)
-    if clamped != value:
-        notes.append(f"{name}={value:g} was clamped to {clamped:g}")
-    return clamped
+    return Noted(clamped, (f"{name}={value:g} was clamped to {clamped:g}",) if clamped != value else ())
 
 
 def names_argument(name: str, value: list[str] | str | None) -> list[str]:
@@ -3378,13 +3580,10 @@ def check_task(task: Any) -> str:
     return task
 
 
-def check_launch(cfg: Config, request: "JobRequest") -> None:
-    """The last launch checks, once everything else is valid: the executable may be started, and the
-    command line fits. The first launch with a new Hermes probes it here (off the event loop), so a task
-    too long for its command line is refused before anything starts."""
-    exe = usable_hermes(cfg)
-    request.approval_mode = cfg.approval_mode
-    request.driver, _ = choose_driver(cfg, exe, request.session_requested)
+def check_launch(cfg: Config, exe: str, request: JobRequest) -> None:
+    """The last launch check, once everything else is valid: the command line fits. The first launch with a
+    new Hermes probes it here (off the event loop), so a task too long for its command line is refused before
+    anything starts."""
     plan_launch(cfg, exe, request.record("<id>"), request.task, request.cwd, probe=probe_cli_safely)
 
 
@@ -3409,9 +3608,10 @@ class LaunchArguments:
     toolsets: Any = None
 
 
-def job_request(cfg: Config, kind: str, arguments: LaunchArguments, session: str | None,
-                notes: list[str]) -> JobRequest:
-    """Validate everything about a launch before anything touches the disk or starts a process."""
+def job_request(cfg: Config, kind: str, arguments: LaunchArguments, session: str | None = None,
+                cwd_note: str | None = None) -> Noted[JobRequest]:
+    """Validate everything about a launch before anything touches the disk or starts a process: the
+    request, with what to tell about it (a clamped timeout)."""
     task = check_task(arguments.task)
     resolved_cwd = confine_cwd(cfg, arguments.cwd)
     max_turns, timeout_s = arguments.max_turns, arguments.timeout_s
@@ -3421,12 +3621,15 @@ def job_request(cfg: Config, kind: str, arguments: LaunchArguments, session: str
     if timeout_s is not None and (not isinstance(timeout_s, (int, float)) or math.isnan(timeout_s)
                                   or timeout_s <= 0):
         raise Refused(f"timeout_s must be a positive number of seconds, got {shown(timeout_s)}")
-    timeout = clamp_number("timeout_s", timeout_s, cfg.default_timeout_s, 1, cfg.max_timeout_s, notes)
+    timeout = clamp_number("timeout_s", timeout_s, cfg.default_timeout_s, 1, cfg.max_timeout_s)
+    exe = usable_hermes(cfg)
+    driver, _ = choose_driver(cfg, exe, session)
     request = JobRequest(kind=kind, task=task, cwd=resolved_cwd, max_turns=max_turns or cfg.default_max_turns,
-                         timeout_s=timeout, skills=names_argument("skills", arguments.skills),
-                         toolsets=names_argument("toolsets", arguments.toolsets), session_requested=session)
-    check_launch(cfg, request)
-    return request
+                         timeout_s=timeout.value, skills=names_argument("skills", arguments.skills),
+                         toolsets=names_argument("toolsets", arguments.toolsets), session_requested=session,
+                         cwd_note=cwd_note, driver=driver, approval_mode=cfg.approval_mode)
+    check_launch(cfg, exe, request)
+    return Noted(request, timeout.notes)
 
 
 def check_session_id(session_id: Any) -> str:
@@ -3438,7 +3641,7 @@ def check_session_id(session_id: Any) -> str:
     return session_id
 
 
-# ----------------------------------------------------------------------- tool logic: resuming a session
+# -------------------------------------------------------------------- tool logic: resuming a session [server]
 def session_home(cfg: Config, store: JobStore, session_id: str) -> tuple[str, str | None]:
     """The folder a resume of this session runs in (Hermes restores it whatever we ask), and a note when
     it had to come from the bridge job that captured the session because the store could not answer."""
@@ -3454,11 +3657,12 @@ def session_home(cfg: Config, store: JobStore, session_id: str) -> tuple[str, st
                         "that captured this session")
 
 
-def resolve_resume(cfg: Config, session_id: Any, cwd: str | None, notes: list[str]) -> tuple[str, str]:
-    """The session to resume and the folder it will really run in, confined; refused when that folder is
-    outside today's roots. "latest" is the newest captured session whose folder is inside them."""
+def resolve_resume(cfg: Config, session_id: Any, cwd: str | None) -> Noted[tuple[str, str]]:
+    """The session to resume and the folder it will really run in, confined, with what to tell about that
+    folder; refused when it is outside today's roots. "latest" is the newest captured session whose folder
+    is inside them."""
     confine_cwd(cfg, None)  # no roots configured: refused here, with the fix
-    store = cfg.store
+    store = JobStore.of(cfg)
     if session_id == "latest":
         for candidate in store.captured_sessions():
             try:
@@ -3482,25 +3686,24 @@ def resolve_resume(cfg: Config, session_id: Any, cwd: str | None, notes: list[st
     if not os.path.isdir(real):
         raise Refused(f"session {session} is recorded in {shown(folder)}, which no longer exists; start a fresh "
                       "hermes_run instead")
-    if note:
-        notes.append(note)
+    notes = [note] if note else []
     if cwd not in (None, "") and not (isinstance(cwd, str) and same_folder(os.path.expanduser(cwd), real)):
         notes.append(f"Hermes resumes a session in the folder recorded for it, so this job runs in {shown(real)}, "
                      f"not in the cwd asked for ({shown(cwd)})")
-    return session, real
+    return Noted((session, real), tuple(notes))
 
 
-# ----------------------------------------- tool logic: one job (view, approve, cancel) and the job list
+# -------------------------------------- tool logic: one job (view, approve, cancel) and the job list [server]
 JOBS_SCAN_LIMIT = 5000
 
 
 def job_view(cfg: Config, job_id: Any) -> JobView:
     job_id = validate_job_id(job_id)
     try:
-        return observe(cfg.store.read(job_id))
+        return observe(JobStore.of(cfg).read(job_id))
     except DamagedRecord as exc:
         raise Refused(f"the record of job {job_id} is damaged ({exc}); its log may still be read with "
-                      f"hermes_read(path=\"{cfg.store.log_path(job_id)}\")") from None
+                      f"hermes_read(path=\"{JobStore.of(cfg).log_path(job_id)}\")") from None
 
 
 def answer_approval(cfg: Config, job_id: Any, approval_id: Any, decision: Any, by: str) -> JobView:
@@ -3523,17 +3726,40 @@ def answer_approval(cfg: Config, job_id: Any, approval_id: Any, decision: Any, b
     if time.time() >= approval["expires_at"]:
         raise Refused(f"approval {approval_id} came too late: Hermes stopped waiting "
                       f"{int(time.time() - approval['expires_at'])} s ago and denied it itself")
-    store = cfg.store
+    store = JobStore.of(cfg)
     write_atomic(store.answer_path(view.record.id),
                  json.dumps({"id": approval_id, "decision": decision, "by": by}).encode())
     audit(cfg, event="approval", job_id=view.record.id, approval_id=approval_id, decision=decision, by=by)
     return view
 
 
+def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
+    """Stop what is left of a job whose supervisor died, and write the outcome it could not. The pids come
+    from the record, so only processes that prove to be this job's are signalled: its Hermes, when it still
+    runs and carries the job's exact marker, anchors the rest."""
+    record = view.record
+    job_id = record.id
+    hermes = running_process(record.hermes)
+    anchors = frozenset({hermes.pid}) if hermes and carries_marker(hermes, record.marker) else frozenset()
+    owner = Ownership(record.marker, anchors)
+    unproven = [proc.pid for proc in tree_of(hermes, record.tree) if not owner.owns(proc)]
+    report = stop_tree(owner, hermes if anchors else None, record.tree, cfg.kill_grace_s)
+    reason = f"cancelled after its supervisor had died; {report.describe()}"
+    if unproven:
+        reason += (f"; pids {unproven[:20]} named by the record do not carry this job's marker and were not "
+                   "signalled")
+    record.change_state(JobState.CANCELLED, reason, record.exit_code)
+    if not store.write(record):
+        return "the supervisor wrote the job's outcome first; it stands"
+    store.clear_active(job_id)
+    audit(cfg, event="job", job_id=job_id, state=JobState.CANCELLED.value, reason=reason)
+    return reason
+
+
 def request_cancel(cfg: Config, job_id: Any) -> tuple[JobView, str]:
     """Ask a job's supervisor to stop it, or stop an orphan directly; returns the view and a note."""
     view = job_view(cfg, job_id)
-    store = cfg.store
+    store = JobStore.of(cfg)
     if view.state in FINAL_STATES:
         return view, f"the job had already ended as {view.state.value}; nothing to cancel"
     if view.state is JobState.ORPHANED:
@@ -3545,9 +3771,9 @@ def request_cancel(cfg: Config, job_id: Any) -> tuple[JobView, str]:
 
 def list_jobs(cfg: Config, limit: int | None, state: str | None) -> str:
     """The newest jobs (bounded by limit and a scan cap), with a total count; damaged records included."""
-    store = cfg.store
-    notes: list[str] = []
-    shown_limit = int(clamp_number("limit", limit, 50, 1, 1000, notes))
+    store = JobStore.of(cfg)
+    clamped = clamp_number("limit", limit, 50, 1, 1000)
+    shown_limit = int(clamped.value)
     ids = store.list_ids()
     rows: list[str] = []
     scanned = 0
@@ -3571,13 +3797,13 @@ def list_jobs(cfg: Config, limit: int | None, state: str | None) -> str:
               + (f", state={shown(state, 40)}" if state else "")]
     if scanned >= JOBS_SCAN_LIMIT and len(rows) < shown_limit:
         header.append(f"NOTE: scanned the newest {JOBS_SCAN_LIMIT} records only")
-    header += [f"NOTE: {note}" for note in notes]
+    header += [f"NOTE: {note}" for note in clamped.notes]
     if not ids:
         header.append("No jobs yet. Start one with hermes_run.")
     return "\n".join(header + rows)
 
 
-# ---------------------------------------------------------------- tool logic: reading files and folders
+# ------------------------------------------------------------- tool logic: reading files and folders [server]
 READ_DEFAULT_BYTES = 20000
 READ_MAX_BYTES = 262144
 DIR_LIMIT = 200
@@ -3587,9 +3813,9 @@ def read_path(cfg: Config, path: Any, max_bytes: int | None, offset: int | None)
     """A file's byte range or a directory listing, confined, bounded, never hanging on special files.
     What is read is the very thing that was checked: the opened file's device and inode must match the
     confined path, and the path must still resolve to itself, or the read is refused."""
-    notes: list[str] = []
     resolved = confine_read(cfg, path)
-    limit = int(clamp_number("max_bytes", max_bytes, READ_DEFAULT_BYTES, 1, READ_MAX_BYTES, notes))
+    clamped = clamp_number("max_bytes", max_bytes, READ_DEFAULT_BYTES, 1, READ_MAX_BYTES)
+    limit = int(clamped.value)
     if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int)):
         raise Refused(f"offset must be a whole number of bytes (negative counts from the end), got {shown(offset)}")
     try:
@@ -3621,7 +3847,7 @@ def read_path(cfg: Config, path: Any, max_bytes: int | None, offset: int | None)
         os.close(fd)
     end = start + len(data)
     header = [f"PATH: {shown(resolved, 1000)}", f"SIZE: {size} bytes", f"RANGE: bytes {start}-{end} of {size}"]
-    header += [f"NOTE: {note}" for note in notes]
+    header += [f"NOTE: {note}" for note in clamped.notes]
     if end < size or start > 0:
         more = f' next: hermes_read(path="{shown(resolved, 1000)}", offset={end})' if end < size else ""
         header.append(f"CUT: yes, {size - len(data)} bytes not shown;{more}")
@@ -3682,7 +3908,7 @@ def list_directory(resolved: str, fd: int) -> str:
     return "\n".join(lines)
 
 
-# ----------------------------------------------------- tool logic: Hermes' skills (hermes_capabilities)
+# -------------------------------------------------- tool logic: Hermes' skills (hermes_capabilities) [server]
 SKILL_FRONT_MATTER_BYTES = 64 * 1024
 SKILL_TREE_DEPTH = 6  # skills/<category>/<name>/SKILL.md, with room for nested categories
 SKILL_TREE_FOLDERS = 20_000
@@ -3856,13 +4082,13 @@ def capabilities(cfg: Config, index: SkillIndex, query: str | None, category: st
     The arguments are checked before the skills tree is walked."""
     if query is not None and not isinstance(query, str) or category is not None and not isinstance(category, str):
         raise Refused("query and category must be text")
-    notes: list[str] = []
-    count = int(clamp_number("limit", limit, 20, 1, 200, notes))
+    clamped = clamp_number("limit", limit, 20, 1, 200)
+    count = int(clamped.value)
     skills_dir = cfg.hermes_home_path / "skills"
     skills, skipped = index.skills(skills_dir)
     header = [f"SKILLS_DIR: {shown(str(skills_dir))}", f"SKILLS: {len(skills)}"
               + (f" ({len(skipped)} skipped)" if skipped else "")]
-    header += [f"NOTE: {note}" for note in notes]
+    header += [f"NOTE: {note}" for note in clamped.notes]
     header += [f"SKIPPED: {shown(reason)}" for reason in skipped[:10]]
     if len(skipped) > 10:
         header.append(f"SKIPPED: ... and {len(skipped) - 10} more")
@@ -3912,7 +4138,7 @@ def describe_skill(skill: dict[str, Any]) -> str:
 HEALTH_RECENT_JOBS = 200
 
 
-# ----------------------------------------------------- tool logic: health and the server's instructions
+# -------------------------------------------------- tool logic: health and the server's instructions [server]
 def job_counts(store: JobStore) -> str:
     """Counts by state over every unfinished job (the active markers) and the newest finished ones, plus
     the total on disk: bounded, so hermes_health stays instant whatever the disk holds."""
@@ -3957,7 +4183,7 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
     exe = hermes.usable
     version = hermes_version_on_disk(exe) if exe else None
     cli = known_cli(cfg, exe)
-    store = cfg.store
+    store = JobStore.of(cfg)
     try:
         store.ensure()
         probe = store.root / f".write-test-{os.getpid()}"
@@ -4034,7 +4260,7 @@ def server_instructions(cfg: Config) -> str:
     )
 
 
-# ------------------------------------------------------------------------- tool bodies (async, no MCP)
+# ----------------------------------------------------------------------- tool bodies (async, no MCP) [server]
 # The tool bodies: plain async functions returning a ToolResult, callable without MCP. Everything that
 # touches the disk runs in a worker thread with a deadline (off_loop), so a slow disk or a hostile file
 # never holds the event loop, and one slow call never delays another.
@@ -4089,15 +4315,16 @@ async def wait_for_end(cfg: Config, job_id: str, wait_s: float, progress: Progre
         await anyio.sleep(min(0.25, max(0.0, deadline - now)))
 
 
-async def launch_and_wait(cfg: Config, request: JobRequest, wait_s: float | None, notes: list[str],
-                          progress: Progress | None, ask_user: AskUser | None = None) -> ToolResult:
-    wait = clamp_number("wait_s", wait_s, min(5.0, cfg.max_wait_s), 0, cfg.max_wait_s, notes)
+async def launch_and_wait(cfg: Config, launch: Noted[JobRequest], wait_s: float | None, progress: Progress | None,
+                          ask_user: AskUser | None = None) -> ToolResult:
+    request = launch.value
+    wait = clamp_number("wait_s", wait_s, min(5.0, cfg.max_wait_s), 0, cfg.max_wait_s)
     record, duplicate = await off_loop(launch_job, cfg, request)
-    if duplicate:
-        notes.append(duplicate)
+    notes = [*launch.notes, *wait.notes, *([duplicate] if duplicate else [])]
     if request.driver == "cli" and request.approval_mode == "ask":
         notes.append(CLI_CANNOT_ASK)
-    return await off_loop(status_result, await wait_for_end(cfg, record.id, wait, progress, ask_user), cfg, notes)
+    view = await wait_for_end(cfg, record.id, wait.value, progress, ask_user)
+    return await off_loop(status_result, view, cfg, notes)
 
 
 CLI_CANNOT_ASK = ("approvals is ask, but this Hermes runs with the CLI driver (no ACP extra), which cannot forward "
@@ -4107,28 +4334,27 @@ CLI_CANNOT_ASK = ("approvals is ask, but this Hermes runs with the CLI driver (n
 
 async def run_tool(cfg: Config, arguments: LaunchArguments, wait_s: Any, progress: Progress | None = None,
                    ask_user: AskUser | None = None) -> ToolResult:
-    notes: list[str] = []
-    request = await off_loop(job_request, cfg, "run", arguments, None, notes)
-    return await launch_and_wait(cfg, request, wait_s, notes, progress, ask_user)
+    launch = await off_loop(job_request, cfg, "run", arguments)
+    return await launch_and_wait(cfg, launch, wait_s, progress, ask_user)
 
 
 async def resume_tool(cfg: Config, session_id: Any, arguments: LaunchArguments, wait_s: Any,
                       progress: Progress | None = None, ask_user: AskUser | None = None) -> ToolResult:
-    """A resume runs where Hermes recorded the session: that folder is confined, and reported."""
-    notes: list[str] = []
-    session, folder = await off_loop(resolve_resume, cfg, session_id, arguments.cwd, notes)
-    request = await off_loop(job_request, cfg, "resume", dataclasses.replace(arguments, cwd=folder), session, [])
-    request.cwd_note = "; ".join(notes) or None
-    return await launch_and_wait(cfg, request, wait_s, [], progress, ask_user)
+    """A resume runs where Hermes recorded the session: that folder is confined, and reported (the record
+    keeps the note, so every later status says it)."""
+    target = await off_loop(resolve_resume, cfg, session_id, arguments.cwd)
+    session, folder = target.value
+    launch = await off_loop(job_request, cfg, "resume", dataclasses.replace(arguments, cwd=folder), session,
+                            "; ".join(target.notes) or None)
+    return await launch_and_wait(cfg, launch, wait_s, progress, ask_user)
 
 
 async def status_tool(cfg: Config, job_id: Any, wait_s: Any, progress: Progress | None = None,
                       ask_user: AskUser | None = None) -> ToolResult:
-    notes: list[str] = []
     view = await off_loop(job_view, cfg, job_id)
-    wait = clamp_number("wait_s", wait_s, min(30.0, cfg.max_wait_s), 0, cfg.max_wait_s, notes)
-    final = await wait_for_end(cfg, view.record.id, wait, progress, ask_user)
-    return await off_loop(status_result, final, cfg, notes)
+    wait = clamp_number("wait_s", wait_s, min(30.0, cfg.max_wait_s), 0, cfg.max_wait_s)
+    final = await wait_for_end(cfg, view.record.id, wait.value, progress, ask_user)
+    return await off_loop(status_result, final, cfg, list(wait.notes))
 
 
 async def approve_tool(cfg: Config, job_id: Any, approval_id: Any, decision: Any) -> ToolResult:
@@ -4156,7 +4382,7 @@ async def listing_tool(fn: Callable[..., str], cfg: Config, *args: Any) -> ToolR
     return ToolResult(await off_loop(fn, cfg, *args))
 
 
-async def answer(tool: str, body: Callable[[Config], Awaitable[ToolResult]], task: Any = None) -> ToolResult:
+async def run_tool_body(tool: str, body: Callable[[Config], Awaitable[ToolResult]], task: Any = None) -> ToolResult:
     """Run a tool body with a fresh config; a refusal, a deadline or a bug becomes an error result, never a
     crash. Every call leaves one audit line, from the result's fields."""
     cfg: Config | None = None
@@ -4182,7 +4408,7 @@ async def answer(tool: str, body: Callable[[Config], Awaitable[ToolResult]], tas
     return outcome
 
 
-# ---------------------------------------- MCP edge: the tasks extension, the SDK lines, the server
+# ------------------------------------------ MCP edge: the tasks extension, the SDK lines, the server [server]
 # io.modelcontextprotocol/tasks (SEP-2663, protocol 2026-07-28, the 2.x SDK line only): a client that declares
 # it on a request gets hermes_run and hermes_resume answered with a task whose id is the job id, and polls
 # tasks/get itself (Claude Code moves such a call to the background and tells the model when it ends). The
@@ -4455,7 +4681,7 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
 
     async def respond(tool_name: str, body: Callable[[Config], Awaitable[ToolResult]],
                       task: Any = None) -> CallToolResult:
-        outcome = await answer(tool_name, body, task)
+        outcome = await run_tool_body(tool_name, body, task)
         tasks.keep(outcome)
         return CallToolResult.model_validate({"content": [{"type": "text", "text": outcome.text}],
                                               "isError": outcome.is_error})
@@ -4589,7 +4815,7 @@ async def serve(protocol_fds: tuple[int, int]) -> None:
         await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
 
 
-# ------------------------------------------------------------------------------------------ command line
+# ------------------------------------------------------------------ command line: the server's modes [server]
 def result_text(result: Any) -> str:
     """The text of a tool result, on either SDK line."""
     return "\n".join(getattr(item, "text", "") for item in result.content)
@@ -4703,7 +4929,7 @@ def init_config(settings: dict[str, Any], force: bool) -> int:
         sys.stderr.write(f"claude-hermes-bridge: {path} exists; nothing written (add --force to replace it)\n")
         return 1
     defaults = Config(path=path)
-    values = {key: settings.get(key, getattr(defaults, key)) for key in CONFIG_TYPES if key != "yolo"}
+    values = {key: settings.get(key, getattr(defaults, key)) for key in SETTINGS if key != "yolo"}
     values["approvals"] = Config(path=path, yolo=bool(settings.get("yolo")),
                                  approvals=settings.get("approvals")).approval_mode  # yolo is its older spelling
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -4841,6 +5067,7 @@ def without_unset_settings(argv: list[str]) -> list[str]:
     return kept
 
 
+# --------------------------------------------------------- command line: main, which picks the program [both]
 def main(argv: list[str], protocol_fds: tuple[int, int] | None = None) -> int:
     if len(argv) == 2 and argv[0] == "--supervise":  # the fast path: no argparse, no MCP
         problem = missing_dependencies(need_mcp=False)
@@ -4848,7 +5075,7 @@ def main(argv: list[str], protocol_fds: tuple[int, int] | None = None) -> int:
             sys.stderr.write(problem + "\n")
             return 2
         cfg = load_config()
-        supervisor = Supervisor(validate_job_id(argv[1]), cfg, cfg.store,
+        supervisor = Supervisor(validate_job_id(argv[1]), cfg, JobStore.of(cfg),
                                 subreaper=become_subreaper())
         signal.signal(signal.SIGTERM, supervisor.on_sigterm)
         return supervisor.run()

@@ -137,4 +137,6 @@ class FakeAnthropic:
     def requests(self) -> list[dict[str, Any]]:
         if not self.log.exists():
             return []
-        return [json.loads(line) for line in self.log.read_text().splitlines()]
+        text = self.log.read_text()
+        complete = text[:text.rfind("\n") + 1]  # a request still being written is read on the next look
+        return [json.loads(line) for line in complete.splitlines()]

@@ -126,7 +126,7 @@ class Bridge:
 
         monkeypatch.setenv("HERMES_BRIDGE_CONFIG", str(self.config))
         monkeypatch.delenv(server.SETTINGS_ENV, raising=False)
-        outcome = anyio.run(server.answer, tool, body)
+        outcome = anyio.run(server.run_tool_body, tool, body)
         return Result(outcome.text, outcome.is_error)
 
     def runs(self) -> list[dict[str, Any]]:

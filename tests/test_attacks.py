@@ -34,7 +34,7 @@ def test_a_cancel_stops_only_its_own_job_when_another_jobs_folder_has_the_same_i
     first, second = Bridge.create(tmp_path / "first"), Bridge.create(tmp_path / "second")
     cfgs = [config_of(first), config_of(second)]
     tasks = ["keeps running !sleep=4", "is cancelled !sleep=60 !grandchild=60"]
-    requests = [server.job_request(cfg, "run", server.LaunchArguments(task), None, [])
+    requests = [server.job_request(cfg, "run", server.LaunchArguments(task)).value
                 for cfg, task in zip(cfgs, tasks, strict=True)]
     for _ in range(5):  # the ids match when both launches fall in one second
         records = [server.launch_job(cfg, request)[0] for cfg, request in zip(cfgs, requests, strict=True)]
@@ -351,7 +351,7 @@ def test_a_resume_whose_recorded_folder_is_relative_is_refused(tmp_path):
     cfg = server.Config(path=tmp_path / "config.json", hermes_home=str(tmp_path / "home"),
                         allowed_roots=[str(tmp_path / "root")], jobs_dir=str(tmp_path / "jobs"))
     with pytest.raises(server.Refused, match="relative folder"):
-        server.resolve_resume(cfg, "s1", None, [])
+        server.resolve_resume(cfg, "s1", None)
 
 
 def test_a_relative_hermes_exe_on_the_command_line_is_refused_at_start(bridge):

@@ -341,8 +341,7 @@ def test_the_supervisor_refuses_a_folder_swapped_for_a_symlink_after_the_check(b
     (bridge.root / "proj").mkdir()
     store = server.JobStore(bridge.jobs)
     cfg = server.load_config(bridge.config)
-    request = server.job_request(cfg, "run", server.LaunchArguments("!write=x.txt:y", str(bridge.root / "proj")),
-                                 None, [])
+    request = server.job_request(cfg, "run", server.LaunchArguments("!write=x.txt:y", str(bridge.root / "proj"))).value
     store.ensure()
     job_id = store.claim_id(request.task.encode())
     store.write(request.record(job_id))

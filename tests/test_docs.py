@@ -60,6 +60,6 @@ def test_every_setting_is_in_the_example_config_and_the_readme_table():
     example = {key for key in json.loads((REPO / "config.example.json").read_text()) if not key.startswith("_")}
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     documented = set(re.findall(r"^\| `(\w+)` \|", readme, re.MULTILINE))
-    assert example <= set(server.CONFIG_TYPES)
-    assert set(server.CONFIG_TYPES) - {"yolo"} <= example  # yolo: the older spelling of approvals
-    assert set(server.CONFIG_TYPES) <= documented
+    assert example <= set(server.SETTINGS)
+    assert set(server.SETTINGS) - {"yolo"} <= example  # yolo: the older spelling of approvals
+    assert set(server.SETTINGS) <= documented

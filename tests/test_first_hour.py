@@ -144,7 +144,7 @@ def test_init_config_writes_the_per_user_config_the_next_check_reads(tmp_path):
     assert done.returncode == 0 and done.stdout.strip() == f"wrote {written}", done.stdout + done.stderr
     config = json.loads(written.read_text())
     assert config["allowed_roots"] == [str(root)] and config["hermes_exe"] == str(hermes)
-    assert set(config) == set(server.CONFIG_TYPES) - {"yolo"} and config["approvals"] == "deny"
+    assert set(config) == set(server.SETTINGS) - {"yolo"} and config["approvals"] == "deny"
     assert json.loads((REPO / "config.example.json").read_text()).keys() - {"_comment"} == config.keys()
     again = run([sys.executable, str(script), "--init-config"], env)
     assert again.returncode == 1 and "exists" in again.stderr and "--force" in again.stderr

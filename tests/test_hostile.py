@@ -166,7 +166,7 @@ def test_lone_surrogates_and_nan_never_hang_the_server(bridge):
     assert "/nowhere/\U0001f680" in replies[4]["result"]["content"][0]["text"]  # an escaped pair is kept
     nothing_started(bridge)
     with pytest.raises(server.Refused, match="must be a number"):
-        server.clamp_number("wait_s", float("nan"), 5, 0, 45, [])
+        server.clamp_number("wait_s", float("nan"), 5, 0, 45)
 
 
 @pytest.mark.parametrize(("arguments", "word"), [
@@ -193,6 +193,15 @@ def test_numbers_too_large_are_clamped_and_said_so(bridge):
         far_back = client.call("hermes_read", path=final.field("FULL_LOG"), offset=-10**30)
         assert far_back.field("RANGE").startswith("bytes 0-")
     assert len(bridge.runs()) == 1
+
+
+def test_a_resume_says_its_clamped_timeout_as_a_run_does(bridge):
+    """The twin of the run's clamp: a resume once dropped its timeout_s note into a throwaway list."""
+    with bridge.client() as client:
+        session = client.call("hermes_run", task="start a session", wait_s=20).field("SESSION_ID")
+        result = client.call("hermes_resume", session_id=session, task="go on !sleep=0", timeout_s=10**300)
+        assert "timeout_s=1e+300 was clamped to 14400" in result.text, result.text
+        assert client.wait_final(result.field("JOB_ID")).field("STATUS") == "ok"
 
 
 def test_the_server_opens_no_listening_socket(bridge):

@@ -304,9 +304,9 @@ def test_tool_bodies_run_without_mcp_and_every_outcome_is_a_result_with_one_audi
 
     async def broken(_cfg: server.Config) -> server.ToolResult:
         raise RuntimeError("boom")
-    refused = anyio.run(server.answer, "hermes_status", lambda cfg: server.status_tool(cfg, "../x", 0))
-    error = anyio.run(server.answer, "hermes_jobs", broken)
-    listing = anyio.run(server.answer, "hermes_jobs",
+    refused = anyio.run(server.run_tool_body, "hermes_status", lambda cfg: server.status_tool(cfg, "../x", 0))
+    error = anyio.run(server.run_tool_body, "hermes_jobs", broken)
+    listing = anyio.run(server.run_tool_body, "hermes_jobs",
                         lambda cfg: server.listing_tool(server.list_jobs, cfg, None, None))
     assert refused.status == "refused" and refused.is_error and "is not a job id" in refused.text
     assert error.status == "error" and "internal error in hermes_jobs: RuntimeError: boom" in error.text

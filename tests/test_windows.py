@@ -22,7 +22,7 @@ def test_a_batch_file_hermes_is_refused_before_anything_starts(tmp_path):
     request = server.JobRequest(kind="run", task='"&calc&"', cwd=str(tmp_path), max_turns=None, timeout_s=60,
                                 skills=[], toolsets=[])
     with pytest.raises(server.Refused, match="cmd.exe"):
-        server.check_launch(cfg, request)
+        server.check_launch(cfg, server.usable_hermes(cfg), request)
     assert not (tmp_path / "started.txt").exists()
 
 

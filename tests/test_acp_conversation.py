@@ -1,0 +1,314 @@
+"""The ACP driver as a unit: AcpConversation fed Hermes' messages by hand over a pipe, and what it sends back,
+records and writes to the log; AcpRun's outcome and its cached answers; the driver seam as the supervisor uses
+it (a stop asks the driver first, then stops the tree). No process of Hermes is started here."""
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import server
+from harness import wait_until
+
+
+class Collected(io.BytesIO):
+    """The bridge's side of Hermes' stdin: keeps every line written, survives close()."""
+
+    closed_by_bridge = False
+
+    def close(self) -> None:
+        self.closed_by_bridge = True
+
+
+class FakeAcpProcess:
+    """Stands in for the `hermes acp` process: Hermes' stdout is a pipe the test writes, its stdin collects."""
+
+    def __init__(self) -> None:
+        read_end, write_end = os.pipe()
+        self.stdout = os.fdopen(read_end, "rb")
+        self.hermes = os.fdopen(write_end, "wb")
+        self.stdin = Collected()
+
+    def say(self, message: dict[str, Any]) -> None:
+        self.hermes.write(json.dumps({"jsonrpc": "2.0", **message}).encode() + b"\n")
+        self.hermes.flush()
+
+    def sent(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.stdin.getvalue().splitlines()]
+
+
+class Talk:
+    """One conversation under test, with its record, store, log and fake process."""
+
+    def __init__(self, tmp_path: Path, approvals: str = "deny", session: str | None = None):
+        root = tmp_path / "root"
+        root.mkdir(exist_ok=True)
+        self.cfg = server.Config(path=tmp_path / "config.json", allowed_roots=[str(root)],
+                                 jobs_dir=str(tmp_path / "jobs"), approvals=approvals, approval_timeout_s=30)
+        self.store = server.JobStore.of(self.cfg)
+        self.store.ensure()
+        job_id = self.store.claim_id(b"the task")
+        self.record = server.JobRecord(id=job_id, cwd=str(root), session_requested=session, driver="acp",
+                                       approval_mode=approvals, created_at=time.time())
+        self.store.write(self.record)
+        self.root = root
+        self.log: list[str] = []
+        self.proc = FakeAcpProcess()
+        self.talk = server.AcpConversation(self.proc, self.record, self.cfg, self.store,  # type: ignore[arg-type]
+                                           "the task", self.log.append)
+
+    def pump_until(self, done: Any, what: str) -> Any:
+        def probe() -> Any:
+            self.talk.pump()
+            return done()
+        return wait_until(probe, 5, what, interval=0.02)
+
+    def last_sent(self) -> dict[str, Any]:
+        return self.proc.sent()[-1]
+
+    def handshake(self) -> str:
+        """initialize and session/new answered; the session id Hermes gave."""
+        self.proc.say({"id": self.last_sent()["id"], "result": {"agentInfo": {"version": "0.22.2"}}})
+        self.pump_until(lambda: self.last_sent()["method"] == "session/new", "session/new")
+        session = "0b0e7c38-1d7b-4a4e-9b1a-6f1c2b9f2e11"
+        self.proc.say({"id": self.last_sent()["id"], "result": {"sessionId": session}})
+        self.pump_until(lambda: self.last_sent()["method"] == "session/prompt", "session/prompt")
+        return session
+
+    def permission(self, tool_call: dict[str, Any], request_id: int = 7) -> dict[str, Any]:
+        """Hermes asks; the bridge's reply to that request."""
+        options = [{"optionId": "allow_once", "kind": "allow_once"}, {"optionId": "deny", "kind": "reject_once"}]
+        self.proc.say({"id": request_id, "method": "session/request_permission",
+                       "params": {"sessionId": "s", "toolCall": tool_call, "options": options}})
+        return self.pump_until(lambda: next((m for m in self.proc.sent() if m.get("id") == request_id
+                                             and "result" in m), None), "the answer to the permission")
+
+
+def edit(path: str | None) -> dict[str, Any]:
+    content = [{"type": "diff", "path": path, "oldText": None, "newText": "x"}] if path is not None else []
+    return {"toolCallId": "edit-approval-1", "kind": "edit", "status": "pending", "content": content,
+            "rawInput": {"tool": "write_file", "arguments": {"path": path} if path is not None else {}}}
+
+
+# ------------------------------------------------------------------ the handshake, in order
+def test_initialize_offers_hermes_no_file_system_and_no_terminal(tmp_path):
+    talk = Talk(tmp_path)
+    [initialize] = talk.proc.sent()
+    assert initialize["method"] == "initialize"
+    assert initialize["params"]["clientCapabilities"] == {"fs": {"readTextFile": False, "writeTextFile": False},
+                                                          "terminal": False}
+
+
+def test_the_handshake_goes_initialize_new_session_then_the_prompt_with_the_task(tmp_path):
+    talk = Talk(tmp_path)
+    session = talk.handshake()
+    methods = [message["method"] for message in talk.proc.sent()]
+    assert methods == ["initialize", "session/new", "session/prompt"]
+    new, prompt = talk.proc.sent()[1:]
+    assert new["params"] == {"cwd": str(talk.root), "mcpServers": []}
+    assert prompt["params"] == {"sessionId": session, "prompt": [{"type": "text", "text": "the task"}]}
+    assert talk.store.read(talk.record.id).session_id == session
+
+
+def test_a_resume_loads_its_session_and_a_cancel_during_the_load_reaches_it(tmp_path):
+    session = "0b0e7c38-1d7b-4a4e-9b1a-6f1c2b9f2e11"
+    talk = Talk(tmp_path, session=session)
+    talk.proc.say({"id": talk.last_sent()["id"], "result": {}})
+    load = talk.pump_until(lambda: talk.last_sent() if talk.last_sent()["method"] == "session/load" else None,
+                           "session/load")
+    assert load["params"] == {"sessionId": session, "cwd": str(talk.root), "mcpServers": []}
+    talk.talk.cancel()
+    assert talk.last_sent() == {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session}}
+
+
+def test_an_error_reply_ends_the_conversation_naming_the_step(tmp_path):
+    talk = Talk(tmp_path)
+    talk.proc.say({"id": talk.last_sent()["id"], "error": {"code": -32603, "message": "boom"}})
+    talk.pump_until(lambda: talk.talk.finished, "the failure")
+    assert talk.talk.outcome(1).reason == "Hermes answered initialize with an error: boom"
+
+
+def test_a_reply_to_an_id_never_asked_is_ignored(tmp_path):
+    talk = Talk(tmp_path)
+    talk.proc.say({"id": 999, "result": {"sessionId": "forged"}})
+    talk.proc.say({"id": talk.last_sent()["id"], "result": {}})
+    talk.pump_until(lambda: talk.last_sent()["method"] == "session/new", "session/new")
+    assert talk.talk.session_id is None and len(talk.proc.sent()) == 2
+
+
+def test_a_refusal_ends_the_job_with_the_reason_that_explains_it(tmp_path):
+    talk = Talk(tmp_path)
+    talk.handshake()
+    talk.proc.say({"id": talk.last_sent()["id"], "result": {"stopReason": "refusal"}})
+    talk.pump_until(lambda: talk.talk.finished, "the prompt's reply")
+    outcome = talk.talk.outcome(0)
+    assert outcome.state is server.JobState.ERROR
+    assert "refused the prompt (stopReason refusal)" in (outcome.reason or "")
+    assert "a session made with the CLI cannot be continued over ACP" in (outcome.reason or "")
+
+
+# ------------------------------------------------------------------ events
+def test_a_failed_tool_call_shows_as_failed_and_its_output_reaches_the_log(tmp_path):
+    talk = Talk(tmp_path)
+    talk.handshake()
+    talk.proc.say({"method": "session/update", "params": {"update": {
+        "sessionUpdate": "tool_call", "kind": "execute", "content": [{"type": "content", "content": {
+            "type": "text", "text": "$ make build"}}]}}})
+    talk.pump_until(lambda: (talk.record.acp or {}).get("tool_status") == "running", "the tool call")
+    talk.proc.say({"method": "session/update", "params": {"update": {
+        "sessionUpdate": "tool_call_update", "status": "failed", "content": [{"type": "content", "content": {
+            "type": "text", "text": "make: *** No rule to make target"}}]}}})
+    talk.pump_until(lambda: (talk.record.acp or {}).get("tool_status") == "failed", "the failed update")
+    assert talk.store.read(talk.record.id).acp["tool_status"] == "failed"  # type: ignore[index]
+    assert any("failed" in line and "No rule to make target" in line for line in talk.log)
+
+
+# ------------------------------------------------------------------ questions decided by the bridge
+@pytest.mark.parametrize("path", ["../outside.txt", "link/escape.txt", None],
+                         ids=["climbs-out", "through-a-symlink", "no-path"])
+def test_an_edit_that_leaves_the_roots_or_names_no_path_is_denied(tmp_path, path):
+    talk = Talk(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    (talk.root / "link").symlink_to(tmp_path / "elsewhere")
+    talk.handshake()
+    reply = talk.permission(edit(path))
+    assert reply["result"] == {"outcome": {"outcome": "selected", "optionId": "deny"}}
+    [decision] = talk.record.decisions
+    assert decision["decision"] == "deny" and "outside" in decision["by"]
+
+
+def test_an_edit_inside_the_roots_is_allowed(tmp_path):
+    talk = Talk(tmp_path)
+    talk.handshake()
+    reply = talk.permission(edit("notes/inside.txt"))
+    assert reply["result"] == {"outcome": {"outcome": "selected", "optionId": "allow_once"}}
+
+
+def test_an_answer_applies_only_to_the_question_whose_id_it_names(tmp_path):
+    talk = Talk(tmp_path, approvals="ask")
+    talk.handshake()
+    talk.proc.say({"id": 7, "method": "session/request_permission", "params": {"toolCall": {
+        "kind": "execute", "rawInput": {"command": "rm -rf build", "description": "delete"}}, "options": [
+        {"optionId": "allow_once", "kind": "allow_once"}, {"optionId": "deny", "kind": "reject_once"}]}})
+    pending = talk.pump_until(lambda: talk.record.approval, "the question")
+    server.write_atomic(talk.store.answer_path(talk.record.id),
+                        json.dumps({"id": "9-abcdef", "decision": "allow"}).encode())
+    for _ in range(5):
+        talk.talk.pump()
+    assert talk.record.approval == pending and not any(m.get("id") == 7 for m in talk.proc.sent())
+    server.write_atomic(talk.store.answer_path(talk.record.id),
+                        json.dumps({"id": pending["id"], "decision": "deny"}).encode())
+    reply = talk.pump_until(lambda: next((m for m in talk.proc.sent() if m.get("id") == 7), None), "the answer")
+    assert reply["result"]["outcome"]["optionId"] == "deny"
+
+
+def test_an_answer_after_the_deadline_is_never_recorded_as_the_decision(tmp_path):
+    talk = Talk(tmp_path, approvals="ask")
+    talk.handshake()
+    talk.proc.say({"id": 7, "method": "session/request_permission", "params": {"toolCall": {
+        "kind": "execute", "rawInput": {"command": "rm -rf build"}}, "options": []}})
+    pending = talk.pump_until(lambda: talk.record.approval, "the question")
+    talk.record.approval = {**pending, "expires_at": time.time() - 1}
+    talk.store.write(talk.record)
+    with pytest.raises(server.Refused, match="came too late"):
+        server.answer_approval(talk.cfg, talk.record.id, pending["id"], "allow", "planner")
+    server.write_atomic(talk.store.answer_path(talk.record.id),
+                        json.dumps({"id": pending["id"], "decision": "allow"}).encode())
+    talk.talk.pump()
+    [decision] = talk.record.decisions
+    assert decision["decision"] == "deny" and decision["by"].startswith("Hermes itself")
+
+
+# ------------------------------------------------------------------ AcpRun
+def fingerprinted(cfg: server.Config, exe: Path) -> dict[str, Any]:
+    cache = {server.exe_fingerprint(str(exe)): ["--query"], server.exe_fingerprint(str(exe)) + "|acp": {
+        "acp": True, "at": time.time()}}
+    server.flags_cache_path(cfg).parent.mkdir(parents=True, exist_ok=True)
+    server.write_atomic(server.flags_cache_path(cfg), json.dumps(cache).encode())
+    return cache
+
+
+def test_hermes_acp_ending_without_a_session_forgets_that_it_speaks_acp_and_keeps_the_cli_probe(tmp_path):
+    talk = Talk(tmp_path)
+    exe = tmp_path / "hermes"
+    exe.write_text("#!/bin/sh\n")
+    cache = fingerprinted(talk.cfg, exe)
+    run = server.AcpRun(talk.cfg, talk.store, talk.record, str(exe), talk.log.append)
+    run.conversation = talk.talk
+    assert run.outcome(1).state is server.JobState.ERROR
+    left = json.loads(server.flags_cache_path(talk.cfg).read_text())
+    assert left == {key: value for key, value in cache.items() if not key.endswith("|acp")}
+
+
+def test_every_driver_name_has_its_driver():
+    assert set(server.DRIVERS) == set(server.DRIVER_NAMES)
+    assert all(issubclass(driver, server.HermesRun) for driver in server.DRIVERS.values())
+
+
+class Recorder(server.HermesRun):
+    """A driver that runs a sleeping process and records what the supervisor asked of it, and when."""
+
+    stop_grace_s = 0.6
+    calls: list[tuple[str, float]] = []
+
+    @classmethod
+    def plan(cls, cfg: Any, exe: str, record: Any, task: str, folder: str, task_path: Any,  # noqa: ARG003
+             probe: Any) -> server.LaunchPlan:  # noqa: ARG003
+        return server.LaunchPlan([sys.executable, "-c", "import time; time.sleep(60)"], ["sleeper"], folder, None, [])
+
+    @staticmethod
+    def start_default(argv: list[str], folder: str, stdin: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        Recorder.calls.append(("start", time.monotonic()))
+        return subprocess.Popen(argv, cwd=folder, stdin=stdin, env=env, start_new_session=True)
+
+    def start(self, plan: server.LaunchPlan, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        return self.start_process(plan.argv, plan.folder, subprocess.DEVNULL, env)
+
+    def ask_to_stop(self) -> None:
+        Recorder.calls.append(("ask_to_stop", time.monotonic()))
+
+    def outcome(self, exit_code: int) -> server.Outcome:
+        return server.Outcome(server.JobState.OK, exit_code, None)
+
+    def session(self, exit_code: int | None) -> tuple[str | None, str | None]:  # noqa: ARG002
+        return None, None
+
+
+@pytest.mark.posix("the sleeper is stopped with POSIX signals")
+def test_a_stop_asks_the_driver_first_and_stops_the_tree_only_after_its_grace(tmp_path, monkeypatch):
+    talk = Talk(tmp_path)
+    monkeypatch.setitem(server.DRIVERS, "acp", Recorder)
+    exe = tmp_path / "hermes"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    talk.cfg.hermes_exe = str(exe)
+    talk.record.timeout_s = 60
+    talk.store.write(talk.record)
+    (talk.store.task_path(talk.record.id)).write_text("t")
+    supervisor = server.Supervisor(talk.record.id, talk.cfg, talk.store)
+    stopped: list[float] = []
+    real_stop_tree = server.stop_tree
+
+    def stop_tree(*args: Any, **kwargs: Any) -> server.StopReport:
+        stopped.append(time.monotonic())
+        return real_stop_tree(*args, **kwargs)
+    monkeypatch.setattr(server, "stop_tree", stop_tree)
+    Recorder.calls = []
+
+    def cancel_once_started() -> None:
+        wait_until(lambda: Recorder.calls, 10, "the start")
+        talk.store.cancel_path(talk.record.id).write_text("")
+    threading.Thread(target=cancel_once_started, daemon=True).start()
+    supervisor.run()
+    final = talk.store.read(talk.record.id)
+    assert final.state is server.JobState.CANCELLED
+    names = [name for name, _ in Recorder.calls]
+    assert names == ["start", "ask_to_stop"]
+    asked_at = Recorder.calls[1][1]
+    assert stopped and stopped[0] >= asked_at + Recorder.stop_grace_s
