@@ -702,7 +702,7 @@ def load_config(path: Path | None = None) -> Config:
         wrong_bool = isinstance(value, bool) and bool not in known.types
         if wrong_bool or not isinstance(value, known.types) or (
                 isinstance(value, list) and not all(isinstance(v, str) for v in value)):
-            cfg.problems.append(f"{key} ({known.purpose}) must be {known.described}, got {json.dumps(value)[:60]} "
+            cfg.problems.append(f"{key} must be {known.described} ({known.purpose}), got {json.dumps(value)[:60]} "
                                 "(default used)")
             continue
         setattr(cfg, key, value)
@@ -988,10 +988,9 @@ def is_changes(value: Any) -> bool:
 
 # What each plain field of a record may hold on disk (bool is never a number here).
 RECORD_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
-    "kind": lambda v: isinstance(v, str),
-    "created_at": is_number, "timeout_s": is_number, "task_chars": is_whole_number,
+    "created_at": is_number, "timeout_s": is_number,
     "task_preview": lambda v: isinstance(v, str),
-    "skills": is_text_list, "toolsets": is_text_list, "cli_flags": is_text_list, "argv": is_text_list,
+    "skills": is_text_list, "toolsets": is_text_list, "argv": is_text_list,
     "max_turns": is_whole_number, "exit_code": is_whole_number,
     "started_at": is_number, "ended_at": is_number,
     "changes": is_changes,
@@ -1006,11 +1005,11 @@ RECORD_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
     and all(is_text_fields(d, ("id", "what", "decision", "by")) for d in v),
     "usage": lambda v: isinstance(v, dict) and all(is_number(count) for count in v.values()),
     **{name: (lambda v: isinstance(v, str)) for name in ("cwd", "session_requested", "dedupe_key", "session_id",
-                                                          "reason", "log", "cwd_note", "usage_note",
+                                                          "reason", "log", "cwd_note",
                                                           "session_source", "session_note")},
 }
 # Written by every launch, even when empty; the other fields appear once they are known.
-RECORD_ALWAYS_WRITTEN = ("id", "kind", "state", "created_at", "task_preview", "task_chars", "cwd",
+RECORD_ALWAYS_WRITTEN = ("id", "state", "created_at", "task_preview", "cwd",
                          "session_requested", "skills", "toolsets", "max_turns", "timeout_s", "dedupe_key",
                          "supervisor", "hermes", "exit_code", "session_id", "reason", "log", "driver", "approval_mode")
 
@@ -1023,11 +1022,9 @@ class JobRecord:
     nothing read from a record is trusted further than its type (pids are proven before any signal)."""
 
     id: str
-    kind: str = "run"
     state: JobState = JobState.STARTING
     created_at: float = 0.0
     task_preview: str = ""
-    task_chars: int = 0
     cwd: str | None = None
     session_requested: str | None = None
     skills: list[str] = dataclasses.field(default_factory=list)
@@ -1044,12 +1041,10 @@ class JobRecord:
     cwd_note: str | None = None
     started_at: float | None = None
     ended_at: float | None = None
-    cli_flags: list[str] | None = None
     argv: list[str] | None = None
     tree: list[ProcessId] = dataclasses.field(default_factory=list)  # every descendant of Hermes seen
     changes: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
-    usage_note: str | None = None
     session_source: str | None = None
     session_note: str | None = None
     nonce: str | None = None  # makes the process marker unique machine-wide (see marker)
@@ -3173,8 +3168,8 @@ class JobRequest:
 
     def record(self, job_id: str, log: str | None = None) -> JobRecord:
         """The record a launch of this request starts with."""
-        return JobRecord(id=job_id, kind=self.kind, state=JobState.STARTING, created_at=time.time(),
-                         task_preview=" ".join(self.task.split())[:120], task_chars=len(self.task), cwd=self.cwd,
+        return JobRecord(id=job_id, state=JobState.STARTING, created_at=time.time(),
+                         task_preview=" ".join(self.task.split())[:120], cwd=self.cwd,
                          session_requested=self.session_requested, skills=self.skills, toolsets=self.toolsets,
                          max_turns=self.max_turns, timeout_s=self.timeout_s, dedupe_key=self.dedupe_key(), log=log,
                          cwd_note=self.cwd_note, driver=self.driver, approval_mode=self.approval_mode)

@@ -191,3 +191,74 @@ def test_an_acp_session_is_resumed_over_acp_with_session_load(acp):
     assert resumed.field("SESSION_ID") == session
     record = acp.record(resumed.field("JOB_ID"))
     assert record.driver == "acp" and record.session_requested == session
+
+
+# ------------------------------------------------------------------ 5. the small rules, as units
+def asking_job(bridge: Bridge, expires_in: float = 60) -> tuple[server.Config, server.JobRecord]:
+    """A running job (its supervisor: this process) waiting on a question."""
+    cfg = server.load_config(bridge.config)
+    store = server.JobStore.of(cfg)
+    store.ensure()
+    job_id = store.claim_id(b"asks")
+    record = server.JobRecord(id=job_id, state=server.JobState.RUNNING, created_at=server.time.time(),
+                              supervisor=server.ProcessId.of(server.psutil.Process()), approval={
+                                  "id": "1-abcdef", "what": "run `rm -rf build`", "asked_at": server.time.time(),
+                                  "expires_at": server.time.time() + expires_in})
+    store.write(record)
+    return cfg, record
+
+
+def audit_lines(bridge: Bridge) -> list[dict[str, Any]]:
+    path = bridge.tmp / "logs" / "audit.log"
+    return [server.json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_every_relayed_answer_leaves_one_audit_line(bridge):
+    cfg, record = asking_job(bridge)
+    server.answer_approval(cfg, record.id, "1-abcdef", "deny", "planner")
+    [line] = [entry for entry in audit_lines(bridge) if entry.get("event") == "approval"]
+    assert line["job_id"] == record.id and line["decision"] == "deny" and line["by"] == "planner"
+
+
+@pytest.mark.parametrize(("response", "decision"), [
+    ({"action": "accept", "content": {"allow": True}}, "allow"),
+    ({"action": "accept", "content": {"allow": False}}, "deny"),
+    ({"action": "decline"}, "deny"),
+    ({"action": "cancel"}, None),
+    ({"action": "accept", "content": {}}, None),
+    ("accept", None),
+], ids=["allow", "accepted-unchecked-denies", "declined", "cancelled-decides-nothing", "no-choice", "not-a-form"])
+def test_an_elicited_answer_is_allow_deny_or_nothing(response, decision):
+    assert server.elicited_decision(response) == decision
+
+
+def test_a_waiting_call_returns_as_soon_as_a_question_nobody_in_it_can_answer_is_pending(bridge):
+    import anyio
+
+    cfg, record = asking_job(bridge)
+    started = server.time.monotonic()
+    view = anyio.run(server.wait_for_end, cfg, record.id, 30.0, None)
+    assert view.pending_approval is not None and server.time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("approvals", ["deny", "ask"])
+def test_hermes_yolo_mode_is_removed_unless_the_bridge_says_yolo(tmp_path, monkeypatch, approvals):
+    monkeypatch.setenv("HERMES_YOLO_MODE", "1")
+    cfg = server.Config(path=tmp_path / "config.json", approvals=approvals)
+    assert "HERMES_YOLO_MODE" not in server.hermes_env(cfg)
+    assert server.hermes_env(server.Config(path=tmp_path / "c.json", approvals="yolo"))["HERMES_YOLO_MODE"] == "1"
+
+
+def test_over_a_managed_policy_the_bridges_mode_and_timeout_win_and_its_other_keys_stay(tmp_path, monkeypatch):
+    import yaml
+
+    managed = tmp_path / "managed"
+    managed.mkdir()
+    (managed / "config.yaml").write_text(yaml.safe_dump({"approvals": {"mode": "smart", "timeout": 9, "cron": "x"},
+                                                         "model": {"default": "corp-model"}}))
+    (managed / ".env").write_text("CORP_KEY=1\n")
+    monkeypatch.setenv("HERMES_MANAGED_DIR", str(managed))
+    folder = server.approval_policy_dir(server.Config(path=tmp_path / "c.json", approval_timeout_s=42))
+    policy = yaml.safe_load((folder / "config.yaml").read_text())
+    assert policy == {"approvals": {"mode": "manual", "timeout": 42, "cron": "x"}, "model": {"default": "corp-model"}}
+    assert (folder / ".env").read_text() == "CORP_KEY=1\n"

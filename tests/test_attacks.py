@@ -298,7 +298,7 @@ def test_concurrent_writes_of_one_record_never_collide_or_tear(tmp_path):
     def writer(n: int) -> None:
         try:
             for i in range(40):
-                store.write(server.JobRecord(id=job_id, state=server.JobState.RUNNING, task_chars=n * 100 + i))
+                store.write(server.JobRecord(id=job_id, state=server.JobState.RUNNING, max_turns=n * 100 + i + 1))
                 store.read(job_id)
         except BaseException as exc:  # noqa: BLE001  (any failure is the finding)
             failures.append(exc)

@@ -189,3 +189,49 @@ def test_uvx_from_a_folder_registers_after_its_check_and_repeats_why_no_job_can_
     assert any("no allowed roots" in line for line in lines[passed:])
     entry = json.loads(config.read_text())["mcpServers"]["hermes"]
     assert entry == {"command": "uvx", "args": ["--from", str(REPO), "claude-hermes-bridge"]}
+
+
+# ------------------------------------------------------------------ the config's place and the host's settings
+def test_a_config_beside_server_py_wins_over_the_per_user_one_and_with_neither_the_per_user_is_named(
+        tmp_path, monkeypatch):
+    monkeypatch.delenv("HERMES_BRIDGE_CONFIG", raising=False)
+    install, per_user = tmp_path / "install", tmp_path / "user"
+    install.mkdir()
+    per_user.mkdir()
+    monkeypatch.setattr(server, "SERVER_DIR", install)
+    monkeypatch.setattr(server, "user_dir", lambda kind: per_user / kind)
+    assert server.config_path() == per_user / "config" / "config.json"
+    (per_user / "config").mkdir()
+    (per_user / "config" / "config.json").write_text("{}")
+    (install / "config.json").write_text("{}")
+    assert server.config_path() == install / "config.json"
+
+
+@pytest.mark.parametrize(("settings", "approvals"), [({"yolo": True}, "yolo"), ({}, "deny"),
+                                                     ({"approvals": "ask"}, "ask")])
+def test_init_config_writes_the_approvals_its_settings_say(tmp_path, monkeypatch, settings, approvals):
+    monkeypatch.delenv("HERMES_BRIDGE_CONFIG", raising=False)
+    monkeypatch.setattr(server, "user_dir", lambda kind: tmp_path / kind)
+    assert server.init_config(settings, force=False) == 0
+    written = json.loads((tmp_path / "config" / "config.json").read_text())
+    assert written["approvals"] == approvals and "yolo" not in written
+
+
+def test_a_placeholder_among_real_values_of_one_option_is_dropped_and_the_real_values_kept():
+    argv = ["--allowed-roots", "/work/a", "${user_config.extra_root}", "/work/b", "--hermes-exe",
+            "${user_config.hermes_exe}", "--approvals", "ask"]
+    assert server.without_unset_settings(argv) == ["--allowed-roots", "/work/a", "/work/b", "--approvals", "ask"]
+
+
+@pytest.mark.parametrize(("pinned", "approvals", "problem"), [
+    ({"yolo": False}, "ask", True), ({"yolo": True}, "yolo", False), ({}, "yolo", False),
+    ({"yolo": False, "approvals": "deny"}, "deny", False),
+], ids=["yolo-false-lowers", "yolo-true-leaves", "nothing-leaves", "approvals-pinned"])
+def test_a_hosts_yolo_false_lowers_a_files_approvals_yolo_to_ask(tmp_path, monkeypatch, pinned, approvals, problem):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"allowed_roots": [str(tmp_path)], "approvals": "yolo"}))
+    monkeypatch.setenv(server.SETTINGS_ENV, json.dumps(pinned))
+    cfg = server.load_config(path)
+    assert cfg.approvals == approvals
+    lowered = [p for p in cfg.problems if "lowered to ask" in p]
+    assert bool(lowered) == problem and all("--yolo false" in p for p in lowered)

@@ -180,3 +180,14 @@ def test_a_failed_resume_on_a_hermes_that_prints_no_session_line_captures_nothin
     record = supervisor.store.read(supervisor.job_id)
     assert record.state is server.JobState.ERROR and record.exit_code == 1
     assert record.session_id is None  # the session it was asked to resume was not continued: nothing to resume
+
+
+def test_a_job_that_already_has_an_outcome_when_its_supervisor_starts_never_starts_hermes(tmp_path):
+    supervisor, starter = supervised(tmp_path, "print('must not run')")
+    record = supervisor.store.read(supervisor.job_id)
+    record.change_state(server.JobState.CANCELLED, "cancelled as an orphan")
+    supervisor.store.write(record)
+    supervisor.record = supervisor.store.read(supervisor.job_id)
+    assert supervisor.run() == 0
+    assert starter.calls == []
+    assert supervisor.store.read(supervisor.job_id).state is server.JobState.CANCELLED

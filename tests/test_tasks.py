@@ -180,3 +180,38 @@ def test_a_modern_client_that_declares_elicitation_but_not_tasks_is_shown_the_qu
 def test_health_says_whether_this_sdk_line_serves_tasks():
     assert server.tasks_line("2.3.0").startswith("served")
     assert server.tasks_line("1.24.0").startswith("not served on the 1.x SDK line (mcp 1.24.0)")
+
+
+# ------------------------------------------------------------------ JobTasks as a unit
+def job_on_disk(tmp_path: Any, **fields: Any) -> tuple[server.Config, str]:
+    cfg = server.Config(path=tmp_path / "config.json", allowed_roots=[str(tmp_path)], jobs_dir=str(tmp_path / "jobs"))
+    store = server.JobStore.of(cfg)
+    store.ensure()
+    job_id = store.claim_id(b"t")
+    store.write(server.JobRecord(id=job_id, created_at=server.time.time() - 100, log=str(store.log_path(job_id)),
+                                 **fields))
+    return cfg, job_id
+
+
+DEAD = server.ProcessId(2**22 + 11, 1.0)
+
+
+@pytest.mark.parametrize("fields", [
+    {"state": server.JobState.TIMEOUT, "reason": "hit timeout_s=5", "ended_at": 1.0},
+    {"state": server.JobState.RUNNING, "supervisor": DEAD},
+], ids=["timed-out", "orphaned"])
+def test_a_timed_out_or_orphaned_job_is_a_completed_task_with_is_error_never_cancelled(tmp_path, fields):
+    cfg, job_id = job_on_disk(tmp_path, **fields)
+    task = server.JobTasks().task(cfg, job_id)
+    assert task["status"] == "completed" and task["result"]["isError"] is True
+
+
+def test_cancelling_a_task_already_reported_terminal_changes_nothing(tmp_path):
+    cfg, job_id = job_on_disk(tmp_path, state=server.JobState.RUNNING, supervisor=DEAD)
+    tasks = server.JobTasks()
+    assert tasks.task(cfg, job_id)["status"] == "completed"  # an orphan, reported terminal
+    before = server.JobStore.of(cfg).record_path(job_id).read_bytes()
+    tasks.cancel(cfg, job_id)
+    assert server.JobStore.of(cfg).record_path(job_id).read_bytes() == before
+    assert not server.JobStore.of(cfg).cancel_path(job_id).exists()
+    assert tasks.task(cfg, job_id)["status"] == "completed"

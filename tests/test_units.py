@@ -91,7 +91,7 @@ def test_a_record_reads_back_as_the_json_a_launch_writes(tmp_path):
     ("hermes", {"pid": True, "create_time": 1.0}), ("tree", {"1": 2.0}), ("tree", [[1, 2.0, 3]]),
     ("tree", [["1", 2.0]]), ("usage", {"tokens_in": "many"}), ("changes", "lots"), ("id", "20261130-000000-2"),
     ("changes", {"created": 1, "modified": 0, "deleted": 0, "more": 0, "lines": 5}), ("changes", {"note": 5}),
-    ("created_at", float("nan")), ("task_chars", float("inf")), ("hermes", {"pid": 1, "create_time": float("inf")}),
+    ("created_at", float("nan")), ("max_turns", float("inf")), ("hermes", {"pid": 1, "create_time": float("inf")}),
 ])
 def test_a_record_field_of_the_wrong_shape_is_damaged_never_trusted(tmp_path, field, value):
     store = server.JobStore(tmp_path)
@@ -161,7 +161,7 @@ def test_config_problems_name_the_spot_and_keep_defaults(tmp_path):
     ("hermes_cli_form", "x\ny", "hermes_cli_form x\\ny is not auto, query-file or query-arg (auto used)", "auto"),
     ("max_wait_s", 0.5, "max_wait_s 0.5 is outside 1..50", 1),
     ("approval_timeout_s", 1, "approval_timeout_s 1 must be at least 5 (default 300 used)", 300),
-    ("default_max_turns", 0, "default_max_turns must be at least 1", None),
+    ("default_max_turns", 0, "default_max_turns 0 must be at least 1 (Hermes' own default used)", None),
 ], ids=["approvals", "driver", "cli-form-escaped", "wait-clamped", "number-below-its-minimum", "turns"])
 def test_a_setting_out_of_its_choices_or_range_is_named_and_replaced(tmp_path, key, value, problem, used):
     path = tmp_path / "config.json"
