@@ -1,11 +1,13 @@
-"""Fixtures: a throwaway bridge per test, and the rule for tests that need a real component."""
+"""Fixtures: a throwaway bridge per test, one module-wide bridge laid with traps, and the rule for tests that need
+a real component."""
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from harness import IN_CI, Bridge
+from harness import IN_CI, Bridge, BridgeClient
 
 
 @pytest.fixture
@@ -39,3 +41,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         marker = item.get_closest_marker("posix")
         if marker:
             item.add_marker(pytest.mark.skip(reason=f"needs POSIX: {marker.args[0]}"))
+
+
+@pytest.fixture(scope="module")
+def playground(tmp_path_factory) -> Iterator[tuple[Bridge, BridgeClient]]:
+    """One bridge and server for the case tables below, its root laid with every trap they name: a sibling
+    folder that shares the root's prefix, symlinks out and in a loop, a file, a FIFO and a socket."""
+    bridge = Bridge.create(tmp_path_factory.mktemp("playground"))
+    root = bridge.root
+    (root.parent / (root.name + "b")).mkdir()
+    (root.parent / (root.name + "b") / "secret.txt").write_text("secret")
+    (root / "out").symlink_to("/etc")
+    (root / "loop").symlink_to(root / "loop")
+    (root / "file.txt").write_text("not a folder")
+    os.mkfifo(root / "fifo")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(root / "sock"))
+    with bridge.client() as client:
+        yield bridge, client
+    listener.close()
+    bridge.kill_leftovers()

@@ -6,10 +6,12 @@ import dataclasses
 import json
 import os
 import select
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from contextlib import asynccontextmanager, suppress
 from datetime import timedelta
 from importlib.metadata import version as installed_version
@@ -414,3 +416,59 @@ TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 def text_of(result: dict[str, Any]) -> str:
     """The text of a CallToolResult as it travels on the wire."""
     return "\n".join(block["text"] for block in result["content"] if block.get("type") == "text")
+
+
+def config_for(tmp_path: Path, **values: Any) -> server.Config:
+    """A config read from a file holding these values, its jobs folder under tmp_path unless they say."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"jobs_dir": str(tmp_path / "jobs"), **values}))
+    return server.load_config(path)
+
+
+def running_record(**fields: Any) -> server.JobRecord:
+    return server.JobRecord(id="20261130-000000-1", state=server.JobState.RUNNING, **fields)
+
+
+def in_playground(root: Path, spelling: str) -> str:
+    """A case's path: <root>, <root-name> and <sibling> stand for the playground's folders."""
+    return (spelling.replace("<root-name>", root.name).replace("<root>", str(root))
+            .replace("<sibling>", str(root.parent / (root.name + "b"))))
+
+
+STORE_SCHEMA = [
+    "CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT, model TEXT, started_at REAL, ended_at REAL, "
+    "message_count INTEGER, tool_call_count INTEGER, api_call_count INTEGER, input_tokens INTEGER, "
+    "output_tokens INTEGER, cwd TEXT)",
+    "CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT, role TEXT, content TEXT, "
+    "tool_call_id TEXT, tool_calls TEXT, tool_name TEXT, timestamp REAL, finish_reason TEXT, active INTEGER)",
+]
+
+
+def make_store(home: Path, rows: Sequence[tuple[str, tuple[Any, ...]]] = ()) -> Path:
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "state.db"
+    db = sqlite3.connect(path)
+    for statement in STORE_SCHEMA:
+        db.execute(statement)
+    for statement, values in rows:
+        db.execute(statement, values)
+    db.commit()
+    db.close()
+    return path
+
+
+# The tools as a host sees them: required and all arguments, and which are read-only.
+EXPECTED_ARGS = {
+    "hermes_run": ({"task"}, {"task", "cwd", "max_turns", "timeout_s", "wait_s", "skills", "toolsets"}),
+    "hermes_resume": ({"session_id", "task"}, {"session_id", "task", "cwd", "max_turns", "timeout_s", "wait_s"}),
+    "hermes_status": ({"job_id"}, {"job_id", "wait_s"}),
+    "hermes_jobs": (set(), {"limit", "state"}),
+    "hermes_read": ({"path"}, {"path", "max_bytes", "offset"}),
+    "hermes_capabilities": (set(), {"query", "category", "limit"}),
+    "hermes_health": (set(), set()),
+    "hermes_cancel": ({"job_id"}, {"job_id"}),
+    "hermes_approve": ({"job_id", "approval_id", "decision"}, {"job_id", "approval_id", "decision"}),
+}
+
+
+READ_ONLY = {"hermes_status", "hermes_jobs", "hermes_read", "hermes_capabilities", "hermes_health"}

@@ -7,8 +7,7 @@ import pytest
 
 import server
 from conftest import require_component
-from harness import INSPECTOR, SERVER, BridgeClient
-from test_bridge import EXPECTED_ARGS, READ_ONLY
+from harness import EXPECTED_ARGS, INSPECTOR, READ_ONLY, SERVER, BridgeClient
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script")
 

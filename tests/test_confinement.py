@@ -1,4 +1,7 @@
-"""Confinement that holds against Hermes itself and against a hostile disk (issue 9), one section per item.
+"""Confinement: where a job may start and what the tools may read, held against Hermes itself and a hostile disk
+(issue 9): whole-component comparison of resolved paths, cwd tricks refused with nothing started, resume
+confinement, forged records, check-then-use races, the server listening on nothing; the decision against a
+reference (hypothesis).
 
 Through the stdio transport for what a host sees; plain functions where the race or the input cannot be
 produced through it."""
@@ -7,15 +10,27 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import server
-from harness import FAKE_HERMES, nothing_started, refused, wait_gone
+from harness import (
+    FAKE_HERMES,
+    config_for,
+    in_playground,
+    make_store,
+    nothing_started,
+    refused,
+    wait_gone,
+)
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script; FIFOs, symlinks and dir_fd")
 
@@ -450,3 +465,131 @@ def test_latest_never_takes_a_forged_session_id(bridge):
         resumed = client.call("hermes_resume", session_id="latest", task="go on", wait_s=20)
     assert resumed.field("SESSION_ID") == good
     assert f"--resume={good}" in bridge.runs()[-1]["argv"]
+
+
+NAMES = st.sampled_from(["a", "A", "ab", "b", "work", "work2", "Work"])
+
+
+COMPONENTS = st.one_of(NAMES, st.sampled_from(["..", ".", "link0", "link1", "link2"]))
+
+
+@st.composite
+def trees(draw):
+    """Folders under two tops, `root` (allowed) and `root2` (a prefix sibling, not allowed), then symlinks
+    whose targets are folders in either, other links (chains, loops) or missing paths."""
+    folders = ["root", "root2"]
+    for _ in range(draw(st.integers(0, 8))):
+        parent = draw(st.sampled_from(folders))
+        folders.append(f"{parent}/{draw(NAMES)}")
+    links = {}
+    for index in range(draw(st.integers(0, 3))):
+        where = draw(st.sampled_from(folders))
+        target = draw(st.one_of(st.sampled_from(folders), st.sampled_from([f"link{i}" for i in range(3)]),
+                                st.just("missing")))
+        links[f"{where}/link{index}"] = target
+    return folders, links
+
+
+def build(base: Path, folders, links) -> None:
+    for folder in folders:
+        (base / folder).mkdir(parents=True, exist_ok=True)
+    for link, target in links.items():
+        path = base / link
+        if not path.exists() and not path.is_symlink():
+            target_path = base / target if not target.startswith("link") else base / "root" / target
+            path.symlink_to(target_path)
+
+
+def reference_allows(base: Path, query: str) -> bool:
+    """Plain reference: pathlib resolves strictly, then compares whole components."""
+    try:
+        resolved = Path(query).resolve(strict=True)
+    except (OSError, RuntimeError):
+        return False
+    return resolved.is_dir() and resolved.is_relative_to((base / "root").resolve())
+
+
+@pytest.mark.posix("symlinks need privileges on Windows")
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tree=trees(), path=st.lists(COMPONENTS, min_size=0, max_size=5), top=st.sampled_from(["root", "root2"]))
+def test_confine_cwd_decides_as_the_reference(tree, path, top):
+    folders, links = tree
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp).resolve()
+        build(base, folders, links)
+        cfg = server.Config(path=base / "config.json", allowed_roots=[str(base / "root")])
+        query = os.path.join(str(base / top), *path)
+        try:
+            decided = server.confine_cwd(cfg, query)
+            allowed = True
+        except server.Refused:
+            allowed = False
+        assert allowed == reference_allows(base, query), query
+        if allowed:
+            assert decided == str(Path(query).resolve(strict=True))
+
+
+@pytest.mark.posix("the fake hermes is a shell script; FIFOs and sockets")
+@pytest.mark.parametrize(("cwd", "word"), [
+    ("relative/dir", "relative"), ("../a", "relative"), ("<root>/../<root-name>b", "outside"),
+    ("<sibling>", "outside"), ("<root>/out", "outside"), ("<root>/loop", "cannot be resolved"),
+    ("<root>/file.txt", "not a folder"), ("<root>/missing", "does not exist"), ("<root>/x\x00y", "NUL"),
+    ("/" + "/".join(["d" * 200] * 30), ""),
+], ids=["relative", "dot-dot", "sibling-via-dot-dot", "sibling-sharing-the-prefix", "symlink-out", "symlink-loop",
+        "a-file", "missing", "NUL", "too-long"])
+def test_cwd_tricks_are_refused(playground, monkeypatch, cwd, word):
+    bridge, _ = playground
+    arguments = server.LaunchArguments("anything", in_playground(bridge.root, cwd))
+    refused(bridge.call_body(monkeypatch, "hermes_run", lambda cfg: server.run_tool(cfg, arguments, 0)), word)
+    nothing_started(bridge, settle_s=0)
+
+
+@pytest.mark.posix("the fake hermes is a shell script; FIFOs and sockets")
+def test_no_roots_refuses_every_run_with_the_fix(bridge):
+    bridge.configure(allowed_roots=[])
+    with bridge.client() as client:
+        refused(client.call("hermes_run", task="anything", cwd=str(bridge.root), wait_s=0), "no allowed_roots")
+    nothing_started(bridge)
+
+
+@pytest.mark.posix("the fake hermes is a shell script; FIFOs and sockets")
+def test_the_server_opens_no_listening_socket(bridge):
+    with bridge.client() as client:
+        client.call("hermes_run", task="listen? !sleep=2", wait_s=0)
+        processes = [psutil.Process(client.server_pid)]
+        processes += processes[0].children(recursive=True)
+        for proc in processes:
+            assert [c for c in proc.net_connections(kind="all") if c.status == psutil.CONN_LISTEN] == []
+            assert [c for c in proc.net_connections(kind="inet")] == []
+
+
+@pytest.mark.posix("symlinks need privileges on Windows")
+@pytest.mark.parametrize("bad", ["work2", "work/../work2", "work/loop", "relative:work/inner", "work/x\x00y",
+                                 "long:" + "a" * 5000])
+def test_roots_compare_whole_components_and_resolved_paths(tmp_path, bad):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work2").mkdir()
+    (tmp_path / "work" / "inner").mkdir()
+    (tmp_path / "work" / "loop").symlink_to(tmp_path / "work" / "loop")
+    cfg = config_for(tmp_path, allowed_roots=[str(tmp_path / "work")])
+    assert server.confine_cwd(cfg, str(tmp_path / "work" / "inner")) == str((tmp_path / "work" / "inner").resolve())
+    kind, _, rest = bad.rpartition(":")
+    path = {"relative": rest, "long": "/" + rest}.get(kind, os.path.join(tmp_path, bad))
+    with pytest.raises(server.Refused):
+        server.confine_cwd(cfg, path)
+
+
+def test_no_roots_refuses_every_folder_with_the_fix(tmp_path):
+    (tmp_path / "work").mkdir()
+    with pytest.raises(server.Refused, match="no allowed_roots"):
+        server.confine_cwd(config_for(tmp_path, allowed_roots=[]), str(tmp_path / "work"))
+
+
+@pytest.mark.posix("FIFOs, symlinks and POSIX signals")
+def test_a_resume_whose_recorded_folder_is_relative_is_refused(tmp_path):
+    (tmp_path / "root").mkdir()
+    make_store(tmp_path / "home", [("INSERT INTO sessions (id, started_at, cwd) VALUES ('s1', 1, 'root')", ())])
+    cfg = server.Config(path=tmp_path / "config.json", hermes_home=str(tmp_path / "home"),
+                        allowed_roots=[str(tmp_path / "root")], jobs_dir=str(tmp_path / "jobs"))
+    with pytest.raises(server.Refused, match="relative folder"):
+        server.resolve_resume(cfg, "s1", None)

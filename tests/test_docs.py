@@ -38,6 +38,22 @@ def test_every_relative_link_leads_to_a_file_and_heading_that_exist(page):
     assert broken == []
 
 
+TEST_NAME_RE = re.compile(r"(tests/test_\w+\.py)(?:::(test_\w+))?")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_test_a_page_names_exists(page):
+    """security.md pairs each promise with its test: a test moved or renamed must take its name along."""
+    missing = []
+    for path, name in TEST_NAME_RE.findall(page.read_text(encoding="utf-8")):
+        source = REPO / path
+        if not source.exists():
+            missing.append(f"{path}: no such file")
+        elif name and not re.search(rf"^(?:async )?def {name}\(", source.read_text(encoding="utf-8"), re.MULTILINE):
+            missing.append(f"{path}::{name}: no such test")
+    assert missing == []
+
+
 def test_readme_is_a_users_page_hermes_and_install_before_configuration():
     text = (REPO / "README.md").read_text(encoding="utf-8")
     assert len(text.encode()) <= 20 * 1024

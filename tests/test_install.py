@@ -1,6 +1,7 @@
-"""The ways users install the bridge (issue 12): settings from the host's command line, state outside the
-install, the MCP Bundle started exactly as Claude Desktop starts it, the wheel through uvx, the first-run
-`--try`, and the uvx entry of the registration script."""
+"""Installing and registering: settings from the host's command line, state outside the install, the MCP Bundle
+started exactly as Claude Desktop starts it, the wheel through uvx, `--try` and `--check` (starting the Hermes
+it found, naming every config place and what is wrong with Hermes' path), `--init-config`, and
+register_with_claude.py against fake homes of each OS and host."""
 import json
 import os
 import shutil
@@ -12,8 +13,23 @@ from typing import Any, cast
 
 import pytest
 
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+import server
 from conftest import require_component
-from harness import MCPB, REPO, SERVER, UV, BridgeClient, make_fake_hermes
+from harness import (
+    MCPB,
+    REPO,
+    SERVER,
+    UV,
+    BridgeClient,
+    make_fake_hermes,
+    nothing_started,
+    refused,
+)
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script")
 
@@ -201,3 +217,494 @@ def test_register_writes_the_uvx_from_entry_with_the_roots(tmp_path):
     assert '"command": "uvx"' in done.stdout
     assert (f'"--from",\n+        "{REPO}",\n+        "claude-hermes-bridge",\n+        "--allowed-roots",\n+'
             f'        "{root}"') in done.stdout
+
+
+SCRIPT = REPO / "register_with_claude.py"
+
+
+MSIX = "Packages/Claude_pzs8sxrjxfjjc/LocalCache/Roaming/Claude"
+
+
+def register(home, *args, python=None):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "APPDATA": str(home / "AppData" / "Roaming"),
+           "LOCALAPPDATA": str(home / "AppData" / "Local")}
+    argv = [sys.executable, str(SCRIPT), *args] + (["--python", str(python)] if python else [])
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+
+
+def backups(folder):
+    return sorted(p.name for p in folder.glob("*.bak-*"))
+
+
+def write_json(path, data):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=4))
+    return path
+
+
+EXISTING: dict[str, Any] = {"globalShortcut": "Ctrl+Space", "someFutureKey": {"nested": [1, 2]},
+            "mcpServers": {"filesystem": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem"],
+                                          "env": {"X": "1"}}}}
+
+
+ENTRY = {"command": sys.executable, "args": [str(SERVER)]}
+
+
+CODEX = """# my codex settings
+model = "o4-mini"
+
+[mcp_servers.other]
+command = "other-server"
+args = ["--flag"]
+
+[mcp_servers.hermes]
+command = "/old/python"
+args = ["/old/server.py"]
+
+[mcp_servers.hermes.env]
+OLD = "1"
+
+[profiles.fast]
+model = "o4-mini" # keep this comment
+"""
+
+
+def run(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                          cwd=cwd)
+
+
+def broken_exes(tmp: Path) -> dict[str, tuple[Path, str]]:
+    """Each way a configured Hermes path is wrong, and the words that must name it."""
+    folder = tmp / "a-folder"
+    folder.mkdir()
+    no_x = tmp / "no-exec-bit"
+    no_x.write_text("#!/bin/sh\nexit 0\n")
+    moved = tmp / "moved-venv-hermes"
+    moved.write_text("#!/gone/venv/bin/python3\nprint('hi')\n")
+    moved.chmod(0o755)
+    return {"missing": (tmp / "opt" / "nope" / "hermes", "does not exist"),
+            "folder": (folder, "is a folder"),
+            "not-executable": (no_x, "is not executable"),
+            "interpreter-missing": (moved, "is a script whose interpreter /gone/venv/bin/python3 (its #! line) "
+                                           "does not exist")}
+
+
+def user_env(tmp: Path, **extra: str) -> dict[str, str]:
+    """No config anywhere: per-user folders in the test's folder, no HERMES_BRIDGE_CONFIG."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HERMES_", "FAKE_HERMES"))}
+    env.update(HOME=str(tmp / "home"), XDG_STATE_HOME=str(tmp / "state"), XDG_CONFIG_HOME=str(tmp / "conf"),
+               XDG_CACHE_HOME=str(tmp / "cache"), **extra)
+    return env
+
+
+def install_copy(tmp: Path) -> Path:
+    """server.py alone in a folder, as a wheel or bundle has it: no config.json or config.example.json beside."""
+    folder = tmp / "install"
+    folder.mkdir()
+    shutil.copy(SERVER, folder / "server.py")
+    return folder / "server.py"
+
+
+def registration_env(tmp: Path) -> dict[str, str]:
+    uv = require_component(UV, "uv")
+    env = user_env(tmp, PATH=f"{uv.parent}:/usr/bin:/bin", UV_PYTHON_DOWNLOADS="never",
+                   UV_CACHE_DIR=str(tmp / "uv-cache"))
+    del env["XDG_CONFIG_HOME"]  # Claude Desktop's config under HOME, as on a user's Linux machine
+    return env
+
+
+@pytest.mark.posix("the fake homes are POSIX folders and the check starts the server with the fake hermes")
+def test_windows_classic_and_msix_are_both_written_keeping_everything_else(tmp_path):
+    classic = write_json(tmp_path / "AppData/Roaming/Claude/claude_desktop_config.json", EXISTING)
+    store_dir = tmp_path / "AppData/Local" / MSIX
+    store_dir.mkdir(parents=True)
+    done = register(tmp_path, "--platform", "windows")
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(classic.read_text())
+    assert data["mcpServers"]["hermes"] == ENTRY
+    others = {k: v for k, v in EXISTING.items() if k != "mcpServers"}
+    assert {k: v for k, v in data.items() if k != "mcpServers"} == others
+    assert data["mcpServers"]["filesystem"] == EXISTING["mcpServers"]["filesystem"]
+    assert len(backups(classic.parent)) == 1
+    assert json.loads((classic.parent / backups(classic.parent)[0]).read_text()) == EXISTING
+    assert json.loads((store_dir / "claude_desktop_config.json").read_text())["mcpServers"]["hermes"] == ENTRY
+    assert "Restart Claude Desktop" in done.stdout or "restart Claude Desktop" in done.stdout
+
+    again = register(tmp_path, "--platform", "windows")
+    assert again.returncode == 0 and again.stdout.count("nothing changed") == 2
+    assert len(backups(classic.parent)) == 1
+
+    removed = register(tmp_path, "--platform", "windows", "--remove")
+    assert removed.returncode == 0
+    assert json.loads(classic.read_text()) == EXISTING
+
+
+@pytest.mark.posix("the fake homes are POSIX folders and the check starts the server with the fake hermes")
+def test_macos_and_linux_locations_and_creating_the_usual_one(tmp_path):
+    mac = tmp_path / "mac"
+    (mac / "Library/Application Support/Claude").mkdir(parents=True)
+    assert register(mac, "--platform", "macos").returncode == 0
+    mac_config = mac / "Library/Application Support/Claude/claude_desktop_config.json"
+    entry = json.loads(mac_config.read_text())["mcpServers"]["hermes"]
+    assert entry["command"] == ENTRY["command"] and entry["args"] == ENTRY["args"]  # no hermes on PATH here
+    assert entry["env"]["PATH"].split(":")[:2] == [str(mac / ".local/bin"), "/opt/homebrew/bin"]
+    linux = tmp_path / "linux"
+    linux.mkdir()
+    done = register(linux, "--platform", "linux", "--name", "hermes-work")
+    assert done.returncode == 0 and "usual one was created" in done.stdout
+    data = json.loads((linux / ".config/Claude/claude_desktop_config.json").read_text())
+    assert data == {"mcpServers": {"hermes-work": ENTRY}}
+
+
+@pytest.mark.posix("the fake homes are POSIX folders and the check starts the server with the fake hermes")
+def test_invalid_json_is_refused_with_line_and_column_and_left_untouched(tmp_path):
+    config = tmp_path / ".config/Claude/claude_desktop_config.json"
+    config.parent.mkdir(parents=True)
+    broken = '{\n  "mcpServers": {\n    "x": {"command": "a",}\n  }\n}\n'
+    config.write_text(broken)
+    done = register(tmp_path, "--platform", "linux")
+    assert done.returncode == 1
+    assert "line 3 column" in done.stdout and "left untouched" in done.stdout
+    assert config.read_text() == broken and backups(config.parent) == []
+
+
+@pytest.mark.posix("the fake homes are POSIX folders and the check starts the server with the fake hermes")
+def test_an_existing_entry_is_updated_and_print_writes_nothing(tmp_path):
+    config = write_json(tmp_path / ".config/Claude/claude_desktop_config.json",
+                        {"mcpServers": {"hermes": {"command": "/old/python", "args": ["/old/server.py"]}}})
+    before = config.read_bytes()
+    shown = register(tmp_path, "--platform", "linux", "--print")
+    assert shown.returncode == 0
+    diff = shown.stdout.splitlines()
+    assert any(line.startswith("-") and '"/old/python"' in line for line in diff)
+    assert any(line.startswith("+") and f'"{SERVER}"' in line for line in diff)
+    assert "nothing written" in shown.stdout
+    assert config.read_bytes() == before and backups(config.parent) == []
+    assert register(tmp_path, "--platform", "linux").returncode == 0
+    assert json.loads(config.read_text())["mcpServers"]["hermes"] == ENTRY
+    assert len(backups(config.parent)) == 1
+
+
+@pytest.mark.posix("the fake homes are POSIX folders and the check starts the server with the fake hermes")
+def test_a_failing_check_refuses_and_shows_why(tmp_path):
+    shadow = tmp_path / "shadow" / "mcp-3.0.0.dist-info"  # an SDK line the server does not support
+    shadow.mkdir(parents=True)
+    (shadow / "METADATA").write_text("Metadata-Version: 2.1\nName: mcp\nVersion: 3.0.0\n")
+    wrong = tmp_path / "python-with-mcp3"
+    wrong.write_text(f'#!/bin/sh\nPYTHONPATH="{shadow.parent}" exec "{sys.executable}" "$@"\n')
+    wrong.chmod(0o755)
+    config = write_json(tmp_path / ".config/Claude/claude_desktop_config.json", EXISTING)
+    before = config.read_bytes()
+    done = register(tmp_path, "--platform", "linux", python=wrong)
+    assert done.returncode == 1
+    assert "--check` failed" in done.stdout and "mcp 3.0.0" in done.stdout
+    assert config.read_bytes() == before and backups(config.parent) == []
+
+
+@pytest.mark.posix("the fake homes are POSIX folders and the check starts the server with the fake hermes")
+def test_claude_code_codex_and_cursor_keep_the_rest_of_their_files(tmp_path):
+    claude_code = write_json(tmp_path / ".claude.json", {"numStartups": 3, "projects": {"/p": {"x": 1}},
+                                                          "mcpServers": {"other": {"command": "o"}}})
+    codex = tmp_path / ".codex/config.toml"
+    codex.parent.mkdir()
+    codex.write_text(CODEX)
+    cursor = write_json(tmp_path / ".cursor/mcp.json", {"mcpServers": {}})
+    done = register(tmp_path, "--host", "all", "--platform", "linux")
+    assert done.returncode == 0, done.stdout
+    assert "/mcp" in done.stdout and "new Codex session" in done.stdout
+    code_data = json.loads(claude_code.read_text())
+    assert code_data["mcpServers"]["hermes"] == {"type": "stdio", **ENTRY}
+    assert code_data["numStartups"] == 3 and code_data["mcpServers"]["other"] == {"command": "o"}
+    parsed = tomllib.loads(codex.read_text())
+    assert parsed["mcp_servers"]["hermes"] == ENTRY
+    assert parsed["mcp_servers"]["other"] == {"command": "other-server", "args": ["--flag"]}
+    assert parsed["profiles"]["fast"] == {"model": "o4-mini"} and parsed["model"] == "o4-mini"
+    text = codex.read_text()
+    assert text.startswith("# my codex settings\n") and 'model = "o4-mini" # keep this comment' in text
+    assert json.loads(cursor.read_text())["mcpServers"]["hermes"] == ENTRY
+    assert not (tmp_path / ".config/Claude").exists()  # --host all touches only hosts it finds
+
+    assert "nothing changed" in register(tmp_path, "--host", "codex").stdout
+    assert register(tmp_path, "--host", "codex", "--remove").returncode == 0
+    parsed = tomllib.loads(codex.read_text())
+    assert "hermes" not in parsed["mcp_servers"] and parsed["mcp_servers"]["other"]["command"] == "other-server"
+
+    codex.write_text("[mcp_servers\nbroken")
+    refused = register(tmp_path, "--host", "codex")
+    assert refused.returncode == 1 and "not valid TOML" in refused.stdout
+    assert codex.read_text() == "[mcp_servers\nbroken"
+
+
+@pytest.mark.posix("the fake homes are POSIX folders and the check starts the server with the fake hermes")
+def test_the_server_starts_from_the_entry_the_script_wrote(tmp_path, bridge):
+    assert register(tmp_path, "--platform", "linux").returncode == 0
+    entry = json.loads((tmp_path / ".config/Claude/claude_desktop_config.json").read_text())["mcpServers"]["hermes"]
+    with BridgeClient(bridge.env, command=[entry["command"], *entry["args"]]) as client:
+        assert server.either(client.init, "server_info").name == "hermes"
+        assert client.call("hermes_health").field("CONFIG").startswith(str(bridge.config))
+
+
+@pytest.mark.posix("the fake homes are POSIX folders and the check starts the server with the fake hermes")
+def test_the_posix_launcher_serves_mcp(bridge):
+    with BridgeClient(bridge.env, command=[str(REPO / "run_server.sh")]) as client:
+        assert client.call("hermes_health").field("BRIDGE").startswith("claude-hermes-bridge")
+
+
+@pytest.mark.posix("the fake homes are POSIX folders and the check starts the server with the fake hermes")
+def test_macos_entry_carries_the_absolute_hermes_and_a_path_for_launchd(tmp_path):
+    """Claude Desktop starts servers with launchd's PATH, where ~/.local/bin/hermes is not found."""
+    mac = tmp_path / "mac"
+    (mac / "Library/Application Support/Claude").mkdir(parents=True)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "hermes").write_text("#!/bin/sh\n")
+    (tools / "hermes").chmod(0o755)
+    env_path = f"{tools}:/usr/bin:/bin"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--platform", "macos"], capture_output=True, text=True,
+                          timeout=300, env={"PATH": env_path, "HOME": str(mac)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    entry = json.loads((mac / "Library/Application Support/Claude/claude_desktop_config.json").read_text())
+    entry = entry["mcpServers"]["hermes"]
+    assert entry["args"] == [str(SERVER), "--hermes-exe", str(tools / "hermes")]
+    assert entry["env"]["PATH"].startswith(f"{tools}:{mac}/.local/bin:/opt/homebrew/bin:/usr/local/bin:/usr/bin")
+
+
+@pytest.mark.posix("the fake homes are POSIX folders and the check starts the server with the fake hermes")
+def test_a_store_python_is_refused_with_the_json_to_paste():
+    import register_with_claude as reg
+
+    assert reg.is_store_python(r"C:\Users\me\AppData\Local\Microsoft\WindowsApps\python.exe", r"C:\x")
+    store_install = r"C:\Program Files\WindowsApps\PythonSoftwareFoundation.Python.3.12_3.12.2544.0_x64__qbz5n2kf"
+    assert reg.is_store_python(r"C:\venv\Scripts\python.exe", store_install)
+    assert not reg.is_store_python(r"C:\Python312\python.exe", r"C:\Python312")
+
+
+@pytest.mark.posix("the fake homes are POSIX folders and the check starts the server with the fake hermes")
+def test_windows_home_is_userprofile_not_a_git_bash_home(monkeypatch):
+    import register_with_claude as reg
+
+    monkeypatch.setenv("HOME", "/c/Users/me")
+    monkeypatch.setenv("USERPROFILE", r"C:\Users\me")
+    assert str(reg.home("windows")) == r"C:\Users\me"
+    assert str(reg.home("linux")) == "/c/Users/me"
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
+def test_check_starts_the_hermes_it_found_and_shows_the_version_it_reported(bridge):
+    done = run([sys.executable, str(SERVER), "--check"], bridge.env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "HERMES_RUNS: yes: Hermes Agent v0.19.0 (fake)" in done.stdout and "CHECK: OK" in done.stdout
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
+def test_check_fails_when_the_hermes_found_does_not_run(bridge):
+    broken = bridge.tmp / "broken-hermes"
+    broken.write_text("#!/bin/sh\necho 'ImportError: no module named hermes_cli' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    bridge.configure(hermes_exe=str(broken))
+    done = run([sys.executable, str(SERVER), "--check"], bridge.env)
+    assert done.returncode == 1 and "CHECK: FAILED" in done.stdout
+    assert f"HERMES_RUNS: NO: `{broken} --version` exited 1: ImportError: no module named hermes_cli" in done.stdout
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
+@pytest.mark.parametrize("case", ["missing", "folder", "not-executable", "interpreter-missing"])
+def test_a_wrong_hermes_path_is_named_with_its_source_and_what_is_wrong(bridge, case):
+    path, words = broken_exes(bridge.tmp)[case]
+    bridge.configure(hermes_exe=str(path))
+    with bridge.client() as client:
+        health = client.call("hermes_health")
+        reason = refused(client.call("hermes_run", task="anything", wait_s=0), str(path), words,
+                         f"hermes_exe in {bridge.config}", "server.py --check")
+    assert health.field("HERMES_EXE").startswith(f"NOT USABLE: {path} (from hermes_exe in {bridge.config}) {words}")
+    assert "Traceback" not in reason
+    nothing_started(bridge, settle_s=0)
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
+def test_a_hermes_from_the_command_line_or_from_path_says_so(bridge, tmp_path):
+    path, words = broken_exes(tmp_path)["interpreter-missing"]
+    with bridge.client(command=[sys.executable, str(SERVER), "--hermes-exe", str(path)]) as client:
+        health = client.call("hermes_health")
+    assert health.field("HERMES_EXE").startswith(f"NOT USABLE: {path} (from --hermes-exe on the command line) {words}")
+    del bridge.settings["hermes_exe"]
+    bridge.configure()
+    client = bridge.client()
+    client.params.env = dict(bridge.env, PATH=f"{bridge.hermes.parent}:{os.environ['PATH']}")
+    with client:
+        health = client.call("hermes_health")
+    assert health.field("HERMES_EXE") == str(bridge.hermes) and health.field("HERMES_EXE_SOURCE") == "PATH"
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
+def test_a_hermes_that_breaks_after_the_launch_ends_in_error_without_a_traceback(bridge):
+    """The supervisor re-checks Hermes before it starts it: a Hermes removed in between is a one-line reason."""
+    hermes = bridge.tmp / "hermes-copy"
+    shutil.copy(bridge.hermes, hermes)
+    bridge.configure(hermes_exe=str(hermes))
+    record = server.JobRequest(kind="run", task="never runs", cwd=str(bridge.root), max_turns=None,
+                               timeout_s=60, skills=[], toolsets=[])
+    cfg = server.load_config(bridge.config)
+    store = server.JobStore(cfg.jobs_path)
+    job_id = store.claim_id(b"never runs")
+    store.write(record.record(job_id, str(store.log_path(job_id))))
+    hermes.unlink()
+    supervisor = server.Supervisor(job_id, cfg, store)
+    supervisor.run()
+    final = store.read(job_id)
+    assert final.state is server.JobState.ERROR and final.reason
+    assert f"{hermes} (from hermes_exe in {bridge.config}) does not exist" in final.reason
+    assert "Traceback" not in store.log_path(job_id).read_text()
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
+def test_check_with_no_config_names_every_place_it_looked_in_order(tmp_path):
+    script = install_copy(tmp_path)
+    done = run([sys.executable, str(script), "--check"], user_env(tmp_path))
+    assert done.returncode == 3, done.stdout + done.stderr
+    search = next(line for line in done.stdout.splitlines() if line.startswith("config search: "))
+    places = ["HERMES_BRIDGE_CONFIG (not set)", f"beside server.py: {script.parent / 'config.json'} (none)",
+              f"the per-user folder: {tmp_path / 'conf' / 'claude-hermes-bridge' / 'config.json'} (none)"]
+    assert search == "config search: " + "; ".join(places)
+    assert "--init-config" in done.stdout and "copy config.example.json" not in done.stdout
+    assert "CHECK: INCOMPLETE: the server works, but no job can run yet" in done.stdout
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
+def test_init_config_writes_the_per_user_config_the_next_check_reads(tmp_path):
+    script = install_copy(tmp_path)
+    root = tmp_path / "work"
+    root.mkdir()
+    hermes = make_fake_hermes(tmp_path / "hermes-venv")
+    env = user_env(tmp_path)
+    done = run([sys.executable, str(script), "--init-config", "--allowed-roots", str(root), "--hermes-exe",
+                str(hermes)], env)
+    written = tmp_path / "conf" / "claude-hermes-bridge" / "config.json"
+    assert done.returncode == 0 and done.stdout.strip() == f"wrote {written}", done.stdout + done.stderr
+    config = json.loads(written.read_text())
+    assert config["allowed_roots"] == [str(root)] and config["hermes_exe"] == str(hermes)
+    assert set(config) == set(server.SETTINGS) - {"yolo"} and config["approvals"] == "deny"
+    assert json.loads((REPO / "config.example.json").read_text()).keys() - {"_comment"} == config.keys()
+    again = run([sys.executable, str(script), "--init-config"], env)
+    assert again.returncode == 1 and "exists" in again.stderr and "--force" in again.stderr
+    assert json.loads(written.read_text()) == config
+    checked = run([sys.executable, str(script), "--check"], env)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"ALLOWED_ROOTS: {root}" in checked.stdout and "HERMES_RUNS: yes" in checked.stdout
+    assert f"CONFIG: {written} (0 problems)" in checked.stdout, checked.stdout  # what it wrote is valid
+    forced = run([sys.executable, str(script), "--init-config", "--force"], env)
+    assert forced.returncode == 0 and json.loads(written.read_text())["allowed_roots"] == []
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
+def test_uvx_registration_is_refused_when_the_entry_cannot_start(tmp_path):
+    env = registration_env(tmp_path)
+    (tmp_path / "home" / ".config" / "Claude").mkdir(parents=True)
+    done = run([sys.executable, str(REPO / "register_with_claude.py"), "--platform", "linux", "--uvx"], env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "refused" in done.stdout and "uvx claude-hermes-bridge --check" in done.stdout
+    assert "--uvx-from <wheel or folder>" in done.stdout
+    assert not (tmp_path / "home" / ".config" / "Claude" / "claude_desktop_config.json").exists()
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
+def test_uvx_from_a_folder_registers_after_its_check_and_repeats_why_no_job_can_run(tmp_path):
+    env = registration_env(tmp_path)
+    config = tmp_path / "home" / ".config" / "Claude" / "claude_desktop_config.json"
+    config.parent.mkdir(parents=True)
+    done = run([sys.executable, str(REPO / "register_with_claude.py"), "--platform", "linux", "--uvx-from",
+                str(REPO)], env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    passed = next(i for i, line in enumerate(lines) if line.startswith("check passed: `uvx --from"))
+    assert any("no usable Hermes" in line for line in lines[passed:])
+    assert any("no allowed roots" in line for line in lines[passed:])
+    entry = json.loads(config.read_text())["mcpServers"]["hermes"]
+    assert entry == {"command": "uvx", "args": ["--from", str(REPO), "claude-hermes-bridge"]}
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
+def test_check_passes_on_a_good_install(bridge):
+    done = subprocess.run([sys.executable, str(SERVER), "--check"], env=bridge.env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "CHECK: OK" in done.stdout
+    assert "tools: 9 (exactly the declared tools)" in done.stdout
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
+def test_check_fails_when_the_tools_differ_or_the_server_cannot_start(bridge, tmp_path):
+    import anyio
+
+    other = tmp_path / "other_server.py"
+    other.write_text("try:\n    from mcp.server.mcpserver import MCPServer as FastMCP  # mcp 2.x\n"
+                     "except ImportError:\n    from mcp.server.fastmcp import FastMCP  # mcp 1.x\n"
+                     "mcp = FastMCP('x')\n"
+                     "@mcp.tool()\ndef hermes_health() -> str:\n    return 'fine'\nmcp.run()\n")
+    ok, report = anyio.run(server.check_server, [sys.executable, str(other)], bridge.env)
+    assert not ok and any("MISMATCH" in line for line in report)
+    ok, report = anyio.run(server.check_server, [sys.executable, "-c", "import sys; sys.exit(3)"], bridge.env, 20)
+    assert not ok and any("did not complete the handshake" in line for line in report)
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
+@pytest.mark.parametrize("found", ["3.0.0", "1.20.0"])
+def test_wrong_mcp_sdk_is_one_line_with_the_fix_and_exit_2(bridge, tmp_path, found):
+    shadow = tmp_path / "shadow"
+    (shadow / f"mcp-{found}.dist-info").mkdir(parents=True)
+    (shadow / f"mcp-{found}.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: mcp\nVersion: {found}\n")
+    env = dict(bridge.env, PYTHONPATH=str(shadow))
+    for args in ([], ["--check"]):
+        done = subprocess.run([sys.executable, str(SERVER), *args], env=env, capture_output=True, text=True,
+                              timeout=60, stdin=subprocess.DEVNULL)
+        assert done.returncode == 2
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1
+        assert f"mcp {found}" in lines[0] and sys.executable in lines[0] and "mcp>=1.24,<3" in lines[0]
+
+
+@pytest.mark.posix("FIFOs, symlinks and POSIX signals")
+def test_a_relative_hermes_exe_on_the_command_line_is_refused_at_start(bridge):
+    planted = bridge.tmp / "planted"
+    planted.mkdir()
+    result = subprocess.run([server.sys.executable, str(server.SERVER_FILE), "--hermes-exe", "./hermes", "--check"],
+                            cwd=planted, env=bridge.env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "relative path" in result.stderr and "absolute" in result.stderr
+
+
+@pytest.mark.posix("FIFOs, symlinks and POSIX signals")
+def test_a_bare_hermes_exe_name_is_fixed_to_its_absolute_path_at_start(bridge):
+    env = dict(bridge.env, PATH=f"{bridge.hermes.parent}{os.pathsep}{os.environ['PATH']}")
+    command = [server.sys.executable, str(server.SERVER_FILE), "--hermes-exe", "hermes"]
+    client = bridge.client(command=command)
+    client.params.env = env
+    with client:
+        assert client.call("hermes_health").field("HERMES_EXE") == str(bridge.hermes)
+
+
+def test_register_writes_atomically_a_failed_replace_leaves_the_original(tmp_path, monkeypatch):
+    import register_with_claude as reg
+
+    config = tmp_path / "claude_desktop_config.json"
+    config.write_text('{"keep": true}')
+    def failing_replace(_src, _dst):
+        raise OSError("disk full")
+    monkeypatch.setattr(reg.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        reg.write_safely(config, '{"new": 1}')
+    assert config.read_text() == '{"keep": true}'
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_two_registrations_within_one_second_keep_both_backups(tmp_path, monkeypatch):
+    import register_with_claude as reg
+
+    monkeypatch.setattr(reg.time, "strftime", lambda _format: "20261201-120000")  # both in the same second
+    config = tmp_path / "claude_desktop_config.json"
+    config.write_text('{"first": 1}')
+    first = reg.write_safely(config, '{"second": 2}')
+    second = reg.write_safely(config, '{"third": 3}')
+    assert first and second and first != second
+    assert first.read_text() == '{"first": 1}' and second.read_text() == '{"second": 2}'
+    assert config.read_text() == '{"third": 3}'

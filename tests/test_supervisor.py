@@ -1,5 +1,13 @@
-"""The supervisor's loop against a fake process starter, in this process: what it starts, how each way of
-ending is recorded, and that a cancel or a timeout leaves none of the job's processes behind."""
+"""The supervisor and process control: its loop against a fake process starter (what it starts, how each way of
+ending is recorded), and through real jobs what a host depends on: a timeout or a cancel leaves none of the
+job's processes behind, a job outlives the server that started it and any later server answers for it, a
+killed server, supervisor or Hermes is reported for what it is, and only the job's own processes are ever
+signalled (pid reuse, the marker copied or dropped, another jobs folder's job of the same id)."""
+import contextlib
+import json
+import os
+import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -7,10 +15,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 import server
-from harness import live_pids, wait_gone, wait_until
+from harness import (
+    Bridge,
+    live_pids,
+    wait_gone,
+    wait_until,
+)
 
 pytestmark = pytest.mark.posix("the fake's processes are stopped with POSIX signals")
 
@@ -191,3 +205,341 @@ def test_a_job_that_already_has_an_outcome_when_its_supervisor_starts_never_star
     assert supervisor.run() == 0
     assert starter.calls == []
     assert supervisor.store.read(supervisor.job_id).state is server.JobState.CANCELLED
+
+
+def config_of(bridge: Bridge) -> server.Config:
+    return server.load_config(bridge.config)
+
+
+def final_record(store: server.JobStore, job_id: str, timeout: float = 60) -> server.JobRecord:
+    return wait_until(lambda: record if (record := store.read(job_id)).state in server.FINAL_STATES else None,
+                      timeout, f"job {job_id} to end")
+
+
+WAITS = "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).returncode)"
+
+
+FORKS_ON_SIGTERM = """
+import os, signal, subprocess, sys, time
+def forks(*_):
+    if sys.argv[1] == "detached":  # re-parented away from this process at once
+        shell = ["sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"]
+        late = subprocess.run(shell, capture_output=True, text=True).stdout.strip()
+    else:
+        late = str(subprocess.Popen(["sleep", "60"]).pid)
+    open(sys.argv[2], "w").write(late)
+signal.signal(signal.SIGTERM, forks)
+print("ready", os.getpid(), flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+STOPS_ITS_OWN_MARKER = """
+import json, os, subprocess, sys, psutil
+sys.path.insert(0, sys.argv[1])
+import server
+victim = subprocess.Popen(["sleep", "60"])
+ancestor = psutil.Process().parent()
+owner = server.Ownership(os.environ["HERMES_BRIDGE_JOB"], frozenset({ancestor.pid}), require_descent=sys.argv[2] == "1")
+report = server.stop_tree(owner, ancestor, [], grace_s=1)
+print(json.dumps({"stopped": report.stopped, "victim": victim.wait(timeout=10)}), flush=True)
+"""
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
+def test_timeout_stops_the_whole_tree_grandchildren_included(bridge):
+    with bridge.client() as client:
+        job_id = client.call("hermes_run", task="hang !grandchild=120 !sleep=120", timeout_s=2,
+                             wait_s=0).field("JOB_ID")
+        bridge.wait_for_runs(1)
+        final = client.wait_final(job_id)
+        assert final.field("STATUS") == "timeout"
+        assert final.field("EXIT_CODE") == "130"  # the fake exits 130 on SIGTERM, as Hermes does
+        assert "timeout_s=2" in final.field("REASON")
+        pids = bridge.traced_pids()
+        assert len(pids) == 3  # hermes, its tool process, and that one's child
+        assert wait_gone(pids) == []
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
+def test_cancel_ends_cancelled_and_leaves_no_process(bridge):
+    with bridge.client() as client:
+        job_id = client.call("hermes_run", task="long !grandchild=120 !sleep=120", wait_s=0).field("JOB_ID")
+        bridge.wait_for_traced(3)
+        result = client.call("hermes_cancel", job_id=job_id)
+        assert result.field("STATUS") == "cancelled", result.text
+        assert wait_gone(bridge.traced_pids()) == []
+        again = client.call("hermes_cancel", job_id=job_id)
+        assert "already ended as cancelled" in again.text
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
+def test_a_later_server_process_collects_a_job_whose_server_was_killed(bridge):
+    with bridge.client() as first:
+        job_id = first.call("hermes_run", task="outlive the server !sleep=3", wait_s=0).field("JOB_ID")
+        bridge.wait_for_runs(1)
+        os.kill(first.server_pid, signal.SIGKILL)
+    with bridge.client() as second:
+        final = second.wait_final(job_id)
+        assert final.field("STATUS") == "ok"
+        assert final.field("EXIT_CODE") == "0"
+        assert "FAKE DONE: outlive the server" in final.text
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
+def test_cancelling_an_orphan_clears_its_active_marker(bridge):
+    with bridge.client() as client:
+        job_id = client.call("hermes_run", task="!sleep=60", wait_s=0).field("JOB_ID")
+        bridge.wait_for_runs(1)
+        supervisor = bridge.wait_record(job_id, "supervisor")
+        os.kill(supervisor.pid, signal.SIGKILL)
+        wait_gone([supervisor.pid])
+        assert client.call("hermes_status", job_id=job_id, wait_s=0).field("STATUS") == "orphaned"
+        assert client.call("hermes_cancel", job_id=job_id).field("STATUS") == "cancelled"
+    assert not (bridge.jobs / "active" / job_id).exists()
+
+
+@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+def test_server_killed_mid_job_repeatedly_every_job_keeps_its_real_outcome(bridge):
+    expected = {}
+    for exit_code in (0, 4, 0, 7):
+        with bridge.client() as client:
+            job_id = client.call("hermes_run", task=f"survive {exit_code} !sleep=2 !exit={exit_code}",
+                                 wait_s=0).field("JOB_ID")
+            expected[job_id] = exit_code
+            bridge.wait_record(job_id, "hermes")
+            os.kill(client.server_pid, signal.SIGKILL)
+    with bridge.client() as client:
+        for job_id, exit_code in expected.items():
+            final = client.wait_final(job_id)
+            assert final.field("STATUS") == ("ok" if exit_code == 0 else "error"), final.text
+            assert final.field("EXIT_CODE") == str(exit_code)
+
+
+@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+def test_supervisor_killed_reports_orphaned_at_once_and_cancel_stops_the_rest(bridge):
+    with bridge.client() as client:
+        job_id = client.call("hermes_run", task="lose my owner !grandchild=120 !sleep=120", wait_s=0).field("JOB_ID")
+        supervisor = bridge.wait_record(job_id, "supervisor")
+        hermes = bridge.wait_record(job_id, "hermes")
+        bridge.wait_in_tree(job_id, bridge.wait_for_traced(3))
+        os.kill(supervisor.pid, signal.SIGKILL)
+        wait_gone([supervisor.pid])
+        status = client.call("hermes_status", job_id=job_id, wait_s=0)
+        assert status.field("STATUS") == "orphaned"
+        assert f"Hermes (pid {hermes.pid}) is still running" in status.field("REASON")
+        assert live_pids(bridge.traced_pids())
+        cancelled = client.call("hermes_cancel", job_id=job_id)
+        assert cancelled.field("STATUS") == "cancelled", cancelled.text
+        assert wait_gone(bridge.traced_pids()) == []
+
+
+@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+def test_hermes_killed_from_outside_ends_error_naming_the_signal(bridge):
+    with bridge.client() as client:
+        job_id = client.call("hermes_run", task="get killed !sleep=60", wait_s=0).field("JOB_ID")
+        hermes = bridge.wait_record(job_id, "hermes")
+        os.kill(hermes.pid, signal.SIGKILL)
+        final = client.wait_final(job_id)
+        assert final.field("STATUS") == "error"
+        assert final.field("EXIT_CODE") == "-9"
+        assert "SIGKILL" in final.field("REASON")
+
+
+@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+def test_a_tree_that_ignores_sigterm_and_forks_new_sessions_is_gone_after_timeout_and_cancel(bridge):
+    with bridge.client() as client:
+        timed = client.call("hermes_run", task="stubborn one !ignore-term !grandchild=300 !sleep=300",
+                            timeout_s=2, wait_s=0).field("JOB_ID")
+        cancelled = client.call("hermes_run", task="stubborn two !ignore-term !grandchild=300 !sleep=300",
+                                wait_s=0).field("JOB_ID")
+        bridge.wait_for_runs(2)
+        bridge.wait_for_traced(6)
+        time.sleep(0.5)
+        pids = bridge.traced_pids()
+        assert len(pids) == 6
+        sessions = {os.getsid(pid) for pid in live_pids(pids)}
+        assert len(sessions) == 6  # every process in a session of its own
+        result = client.call("hermes_cancel", job_id=cancelled)
+        assert result.field("STATUS") == "cancelled" and result.field("EXIT_CODE") == "-9"
+        result = client.wait_final(timed)
+        assert result.field("STATUS") == "timeout" and result.field("EXIT_CODE") == "-9"
+        assert wait_gone(pids) == []
+
+
+@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+def test_a_reused_pid_is_not_taken_for_the_jobs_supervisor(bridge):
+    bridge.jobs.mkdir()
+    me = psutil.Process()
+    impostor = server.ProcessId(me.pid, me.create_time() - 3600)
+    server.JobStore(bridge.jobs).write(server.JobRecord(
+        id="20261101-000000-9", state=server.JobState.RUNNING, created_at=time.time() - 60, cwd=str(bridge.root),
+        supervisor=impostor, hermes=impostor, timeout_s=60))
+    with bridge.client() as client:
+        status = client.call("hermes_status", job_id="20261101-000000-9", wait_s=0)
+        assert status.field("STATUS") == "orphaned"
+        assert "Hermes is not running" in status.field("REASON")
+
+
+@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+def test_sigterm_to_the_supervisor_cancels_the_job_cleanly(bridge):
+    with bridge.client() as client:
+        job_id = client.call("hermes_run", task="shut down politely !grandchild=120 !sleep=120",
+                             wait_s=0).field("JOB_ID")
+        supervisor = bridge.wait_record(job_id, "supervisor")
+        bridge.wait_in_tree(job_id, bridge.wait_for_traced(3))
+        os.kill(supervisor.pid, signal.SIGTERM)
+        final = client.wait_final(job_id)
+        assert final.field("STATUS") == "cancelled" and final.field("EXIT_CODE") == "130"
+        assert wait_gone(bridge.traced_pids()) == []
+
+
+@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+def test_cancel_stops_a_tool_that_double_forked_away_from_hermes(bridge):
+    """The orphan is no longer below Hermes (re-parented to init); it still carries the job's marker."""
+    with bridge.client() as client:
+        job_id = client.call("hermes_run", task="!double-fork !sleep=60", wait_s=0).field("JOB_ID")
+        bridge.wait_for_runs(1)
+        bridge.wait_for_traced(2, timeout=20)  # the run and its double-forked orphan
+        orphans = [int(p.stem) for p in bridge.trace.glob("*.child")]
+        assert orphans and all(psutil.Process(pid).ppid() != bridge.runs()[0]["pid"] for pid in orphans)
+        client.call("hermes_cancel", job_id=job_id)
+        assert client.wait_final(job_id).field("STATUS") == "cancelled"
+    assert wait_gone(bridge.traced_pids()) == []
+
+
+@pytest.mark.posix("FIFOs, symlinks and POSIX signals")
+def test_a_cancel_stops_only_its_own_job_when_another_jobs_folder_has_the_same_id(tmp_path):
+    first, second = Bridge.create(tmp_path / "first"), Bridge.create(tmp_path / "second")
+    cfgs = [config_of(first), config_of(second)]
+    tasks = ["keeps running !sleep=4", "is cancelled !sleep=60 !grandchild=60"]
+    requests = [server.job_request(cfg, "run", server.LaunchArguments(task)).value
+                for cfg, task in zip(cfgs, tasks, strict=True)]
+    for _ in range(5):  # the ids match when both launches fall in one second
+        records = [server.launch_job(cfg, request)[0] for cfg, request in zip(cfgs, requests, strict=True)]
+        if records[0].id == records[1].id:
+            break
+        for cfg, record in zip(cfgs, records, strict=True):
+            server.request_cancel(cfg, record.id)
+    else:
+        pytest.fail("five tries never gave both jobs folders the same id")
+    try:
+        stores = [server.JobStore(cfg.jobs_path) for cfg in cfgs]
+        job_id = records[0].id
+        wait_until(lambda: all(store.read(job_id).hermes for store in stores), 20, "both Hermes to start")
+        server.request_cancel(cfgs[1], job_id)
+        assert final_record(stores[1], job_id).state is server.JobState.CANCELLED
+        kept = final_record(stores[0], job_id)
+        assert kept.state is server.JobState.OK, kept.reason
+    finally:
+        first.kill_leftovers()
+        second.kill_leftovers()
+
+
+@pytest.mark.posix("FIFOs, symlinks and POSIX signals")
+def test_a_tool_that_drops_the_marker_and_double_forks_is_stopped_and_the_stop_is_verified(bridge):
+    with bridge.client() as client:
+        job_id = client.call("hermes_run", task="!escape !sleep=60", wait_s=0).field("JOB_ID")
+        runs = bridge.wait_for_runs(1)
+        escaped = wait_until(lambda: [int(p.stem) for p in bridge.trace.glob("*.child")], 20, "the escaped tool")
+        assert psutil.Process(escaped[0]).environ().get(server.JOB_MARKER) is None
+        assert psutil.Process(escaped[0]).ppid() != runs[0]["pid"]
+        client.call("hermes_cancel", job_id=job_id)
+        final = client.wait_final(job_id)
+    assert final.field("STATUS") == "cancelled", final.text
+    assert "whole process tree" in final.field("REASON") and "verified gone" in final.field("REASON")
+    assert wait_gone(escaped) == []
+
+
+@pytest.mark.posix("FIFOs, symlinks and POSIX signals")
+def test_a_process_that_only_copies_the_marker_is_never_signalled(bridge):
+    with bridge.client() as client:
+        job_id = client.call("hermes_run", task="!sleep=60", wait_s=0).field("JOB_ID")
+        bridge.wait_for_runs(1)
+        marker = bridge.record(job_id).marker
+        impostor = subprocess.Popen(["sleep", "120"], env=dict(os.environ, **{server.JOB_MARKER: marker}),
+                                    start_new_session=True)
+        try:
+            time.sleep(0.3)
+            client.call("hermes_cancel", job_id=job_id)
+            final = client.wait_final(job_id)
+            assert final.field("STATUS") == "cancelled"
+            assert impostor.poll() is None, "a process the bridge did not start was signalled"
+            assert f"pids [{impostor.pid}] carry the job's marker but do not descend from the job" in final.text
+        finally:
+            impostor.kill()
+            impostor.wait()
+
+
+@pytest.mark.posix("FIFOs, symlinks and POSIX signals")
+def test_many_concurrent_cancels_all_answer(bridge):
+    with bridge.client() as client:
+        job_id = client.call("hermes_run", task="!sleep=60", wait_s=0).field("JOB_ID")
+        bridge.wait_for_runs(1)
+        cfg = config_of(bridge)
+        answers: list[str] = []
+
+        def cancel() -> None:
+            try:
+                answers.append(server.request_cancel(cfg, job_id)[1])
+            except Exception as exc:  # noqa: BLE001
+                answers.append(f"raised {exc!r}")
+        threads = [threading.Thread(target=cancel) for _ in range(40)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert [a for a in answers if a.startswith("raised")] == []
+        assert client.wait_final(job_id).field("STATUS") == "cancelled"
+
+
+def test_liveness_needs_pid_and_start_time():
+    me = psutil.Process()
+    assert server.ProcessId.of(me).process() is not None
+    assert server.ProcessId(me.pid, me.create_time() - 100).process() is None  # a reused pid
+    assert server.ProcessId(2**22 + 7, 1.0).process() is None
+    assert server.running_process(None) is None
+
+
+@pytest.mark.posix("POSIX signals, sh and env")
+@pytest.mark.parametrize(("fork", "require_descent"), [("child", True), ("detached", False)],
+                         ids=["a-child-found-by-descent", "a-detached-process-found-by-its-marker"])
+def test_a_process_forked_during_a_stop_is_caught_by_a_later_sweep(tmp_path, fork, require_descent):
+    """Hermes (the root, below a supervisor) answers the polite stop by starting one more process, after the
+    first snapshot was taken."""
+    marker = "20261130-000000-1:" + secrets.token_hex(16)  # unique: the sweep looks at every process
+    late_pid = tmp_path / "late.pid"
+    hermes = ["env", f"HERMES_BRIDGE_JOB={marker}", sys.executable, "-c", FORKS_ON_SIGTERM, fork, str(late_pid)]
+    supervisor = subprocess.Popen([sys.executable, "-c", WAITS, *hermes], stdout=subprocess.PIPE, text=True)
+    started: list[int] = []
+    try:
+        assert supervisor.stdout is not None
+        ready, root = supervisor.stdout.readline().split()
+        started.append(int(root))
+        assert ready == "ready"
+        owner = server.Ownership(marker, frozenset({supervisor.pid}), require_descent=require_descent)
+        report = server.stop_tree(owner, psutil.Process(int(root)), [], grace_s=2)
+        started.append(late := int(late_pid.read_text()))
+        assert report.survivors == [] and report.stopped == 2, report
+        with contextlib.suppress(psutil.NoSuchProcess):
+            assert server.still_running([psutil.Process(late)], 5) == []
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+        for pid in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.posix("POSIX signals")
+@pytest.mark.parametrize("require_descent", [True, False], ids=["by-descent", "by-marker"])
+def test_a_protected_process_carrying_the_marker_is_never_signalled_by_a_stop(require_descent):
+    """The stopping process and its ancestor both carry the job's marker, and a record names the ancestor
+    as the job's root: only the marked child below is stopped; the stopper and the ancestor live on."""
+    marker = "20261130-000000-1:" + secrets.token_hex(16)
+    stopper = [sys.executable, "-c", STOPS_ITS_OWN_MARKER, str(server.SERVER_DIR), "1" if require_descent else "0"]
+    ancestor = subprocess.run([sys.executable, "-c", WAITS, *stopper], capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, HERMES_BRIDGE_JOB=marker))
+    assert ancestor.returncode == 0, ancestor.stderr
+    assert json.loads(ancestor.stdout) == {"stopped": 1, "victim": -signal.SIGKILL}
