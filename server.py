@@ -4788,6 +4788,17 @@ class ProtocolLines:
         return json.dumps(replace_surrogates(message), ensure_ascii=False) + "\n"
 
 
+def release_freed_memory() -> None:
+    """Give back to the system what Python has freed by now: the syntax tree of this script, freed once the
+    script returned (serve_after_the_script; importing the SDK takes far longer than that), about 10 MB that
+    glibc keeps unless asked to trim. Measured: 80.4 MB with neither, 79.3 with the thread alone, 68.7 with
+    both, 65.5 for a minimal server. Elsewhere (no malloc_trim) this does nothing."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
+
+
 async def serve(protocol_fds: tuple[int, int]) -> None:
     """Serve MCP over the client's pipes kept by the stdio guard."""
     from io import TextIOWrapper
@@ -4802,12 +4813,24 @@ async def serve(protocol_fds: tuple[int, int]) -> None:
     sys.stderr.flush()
     edge = McpEdge()
     server = build_server(cfg, edge)
+    release_freed_memory()
     lines = ProtocolLines(TextIOWrapper(os.fdopen(protocol_fds[0], "rb"), encoding="utf-8", errors="replace"))
     stdin = anyio.wrap_file(cast(Any, lines))
     stdout = anyio.wrap_file(TextIOWrapper(os.fdopen(protocol_fds[1], "wb"), encoding="utf-8"))
     lowlevel = edge.lowlevel(server)
     async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
         await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+
+
+def serve_after_the_script(protocol_fds: tuple[int, int]) -> None:
+    """Serve from a thread and let the script return: CPython keeps a script's whole syntax tree until the
+    script ends (about 12 MB for this file), and a server's script would never end. The interpreter waits
+    for the thread before it exits; Ctrl-C in a terminal ends the process at once (jobs live on in their
+    supervisors)."""
+    import anyio
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    threading.Thread(target=anyio.run, args=(serve, protocol_fds), name="mcp-server").start()
 
 
 # ------------------------------------------------------------------ command line: the server's modes [server]
@@ -5095,8 +5118,9 @@ def main(argv: list[str], protocol_fds: tuple[int, int] | None = None) -> int:
     if args.try_task is not None:
         return 0 if anyio.run(try_task, serve_command, args.try_task, args.cwd) else 1
     assert protocol_fds is not None, "serves_protocol() and main() disagree about this command line"
-    anyio.run(serve, protocol_fds)
+    serve_after_the_script(protocol_fds)
     return 0
+
 
 
 def console_main() -> None:

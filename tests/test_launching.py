@@ -444,3 +444,30 @@ def test_two_servers_racing_the_identical_run_start_exactly_one_hermes(bridge):
         tasks = [run["task"] for run in bridge.runs()]
         assert sorted(tasks) == sorted(f"race {n} !sleep=4" for n in range(20))
         assert len(list(bridge.jobs.glob("2*.json"))) == 20
+
+
+@pytest.mark.parametrize(("driver", "form", "argv", "on_stdin"), [
+    ("cli", "query-arg", ["chat", "--query=do it", "-Q"], False),
+    ("cli", "query-file", ["chat", "--query-file", "-", "-Q", "--oneshot", "--in=<folder>"], True),
+    ("acp", "query-arg", ["acp"], False),
+], ids=["cli-task-on-the-command-line", "cli-task-on-stdin", "acp-task-in-the-prompt"])
+def test_the_launch_plan_is_the_drivers_with_the_task_where_this_hermes_reads_it(tmp_path, driver, form, argv,
+                                                                                  on_stdin):
+    cfg = server.Config(path=tmp_path / "config.json", hermes_cli_form=form)
+    folder = str(tmp_path)
+    record = server.JobRecord(id="20261201-000000-1", cwd=folder, driver=driver)
+    task_file = tmp_path / "task"
+    plan = server.plan_launch(cfg, "/opt/hermes", record, "do it", folder, task_file)
+    assert plan is not None
+    assert plan.argv == ["/opt/hermes", *[part.replace("<folder>", folder) for part in argv]]
+    assert plan.stdin_path == (task_file if on_stdin else None) and plan.folder == folder and plan.task == "do it"
+    assert "do it" not in " ".join(plan.shown_argv)
+
+
+def test_a_launch_plan_whose_command_line_cannot_hold_the_task_is_refused_and_unknown_options_wait(tmp_path):
+    cfg = server.Config(path=tmp_path / "config.json", hermes_cli_form="query-arg")
+    record = server.JobRecord(id="20261201-000000-1", cwd=str(tmp_path), driver="cli")
+    with pytest.raises(server.Refused, match="shorten it"):
+        server.plan_launch(cfg, "/opt/hermes", record, "x" * (server.POSIX_ARGUMENT_LIMIT + 1), str(tmp_path))
+    auto = server.Config(path=tmp_path / "config.json", jobs_dir=str(tmp_path / "jobs"))
+    assert server.plan_launch(auto, "/opt/hermes", record, "t", str(tmp_path), probe=lambda _c, _e: None) is None

@@ -543,3 +543,24 @@ def test_a_protected_process_carrying_the_marker_is_never_signalled_by_a_stop(re
                               env=dict(os.environ, HERMES_BRIDGE_JOB=marker))
     assert ancestor.returncode == 0, ancestor.stderr
     assert json.loads(ancestor.stdout) == {"stopped": 1, "victim": -signal.SIGKILL}
+
+
+def test_where_the_marker_is_the_proof_a_stop_never_signals_another_folders_job_of_the_same_id():
+    """No subreaper (macOS, Windows): the marker alone proves ownership, so it holds the nonce, and a job of
+    the same id in another jobs folder (another install, another test run) carries another marker."""
+    job_id = "20261201-000000-1"
+    mine, theirs = f"{job_id}:{'a' * 32}", f"{job_id}:{'b' * 32}"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    ours = subprocess.Popen(sleeper, env={**server.os.environ, server.JOB_MARKER: mine}, start_new_session=True)
+    other = subprocess.Popen(sleeper, env={**server.os.environ, server.JOB_MARKER: theirs}, start_new_session=True)
+    try:
+        wait_until(lambda: server.carries_marker(server.psutil.Process(other.pid), theirs), 10, "the other's marker")
+        owner = server.Ownership(mine, require_descent=False)
+        seen = [server.ProcessId.of(server.psutil.Process(pid)) for pid in (ours.pid, other.pid)]
+        assert {proc.pid for proc in server.marked_processes(mine)} == {ours.pid}
+        server.stop_tree(owner, None, seen, 1)
+        assert wait_gone([ours.pid]) == [] and live_pids([other.pid]) == [other.pid]
+    finally:
+        for proc in (ours, other):
+            proc.kill()
+            proc.wait()
