@@ -470,10 +470,17 @@ class Setting:
     choices: tuple[str, ...] = ()
 
 
+def one_of(words: tuple[str, ...], quote: str = "") -> str:
+    """'"deny", "ask" or "yolo"': the choices of a setting, in words."""
+    quoted = [f"{quote}{word}{quote}" for word in words]
+    return f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
 def setting(default: Any, described: str, types: tuple[type, ...], purpose: str, *, low: float | None = None,
             high: float | None = None, choices: tuple[str, ...] = ()) -> Any:
-    """A Config field that is a setting: its default and its Setting (read back through SETTINGS)."""
-    meta = {"setting": Setting(described, types, purpose, low, high, choices)}
+    """A Config field that is a setting: its default and its Setting (read back through SETTINGS). A setting
+    of choices is described by them (described is then left empty)."""
+    meta = {"setting": Setting(described or one_of(choices, '"'), types, purpose, low, high, choices)}
     if isinstance(default, list):
         return dataclasses.field(default_factory=functools.partial(list, default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -505,13 +512,13 @@ class Config:
     max_output_chars: int = setting(8000, *WHOLE, "how much of Hermes' output a final block quotes", low=200)
     max_running_jobs: int = setting(4, *WHOLE, "how many jobs may run at once", low=1)
     yolo: bool = setting(False, *FLAG, 'the older spelling of approvals "yolo"')
-    approvals: str | None = setting(None, '"deny", "ask" or "yolo"', (str,),
+    approvals: str | None = setting(None, "", (str,),
                                     "what the bridge answers when Hermes asks before a dangerous command",
                                     choices=APPROVAL_MODES)  # unset: the older yolo decides (approval_mode)
     approval_timeout_s: float = setting(300, *SECONDS, "how long Hermes waits for an answer", low=5)
-    hermes_driver: str = setting("auto", '"auto", "acp" or "cli"', (str,), "how jobs drive Hermes",
+    hermes_driver: str = setting("auto", "", (str,), "how jobs drive Hermes",
                                  choices=("auto", *DRIVER_NAMES))
-    hermes_cli_form: str = setting("auto", '"auto", "query-file" or "query-arg"', (str,),
+    hermes_cli_form: str = setting("auto", "", (str,),
                                    "the CLI's options (auto: as `hermes chat --help` declares them)",
                                    choices=("auto", "query-file", "query-arg"))
     extra_args: list[str] = setting([], "a list of strings", (list,), "more options for `hermes chat`")
@@ -787,10 +794,8 @@ def choice_problems(cfg: Config) -> list[str]:
     for key, known in SETTINGS.items():
         value = getattr(cfg, key)
         if known.choices and value is not None and value not in known.choices:
-            words = known.choices
-            problems.append(f"{key} {shown(value, 40)} is not {', '.join(words[:-1])} or {words[-1]} "
-                            f"({words[0]} used)")
-            setattr(cfg, key, words[0])
+            problems.append(f"{key} {shown(value, 40)} is not {one_of(known.choices)} ({known.choices[0]} used)")
+            setattr(cfg, key, known.choices[0])
     return problems
 
 
@@ -2551,6 +2556,13 @@ def usable_hermes(cfg: Config) -> str:
     return hermes.usable
 
 
+def start_hermes(argv: list[str], folder: str, env: dict[str, str], stdin: Any, stdout: Any,
+                 stderr: Any) -> subprocess.Popen[bytes]:
+    """Hermes in the job's folder, in a process group of its own, never through a shell (every driver)."""
+    return subprocess.Popen(argv, cwd=folder, stdin=stdin, stdout=stdout, stderr=stderr, env=env, close_fds=True,
+                            **popen_kwargs(hermes_creation_flags(IS_WINDOWS)))
+
+
 Probe = Callable[[Config, str], "HermesCli | None"]
 ProcessStarter = Callable[[list[str], str, Any, dict[str, str]], subprocess.Popen[bytes]]
 LogWriter = Callable[[str], None]
@@ -2634,9 +2646,8 @@ class CliRun(HermesRun):
 
     @staticmethod
     def start_default(argv: list[str], folder: str, stdin: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        """Hermes' output goes to the supervisor's stderr, which is the job's log; never through a shell."""
-        return subprocess.Popen(argv, cwd=folder, stdin=stdin, stdout=sys.stderr.fileno(), stderr=subprocess.STDOUT,
-                                env=env, close_fds=True, **popen_kwargs(hermes_creation_flags(IS_WINDOWS)))
+        """Hermes' output goes to the supervisor's stderr, which is the job's log."""
+        return start_hermes(argv, folder, env, stdin, sys.stderr.fileno(), subprocess.STDOUT)
 
     def start(self, plan: LaunchPlan, env: dict[str, str]) -> subprocess.Popen[bytes]:
         with open_regular(plan.stdin_path) if plan.stdin_path else open(os.devnull, "rb") as stdin:
@@ -2685,8 +2696,7 @@ class AcpRun(HermesRun):
     @staticmethod
     def start_default(argv: list[str], folder: str, stdin: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
         """Pipes for the protocol; its stderr (Hermes' own log lines) goes to the job's log."""
-        return subprocess.Popen(argv, cwd=folder, stdin=stdin, stdout=subprocess.PIPE, stderr=sys.stderr.fileno(),
-                                env=env, close_fds=True, **popen_kwargs(hermes_creation_flags(IS_WINDOWS)))
+        return start_hermes(argv, folder, env, stdin, subprocess.PIPE, sys.stderr.fileno())
 
     def start(self, plan: LaunchPlan, env: dict[str, str]) -> subprocess.Popen[bytes]:
         self.policy_dir = approval_policy_dir(self.cfg)
@@ -2736,13 +2746,18 @@ class AcpRun(HermesRun):
 DRIVERS: dict[str, type[HermesRun]] = {"cli": CliRun, "acp": AcpRun}
 
 
+def driver_of(record: JobRecord) -> type[HermesRun]:
+    """The driver a job runs with (a record of an older bridge names none: the CLI)."""
+    return DRIVERS[record.driver or "cli"]
+
+
 def plan_launch(cfg: Config, exe: str, record: JobRecord, task: str, folder: str, task_path: Path | None = None,
                 probe: Probe = probe_cli) -> LaunchPlan | None:
     """The one launch plan, made by the server to refuse a launch early and by the supervisor to start
     Hermes: the command line for the record's driver and this Hermes' options, the folder, and where the
     task goes. Refused when the command line cannot hold the task; None while the options are unknown (the
     server's probe failed: the supervisor probes again and reports what it finds)."""
-    return DRIVERS[record.driver or "cli"].plan(cfg, exe, record, task, folder, task_path, probe)
+    return driver_of(record).plan(cfg, exe, record, task, folder, task_path, probe)
 
 
 # ------------------------------------------------------------------------------------ supervisor [supervisor]
@@ -2906,8 +2921,8 @@ class Supervisor:
         plan = self._plan()
         if isinstance(plan, Outcome):
             return plan
-        driver = DRIVERS[self.record.driver or "cli"]
-        self.run_ = driver(self.cfg, self.store, self.record, plan.argv[0], self.write_log, self.start_process)
+        self.run_ = driver_of(self.record)(self.cfg, self.store, self.record, plan.argv[0], self.write_log,
+                                           self.start_process)
         proc = self._start(plan, self.run_)
         return self._watch(proc, self.run_)
 
