@@ -167,7 +167,17 @@ class Refused(Exception):
     """Bad input or a state that forbids the request: reported as STATUS: refused, nothing started."""
 
 
-CONTROL_RE = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+# Characters that reorder or hide text where a person reads it: bidi embeddings, overrides and isolates,
+# zero-width characters and marks, the byte order mark. Escaped wherever Hermes' text reaches a person.
+HIDING_CHARS = "\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff"
+HIDING_RE = re.compile(f"[{HIDING_CHARS}]")
+# Control characters and every line separator str.splitlines knows (\x0b, \x0c, \x1c-\x1e, \x85, U+2028/9).
+CONTROL_RE = re.compile(f"[\\x00-\\x1f\\x7f\\x85\\u2028\\u2029{HIDING_CHARS}]")
+
+
+def escaped(text: str) -> str:
+    """Every control, line-separating or text-hiding character as its visible escape (\\n, \\u202e)."""
+    return CONTROL_RE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def shown(value: Any, limit: int = 200) -> str:
@@ -175,8 +185,18 @@ def shown(value: Any, limit: int = 200) -> str:
     argument or a folder name can neither flood a reply nor forge a line of it."""
     text = value if isinstance(value, str) else repr(value)
     cut = len(text) > limit
-    text = CONTROL_RE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text[:limit])
-    return text + (f"... ({len(value) if isinstance(value, str) else '?'} chars)" if cut else "")
+    return escaped(text[:limit]) + (f"... ({len(value) if isinstance(value, str) else '?'} chars)" if cut else "")
+
+
+def shown_whole(text: str, limit: int) -> str:
+    """Text a person decides on (a command Hermes asks to run): every line of it, escaped, on one line. Too
+    long to show whole, it keeps its head and its tail and says how much was cut between them, so what is
+    hidden is never mistaken for all there is."""
+    if len(text) <= limit:
+        return escaped(text)
+    half = limit // 2
+    return (f"{escaped(text[:half])} [... {len(text) - 2 * half:,} characters NOT SHOWN ...] "
+            f"{escaped(text[-half:])}")
 
 
 ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]"
@@ -188,8 +208,10 @@ def clean_text(data: bytes) -> str:
 
 
 def clean_str(text: str) -> str:
-    """Output as the model should read it: no terminal escapes, no control characters but newline and tab."""
-    return ANSI_RE.sub("", text.replace("\r\n", "\n"))
+    """Output as the model should read it: no terminal escapes, no control characters but newline and tab,
+    and the characters that reorder or hide text shown as their escapes."""
+    text = ANSI_RE.sub("", text.replace("\r\n", "\n"))
+    return HIDING_RE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 class NotRegularFile(OSError):
@@ -328,12 +350,36 @@ def locked(path: Path, timeout_s: float) -> Iterator[None]:
 
 
 def create_time_tolerance(platform: str) -> float:
-    """How far a process start time may drift between reads: Linux derives it from boot time and clock
-    ticks (jitter of up to a tick or two), Windows and macOS report it exactly."""
+    """How far a process start time may drift between reads where it is the identity (a record of an older
+    bridge, or a system without /proc): Windows and macOS report it exactly."""
     return 0.5 if platform.startswith("linux") else 0.001
 
 
 CREATE_TIME_TOLERANCE = create_time_tolerance(sys.platform)
+HAS_PROC_STAT = sys.platform.startswith("linux")
+
+
+def start_ticks(pid: int) -> int | None:
+    """Linux: when the process started, in clock ticks since boot (field 22 of /proc/<pid>/stat). It never
+    changes, and no step of the wall clock moves it, unlike psutil's create_time there (boot time as read now
+    plus the ticks). None elsewhere, or when the process is gone."""
+    if not HAS_PROC_STAT:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+        return int(data[data.rfind(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def machine_clock() -> float:
+    """Seconds on a clock every process of this machine shares and no wall-clock step moves: Linux's
+    CLOCK_BOOTTIME (it counts suspend, as process start ticks do), elsewhere the monotonic clock (system-wide
+    on Windows and macOS). Deadlines and ages kept in a record, and read by other processes, use it."""
+    if HAS_PROC_STAT:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    return time.monotonic()
 
 
 def is_number(value: Any) -> bool:
@@ -351,15 +397,19 @@ class DamagedRecord(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class ProcessId:
-    """A process as the bridge remembers it: its pid and start time together, because pids get reused.
-    In a record it is {"pid", "create_time"}; in a record's tree, a [pid, create_time] pair."""
+    """A process as the bridge remembers it: its pid and when it started, because pids get reused. On Linux
+    the start is its clock ticks since boot (start_ticks), so a wall-clock step never makes a live job's
+    process look like another; elsewhere psutil's create_time, which the system stamps once at creation. In
+    a record it is {"pid", "create_time", "start_ticks"}; in a record's tree, a [pid, create_time, ticks]
+    list (records of older bridges have no ticks: their create_time is compared, within a tolerance)."""
 
     pid: int
     create_time: float
+    ticks: int | None = None
 
     @classmethod
     def of(cls, proc: "psutil.Process") -> "ProcessId":
-        return cls(proc.pid, proc.create_time())
+        return cls(proc.pid, proc.create_time(), start_ticks(proc.pid))
 
     @classmethod
     def of_safe(cls, proc: "psutil.Process") -> "ProcessId | None":
@@ -369,33 +419,39 @@ class ProcessId:
             return None
 
     def process(self) -> "psutil.Process | None":
-        """The process if it still runs and is the same one (pid and start time), else None."""
+        """The process if it still runs and is the same one (pid and start), else None."""
         try:
             proc = psutil.Process(self.pid)
-            if abs(proc.create_time() - self.create_time) > CREATE_TIME_TOLERANCE:
+            if self.ticks is not None and HAS_PROC_STAT:
+                if start_ticks(self.pid) != self.ticks:
+                    return None
+            elif abs(proc.create_time() - self.create_time) > CREATE_TIME_TOLERANCE:
                 return None
             return None if proc.status() == psutil.STATUS_ZOMBIE else proc
         except (psutil.Error, ValueError):
             return None
 
     def to_json(self) -> dict[str, float]:
-        return {"pid": self.pid, "create_time": self.create_time}
+        found = {"pid": self.pid, "create_time": self.create_time}
+        return found if self.ticks is None else {**found, "start_ticks": self.ticks}
 
     @classmethod
     def from_json(cls, value: Any) -> "ProcessId":
         if not (isinstance(value, dict) and is_whole_number(value.get("pid"))
-                and is_number(value.get("create_time"))):
-            raise DamagedRecord("a process field is not {pid, create_time}")
-        return cls(value["pid"], float(value["create_time"]))
+                and is_number(value.get("create_time"))
+                and (value.get("start_ticks") is None or is_whole_number(value["start_ticks"]))):
+            raise DamagedRecord("a process field is not {pid, create_time, start_ticks}")
+        return cls(value["pid"], float(value["create_time"]), value.get("start_ticks"))
 
     def to_pair(self) -> list[float]:
-        return [self.pid, self.create_time]
+        return [self.pid, self.create_time] + ([] if self.ticks is None else [self.ticks])
 
     @classmethod
     def from_pair(cls, value: Any) -> "ProcessId":
-        if not isinstance(value, list) or len(value) != 2 or not is_whole_number(value[0]) or not is_number(value[1]):
-            raise DamagedRecord("a tree entry is not a [pid, create_time] pair")
-        return cls(value[0], float(value[1]))
+        if (not isinstance(value, list) or len(value) not in (2, 3) or not is_whole_number(value[0])
+                or not is_number(value[1]) or (len(value) == 3 and not is_whole_number(value[2]))):
+            raise DamagedRecord("a tree entry is not a [pid, create_time, start_ticks] list")
+        return cls(value[0], float(value[1]), value[2] if len(value) == 3 else None)
 
 
 def running_process(process_id: ProcessId | None) -> "psutil.Process | None":
@@ -531,6 +587,8 @@ class Config:
     retention_max_jobs: int = setting(1000, *WHOLE, "how many finished jobs are kept at most", low=1)
     audit_max_bytes: int = setting(1_000_000, "a whole number of bytes", (int,), "the audit log's size before it "
                                    "rotates", low=10_000)
+    max_log_bytes: int = setting(16 << 20, "a whole number of bytes", (int,), "a job log's size past which it "
+                                 "keeps its head and its newest output", low=65536)
     changed_files_skip: list[str] = setting([".git", "node_modules", ".venv", "__pycache__"],
                                             "a list of folder names", (list,), "folders CHANGED_FILES leaves out")
     changed_files_max_entries: int = setting(20_000, *WHOLE, "how many entries CHANGED_FILES lists at most", low=0)
@@ -972,6 +1030,15 @@ class Outcome:
     reason: str | None
 
 
+# What a record keeps of its lists, so a live job's record never grows past what the store reads back
+# (RECORD_MAX_BYTES): the questions waiting now, the newest decisions (with counts of all), the processes seen.
+QUESTIONS_KEPT = 1000
+QUESTIONS_MAX_BYTES = 1 << 20
+DECISIONS_KEPT = 100
+TREE_KEPT = 20_000
+TEXT_FIELD_MAX_BYTES = 256 << 10  # Hermes' answer as the record keeps it, JSON-encoded
+
+
 def is_text_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
@@ -979,6 +1046,28 @@ def is_text_list(value: Any) -> bool:
 def is_text_fields(value: Any, names: tuple[str, ...]) -> bool:
     """A dict whose named fields are all text."""
     return isinstance(value, dict) and all(isinstance(value.get(name), str) for name in names)
+
+
+def is_question(value: Any) -> bool:
+    """A question Hermes waits on, as the supervisor keeps it: its id, what it asks, when it was asked and
+    until when Hermes waits (wall clock for people, machine_clock for deciding)."""
+    return (is_text_fields(value, ("id", "what")) and all(is_number(value.get(name)) for name in (
+        "asked_at", "expires_at", "expires_clock")))
+
+
+def fit_json(text: str, max_bytes: int) -> str:
+    """The longest head of text whose JSON encoding (as records are written) takes at most max_bytes: a
+    character can take six bytes there (\\u001b), so a count of characters bounds nothing."""
+    if len(json.dumps(text, ensure_ascii=False).encode()) <= max_bytes:
+        return text
+    low, high = 0, len(text)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if len(json.dumps(text[:middle], ensure_ascii=False).encode()) <= max_bytes:
+            low = middle
+        else:
+            high = middle - 1
+    return text[:low]
 
 
 def is_changes(value: Any) -> bool:
@@ -1004,19 +1093,21 @@ RECORD_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
     "approval_mode": lambda v: v in APPROVAL_MODES,
     "acp": lambda v: isinstance(v, dict) and all(isinstance(k, str) and (isinstance(x, str) or is_number(x))
                                                  for k, x in v.items()),
-    "approval": lambda v: is_text_fields(v, ("id", "what")) and is_number(v.get("asked_at"))
-    and is_number(v.get("expires_at")),
-    "decisions": lambda v: isinstance(v, list) and len(v) <= 1000
+    "questions": lambda v: isinstance(v, list) and len(v) <= QUESTIONS_KEPT and all(is_question(q) for q in v),
+    "decisions": lambda v: isinstance(v, list) and len(v) <= DECISIONS_KEPT
     and all(is_text_fields(d, ("id", "what", "decision", "by")) for d in v),
+    "decided": lambda v: isinstance(v, dict) and all(isinstance(k, str) and is_whole_number(n) for k, n in v.items()),
     "usage": lambda v: isinstance(v, dict) and all(is_number(count) for count in v.values()),
+    "created_clock": is_number, "started_clock": is_number, "heartbeat": is_number, "duration_s": is_number,
     **{name: (lambda v: isinstance(v, str)) for name in ("cwd", "session_requested", "dedupe_key", "session_id",
-                                                          "reason", "log", "cwd_note",
-                                                          "session_source", "session_note")},
+                                                          "reason", "log", "cwd_note", "session_source",
+                                                          "session_note", "outcome_note", "swept")},
 }
 # Written by every launch, even when empty; the other fields appear once they are known.
 RECORD_ALWAYS_WRITTEN = ("id", "state", "created_at", "task_preview", "cwd",
                          "session_requested", "skills", "toolsets", "max_turns", "timeout_s", "dedupe_key",
-                         "supervisor", "hermes", "exit_code", "session_id", "reason", "log", "driver", "approval_mode")
+                         "supervisor", "hermes", "exit_code", "session_id", "reason", "log", "driver", "approval_mode",
+                         "created_clock")
 
 
 @dataclasses.dataclass
@@ -1056,8 +1147,22 @@ class JobRecord:
     driver: str | None = None  # cli or acp (older records: cli)
     approval_mode: str | None = None  # deny, ask or yolo, as the job was started with
     acp: dict[str, Any] | None = None  # the job's activity from Hermes' ACP events
-    approval: dict[str, Any] | None = None  # a question of Hermes waiting for an answer
-    decisions: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # every question and who answered
+    questions: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # Hermes' questions waiting now
+    decisions: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # the newest DECISIONS_KEPT decided
+    decided: dict[str, int] | None = None  # how many questions were decided each way, all told
+    created_clock: float | None = None  # machine_clock() at the launch, at Hermes' start, at the last heartbeat
+    started_clock: float | None = None
+    heartbeat: float | None = None
+    duration_s: float | None = None  # Hermes' run as the supervisor timed it (monotonic)
+    outcome_note: str | None = None  # what delayed writing the outcome (a full or read-only disk)
+    swept: str | None = None  # what the supervisor stopped after Hermes had exited
+
+    def add_decision(self, decision: dict[str, str]) -> None:
+        """A question decided: counted, and kept among the newest DECISIONS_KEPT."""
+        self.decisions = [*self.decisions, decision][-DECISIONS_KEPT:]
+        counts = dict(self.decided or {})
+        counts[decision["decision"]] = counts.get(decision["decision"], 0) + 1
+        self.decided = counts
 
     @property
     def marker(self) -> str:
@@ -1095,6 +1200,16 @@ class JobRecord:
         if state in FINAL_STATES:
             self.ended_at, self.reason, self.exit_code = time.time(), reason, exit_code
 
+    def encoded(self) -> bytes:
+        """The record as written to disk: refused (DamagedRecord) when the store could not read it back."""
+        data = self.to_json()
+        encoded = json.dumps(data, indent=1, ensure_ascii=False).encode()
+        if len(encoded) > RECORD_MAX_BYTES:
+            raise DamagedRecord(f"the record would be {len(encoded):,} bytes, more than the {RECORD_MAX_BYTES:,} the "
+                                "store reads")
+        JobRecord.from_json(json.loads(encoded), self.id)
+        return encoded
+
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {}
         for field in dataclasses.fields(self):
@@ -1109,6 +1224,11 @@ class JobRecord:
                 value = value.value
             data[field.name] = value
         return data
+
+
+def write_record(store: "JobStore", record: JobRecord) -> None:
+    """A record written, for a caller that needs no answer (a driver saving its job's activity)."""
+    store.write(record)
 
 
 def validate_job_id(job_id: Any) -> str:
@@ -1143,7 +1263,7 @@ class JobStore:
         the reason (a job can write the jobs folder: a listing shows it as damaged, never fails on it)."""
         for job_id in job_ids:
             try:
-                yield job_id, observe(self.read(job_id)), ""
+                yield job_id, observe(self.read(job_id), self.root), ""
             except (Refused, DamagedRecord) as exc:
                 yield job_id, None, str(exc)
 
@@ -1163,9 +1283,10 @@ class JobStore:
     def cancel_path(self, job_id: str) -> Path:
         return self.root / f"{job_id}.cancel"
 
-    def answer_path(self, job_id: str) -> Path:
-        """The answer to the question a job waits on (hermes_approve or an elicitation writes it)."""
-        return self.root / f"{job_id}.answer"
+    def answers_path(self, job_id: str) -> Path:
+        """The answers to the questions a job waits on, {approval id: {decision, by, at}}: each claimed once,
+        under the record's lock (claim_answer), and read by the job's supervisor."""
+        return self.root / f"{job_id}.answers"
 
     @property
     def detach_path(self) -> Path:
@@ -1175,13 +1296,17 @@ class JobStore:
     def claim_id(self, task: bytes) -> str:
         """A new id, claimed by creating its task file and its log exclusively, so two processes never share
         one. Ids are predictable, so a job may have planted a FIFO, a symlink or a file at a future id's
-        names: such an id is skipped for the next, and nothing planted is ever opened or followed."""
+        names: such an id is skipped for the next, and nothing planted is ever opened or followed. An id never
+        sorts before one already on disk, though the clock stepped back; a claim the disk refused leaves
+        nothing behind."""
         self.ensure()
-        stamp = time.strftime("%Y%m%d-%H%M%S")
+        now = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time()))
+        newest = self.list_ids()[-1:]
+        stamp = max(now, newest[0].rpartition("-")[0]) if newest else now
         for counter in range(1, 1_000_000):
             job_id = f"{stamp}-{counter}"
             if any(os.path.lexists(path) for path in (self.record_path(job_id), self.cancel_path(job_id),
-                                                      self.answer_path(job_id))):
+                                                      self.answers_path(job_id))):
                 continue
             try:
                 task_fd = create_exclusive(self.task_path(job_id))
@@ -1193,10 +1318,17 @@ class JobStore:
                 os.close(task_fd)
                 self.task_path(job_id).unlink(missing_ok=True)
                 continue
-            try:
-                os.write(task_fd, task)
-            finally:
+            except OSError:
                 os.close(task_fd)
+                self.task_path(job_id).unlink(missing_ok=True)
+                raise
+            try:
+                with open(task_fd, "wb") as handle:
+                    handle.write(task)
+            except OSError:
+                self.task_path(job_id).unlink(missing_ok=True)
+                self.log_path(job_id).unlink(missing_ok=True)
+                raise
             return job_id
         raise Refused("no free job id this second; try again")
 
@@ -1213,8 +1345,23 @@ class JobStore:
                     return False
             except (Refused, DamagedRecord):
                 pass
-            write_atomic(self.record_path(record.id), json.dumps(record.to_json(), indent=1).encode())
+            write_atomic(self.record_path(record.id), record.encoded())
             return True
+
+    def update(self, job_id: str, change: Callable[[JobRecord], None]) -> JobRecord | None:
+        """Read, change and write a record under its lock, so a write from another process in between is
+        never lost (a launcher noting its supervisor while that supervisor writes). None when the record holds
+        an outcome already, or is damaged: it is then left as it is."""
+        with self.record_lock(job_id):
+            try:
+                record = self.read(job_id)
+            except DamagedRecord:
+                return None
+            if record.state in FINAL_STATES:
+                return None
+            change(record)
+            write_atomic(self.record_path(job_id), record.encoded())
+            return record
 
     def read(self, job_id: str) -> JobRecord:
         try:
@@ -1254,7 +1401,7 @@ class JobStore:
         """The record goes last: a log still held open (Windows) leaves the job listed, to be pruned later,
         instead of a log without a record left behind for ever."""
         for path in (self.log_path(job_id), self.task_path(job_id), self.cancel_path(job_id),
-                     self.answer_path(job_id), self.locks / f"{job_id}.lock", self.record_path(job_id)):
+                     self.answers_path(job_id), self.locks / f"{job_id}.lock", self.record_path(job_id)):
             path.unlink(missing_ok=True)
 
     def captured_sessions(self, scan_limit: int = 5000) -> Iterator[str]:
@@ -1279,47 +1426,103 @@ class JobStore:
                 yield record, session_id
 
 
+HEARTBEAT_S = 5.0  # how often a supervisor stamps its record while it watches a job
+HEARTBEAT_STALE_S = 30.0  # a live supervisor silent for longer is not watching its job
+DISK_FULL_BYTES = 1 << 20
+
+
+def disk_problem(folder: Path) -> str | None:
+    """Why this folder's disk refuses writes, read without writing: full (free space, as a zero-byte write
+    would still succeed), or read-only. None when it takes writes, or cannot be asked."""
+    import shutil
+
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return None
+    if free < DISK_FULL_BYTES:
+        return f"the disk of {folder} is full ({free:,} bytes free)"
+    if hasattr(os, "statvfs") and os.statvfs(folder).f_flag & getattr(os, "ST_RDONLY", 1):
+        return f"{folder} is on a read-only file system"
+    if not os.access(folder, os.W_OK):
+        return f"{folder} is not writable"
+    return None
+
+
 @dataclasses.dataclass
 class JobView:
-    """A record plus what the disk and the process table say about it now."""
+    """A record plus what the disk and the process table say about it now. condition says what a live
+    supervisor's job is doing beyond running: frozen, silent, or over with its outcome not written yet."""
 
     record: JobRecord
     state: JobState
     reason: str | None = None
+    condition: str | None = None
+    frozen: bool = False
 
     @property
     def running(self) -> bool:
         return self.state in LIVE_STATES
 
     @property
-    def pending_approval(self) -> dict[str, Any] | None:
-        """The question Hermes waits on, while it still waits."""
-        approval = self.record.approval
-        if self.running and approval and time.time() < approval["expires_at"]:
-            return approval
-        return None
+    def pending_questions(self) -> list[dict[str, Any]]:
+        """The questions Hermes waits on, oldest first, while it still waits."""
+        if not self.running:
+            return []
+        now = machine_clock()
+        return [question for question in self.record.questions if now < question["expires_clock"]]
 
     @property
     def shown_state(self) -> str:
         """What a status block and a listing say: starting is shown as running, a question as needs_approval."""
-        if self.pending_approval:
+        if self.pending_questions:
             return "needs_approval"
         return JobState.RUNNING.value if self.running else self.state.value
 
 
-def observe(record: JobRecord) -> JobView:
-    """The job's state as a reader should report it: a dead supervisor without an outcome is orphaned."""
+def observe(record: JobRecord, jobs_folder: Path | None = None) -> JobView:
+    """The job's state as a reader should report it: a dead supervisor without an outcome is orphaned; a live
+    one may be frozen, silent, or done with Hermes and waiting to write the outcome (jobs_folder: whose disk
+    to ask why)."""
     if record.state in FINAL_STATES:
         return JobView(record, record.state, record.reason)
-    if running_process(record.supervisor):
-        return JobView(record, JobState.RUNNING if record.state is JobState.RUNNING else JobState.STARTING)
-    if record.supervisor is None and time.time() - record.created_at < START_GRACE_S:
+    live = JobState.RUNNING if record.state is JobState.RUNNING else JobState.STARTING
+    if supervisor := running_process(record.supervisor):
+        condition, frozen = supervisor_condition(record, supervisor, jobs_folder)
+        return JobView(record, live, condition=condition, frozen=frozen)
+    launched = record.created_clock
+    age = machine_clock() - launched if launched is not None else time.time() - record.created_at
+    if record.supervisor is None and age < START_GRACE_S:
         return JobView(record, JobState.STARTING)
     hermes = running_process(record.hermes)
     hermes_note = (f"Hermes (pid {hermes.pid}) is still running; hermes_cancel stops it" if hermes
                    else "Hermes is not running")
     return JobView(record, JobState.ORPHANED, f"the job's supervisor is gone and wrote no outcome; {hermes_note}. "
                    "Inspect the log and the files before re-running.")
+
+
+def supervisor_condition(record: JobRecord, supervisor: "psutil.Process",
+                         jobs_folder: Path | None) -> tuple[str | None, bool]:
+    """What a live supervisor's job is doing beyond running, and whether the supervisor is frozen."""
+    try:
+        stopped = supervisor.status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        stopped = False
+    if stopped:
+        return (f"the job's supervisor (pid {supervisor.pid}) is frozen (stopped by a signal): nothing watches the "
+                "job, enforces its timeout or writes its outcome. hermes_cancel ends it", True)
+    disk = disk_problem(jobs_folder) if jobs_folder is not None else None
+    hermes_over = record.hermes is not None and running_process(record.hermes) is None
+    if hermes_over:
+        return ("Hermes has exited: the job is over. " + (f"Its outcome waits for the disk ({disk}); the supervisor "
+                "writes it as soon as the disk takes it" if disk else "The supervisor is writing its outcome"), False)
+    if disk:
+        return f"the jobs folder refuses writes ({disk}); the supervisor waits for the disk", False
+    silent = machine_clock() - record.heartbeat if record.heartbeat is not None else 0.0
+    if silent > HEARTBEAT_STALE_S:
+        return (f"the job's supervisor (pid {supervisor.pid}) has not stamped its record for {int(silent)} s: it may "
+                "be stuck. hermes_cancel ends it", False)
+    return None, False
 
 
 # ------------------------------------------------------------------------------------------ Hermes CLI [both]
@@ -1477,6 +1680,7 @@ def probe_cli(cfg: Config, exe: str) -> HermesCli:
 
 
 UNKNOWN_OPTION_RE = re.compile(rb"unrecognized arguments|no such option|unknown option")
+USAGE_ERROR_RE = re.compile(rb"(?m)^usage: |unrecognized arguments|no such option|unknown option|invalid choice")
 
 
 def forget_probe(cfg: Config, exe: str, what: str = "") -> None:
@@ -1609,7 +1813,7 @@ def crash_name(code: int) -> str | None:
     return f"Windows status 0x{code:08X}" if code in WINDOWS_CRASH_CODES else None
 
 
-def describe_exit(code: int, turn_saved: bool = False) -> str:
+def describe_exit(code: int, turn_saved: bool = False, usage_error: bool = False) -> str:
     """Hermes' failing exit code in words. A crash (a fault in Hermes or its Python) is told from a kill,
     and a crash after Hermes printed its session id, the last thing a CLI turn prints once the turn is saved
     (seen here: Hermes 0.22.2 segfaults on its way out in about one resume of 40), from one during the turn."""
@@ -1623,7 +1827,7 @@ def describe_exit(code: int, turn_saved: bool = False) -> str:
                 "inspect the files with hermes_read before re-running")
     if code < 0:
         return f"Hermes was killed by {signal_name(-code)} ({-code}) from outside the bridge"
-    if code == 2:
+    if code == 2 and usage_error:
         return ("Hermes exited 2: it rejected its command line (see the output); hermes_health shows the options "
                 "this Hermes declared and the command line the bridge built from them")
     if code == 130:
@@ -1999,16 +2203,104 @@ def content_text(content: Any) -> str:
 
 
 def described_command(tool_call: dict[str, Any]) -> str:
-    """What a tool call does, for a person: the command from its content (`$ <cmd>`; 0.22.2 can send an
-    untranslated key as the title), else its title."""
-    for line in content_text(tool_call.get("content")).splitlines():
-        if line.startswith("$ "):
-            return line[2:].strip()
+    """The whole command a tool call runs, for a person: rawInput.command (Hermes' own argument, every line
+    of it), else everything from the first `$ ` line of its content (the line before is the description),
+    else its title (0.22.2 can send an untranslated key there)."""
     raw = tool_call.get("rawInput")
     if isinstance(raw, dict) and isinstance(raw.get("command"), str):
         return str(raw["command"])
+    lines = content_text(tool_call.get("content")).split("\n")
+    for index, line in enumerate(lines):
+        if line.startswith("$ "):
+            return "\n".join([line[2:], *lines[index + 1:]]).strip()
     title = tool_call.get("title")
     return title if isinstance(title, str) else "a tool call"
+
+
+V4A_FILE_RE = re.compile(r"^\*\*\*\s+(?:Update|Add|Delete)\s+File:\s*(.+)$", re.MULTILINE)
+V4A_MOVE_RE = re.compile(r"^\*\*\*\s+Move\s+File:\s*(.+?)\s*->\s*(.+)$", re.MULTILINE)
+TERMINAL_KINDS = frozenset({"read", "edit", "delete", "move", "search", "fetch", "think", "switch_mode"})
+
+
+def edit_targets(tool_call: dict[str, Any]) -> list[str] | None:
+    """Every path an edit Hermes asks about would write, as Hermes reads them from its own arguments
+    (rawInput: the tool and its arguments; a V4A patch names each file on a line of its own, where the diff
+    shown joins them with ", "). None when they cannot be told: such an edit is denied."""
+    raw = tool_call.get("rawInput")
+    arguments = raw.get("arguments") if isinstance(raw, dict) else None
+    if not isinstance(arguments, dict):
+        return None
+    tool = raw.get("tool")  # type: ignore[union-attr]
+    if tool == "patch" and arguments.get("mode", "replace") == "patch":
+        body = arguments.get("patch")
+        if not isinstance(body, str):
+            return None
+        paths = [path.strip() for path in V4A_FILE_RE.findall(body)]
+        paths += [path.strip() for move in V4A_MOVE_RE.findall(body) for path in move]
+        return [path for path in paths if path] or None
+    if tool in ("write_file", "patch"):
+        path = arguments.get("path")
+        return [path] if isinstance(path, str) and path else None
+    return None
+
+
+def edit_decision(paths: list[str] | None, folder: str, folder_may_have_moved: bool,
+                  roots: list[str]) -> tuple[str, str]:
+    """allow or deny an edit, and why, deciding from where Hermes will really write: `~` expanded as Hermes
+    expands it, a relative path resolved against the session's folder (Hermes resolves it against its
+    terminal's current folder, so once a command may have moved that, a relative path cannot be decided),
+    symlinks followed. The reason says "inside" only of paths checked to be."""
+    if not paths:
+        return "deny", "cannot tell which files the edit writes"
+    inside = []
+    for path in paths:
+        expanded = os.path.expanduser(path) if "\x00" not in path else ""
+        if not expanded:
+            return "deny", f"{shown(path, 300)} is not a path"
+        if not os.path.isabs(expanded):
+            if folder_may_have_moved:
+                return "deny", (f"{shown(path, 300)} is relative, and a command Hermes ran may have changed its "
+                                "folder: where it lands cannot be decided")
+            expanded = os.path.join(folder, expanded)
+        real = os.path.realpath(expanded)
+        if not within_any(real, roots):
+            return "deny", f"{shown(path, 300)} resolves to {shown(real, 300)}, outside the allowed roots"
+        inside.append(shown(real, 300))
+    return "allow", f"inside the allowed roots: {', '.join(inside)}"
+
+
+def valid_request_id(value: Any) -> bool:
+    """A JSON-RPC id a reply can carry: a string, a whole number, or null."""
+    return value is None or isinstance(value, str) or is_whole_number(value)
+
+
+def nesting_depth(line: bytes, limit: int) -> int:
+    """How deep a JSON line nests (strings skipped), counted up to limit: json.loads recurses per level, and a
+    line nested 200,000 deep would raise RecursionError in the reader."""
+    depth = deepest = 0
+    in_string = escape = False
+    for byte in line:
+        if in_string:
+            if escape:
+                escape = False
+            elif byte == 0x5C:
+                escape = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                return deepest
+        elif byte in b"]}":
+            depth -= 1
+    return deepest
+
+
+ACP_MAX_DEPTH = 64
+COMMAND_SHOWN_CHARS = 1000
 
 
 class AcpConversation:
@@ -2016,15 +2308,17 @@ class AcpConversation:
     loaded one for a resume), Hermes' events written to the job's log as a readable transcript and kept in
     its record as the job's activity, and Hermes' permission requests, decided by the bridge or relayed.
 
-    The supervisor's loop drives it (pump); nothing here blocks: a reader thread turns Hermes' stdout into
-    messages. A question that needs the user goes into the record (approval) and its answer comes back as a
-    file any later server may write (answer_path), checked against the pending id."""
+    Every message is untrusted data: one of the wrong shape is ignored and noted once in the log, never
+    raised. The supervisor's loop drives it (pump); nothing here blocks: a reader thread turns Hermes'
+    stdout into messages. Questions that need the user go into the record (questions, every one kept, each
+    with its own id) and their answers come back through the job's answers file (claim_answer)."""
 
     def __init__(self, proc: subprocess.Popen[bytes], record: JobRecord, cfg: Config, store: JobStore, task: str,
-                 log: Callable[[str], None]):
+                 log: Callable[[str], None], save: Callable[[], None] | None = None):
         import queue
 
         self.proc, self.record, self.cfg, self.store, self.task, self.log = proc, record, cfg, store, task, log
+        self.save = save or functools.partial(write_record, store, record)
         self.inbox: "queue.Queue[dict[str, Any]]" = queue.Queue()
         self.next_id = 0
         self.step: tuple[int, str] = (0, "")  # the request of the handshake waiting for its reply: id, method
@@ -2032,8 +2326,11 @@ class AcpConversation:
         self.result: dict[str, Any] | None = None
         self.failure: str | None = None
         self.answer_chunks: list[str] = []
-        self.asked: dict[str, Any] = {}  # approval id -> the JSON-RPC id of Hermes' request
+        self.asked: dict[str, tuple[Any, dict[Any, Any]]] = {}  # approval id -> Hermes' request id, option ids
+        self.questions_asked = 0
         self.approval_timeout_s = cfg.approval_timeout_s
+        self.folder_may_have_moved = False  # a command ran: Hermes' terminal folder may not be the job's now
+        self.noted: set[str] = set()
         self.changed = False
         record.acp = {"tool_calls": 0}
         self.reader = threading.Thread(target=self._read, name="acp-reader", daemon=True)
@@ -2078,17 +2375,25 @@ class AcpConversation:
 
     # -- the wire
     def _read(self) -> None:
+        """Hermes' stdout as messages; a line that is not a JSON object (a stray print, junk, nesting deep
+        enough to exhaust the parser) becomes a note, and the reader goes on."""
         stream = cast(Any, self.proc.stdout)
         while True:
-            line = stream.readline(ACP_LINE_MAX)
+            try:
+                line = stream.readline(ACP_LINE_MAX)
+            except (OSError, ValueError):
+                return
             if not line:
                 return
+            if not line.strip():
+                continue
             try:
+                if nesting_depth(line, ACP_MAX_DEPTH) > ACP_MAX_DEPTH:
+                    raise ValueError("nested too deep")
                 message = json.loads(line)
-            except ValueError:
-                continue  # Hermes logs to stderr; a stray line on stdout is not a message
-            if isinstance(message, dict):
-                self.inbox.put(message)
+            except (ValueError, RecursionError, MemoryError):
+                message = None
+            self.inbox.put(message if isinstance(message, dict) else {"bridge/unreadable": True})
 
     def _send(self, message: dict[str, Any]) -> None:
         try:
@@ -2097,6 +2402,12 @@ class AcpConversation:
             stdin.flush()
         except (OSError, ValueError):
             pass  # Hermes is gone; its exit ends the job
+
+    def note_once(self, kind: str, text: str) -> None:
+        """A message of the wrong shape, said in the log the first time its kind is seen."""
+        if kind not in self.noted:
+            self.noted.add(kind)
+            self.log(f"\n[bridge] ignored {text} (said once; later ones are ignored silently)\n")
 
     def cancel(self) -> None:
         if self.session_id:
@@ -2115,15 +2426,18 @@ class AcpConversation:
         """After Hermes exited: the last messages it wrote, then no question is left pending."""
         self.reader.join(2)
         self.pump()
-        if self.record.approval:
-            self._expire("Hermes itself: it stopped waiting for an answer" if time.time() >= self.record.approval[
-                "expires_at"] - 2 else "nobody: the job ended while Hermes waited")
-            self.store.write(self.record)
+        for question in list(self.record.questions):
+            self._expire(question, "Hermes itself: it stopped waiting for an answer"
+                         if machine_clock() >= question["expires_clock"] - 2
+                         else "nobody: the job ended while Hermes waited")
+        if self.changed:
+            self.changed = False
+            self.save()
 
     # -- the loop
     def pump(self) -> None:
-        """Handle every message that arrived, an answer to a pending question, a question Hermes has
-        stopped waiting for; write the record when something changed."""
+        """Handle every message that arrived, the answers to pending questions, the questions Hermes has
+        stopped waiting for; save the record when something changed."""
         import queue
 
         while True:
@@ -2131,24 +2445,41 @@ class AcpConversation:
                 message = self.inbox.get_nowait()
             except queue.Empty:
                 break
-            self._handle(message)
-        self._check_answer()
+            try:
+                self._handle(message)
+            except Exception as exc:  # noqa: BLE001  (a message of a shape no check foresaw: ignored)
+                self.note_once(f"raised {type(exc).__name__}", f"a message from Hermes the bridge could not handle "
+                               f"({type(exc).__name__}: {shown(str(exc), 200)})")
+        self._check_answers()
         if self.changed:
             self.changed = False
-            self.store.write(self.record)
+            self.save()
 
     def _handle(self, message: dict[str, Any]) -> None:
+        if message.get("bridge/unreadable"):
+            self.note_once("unreadable", "a line from Hermes that is not a JSON-RPC message")
+            return
         method = message.get("method")
+        params = message.get("params")
         if method is None and "id" in message:
             if message["id"] == self.step[0] and not self.finished:
                 self._reply(message)
+        elif not isinstance(params, dict) and method in ("session/request_permission", "session/update"):
+            self.note_once(f"{method} params", f"a {method} whose params are not an object")
+            if method == "session/request_permission" and "id" in message and valid_request_id(message["id"]):
+                self._send({"id": message["id"], "error": {"code": -32602, "message": "params must be an object"}})
         elif method == "session/request_permission" and "id" in message:
-            self._permission(message["id"], message.get("params") or {})
+            if not valid_request_id(message["id"]):
+                self.note_once("request id", "a permission request whose id is not a string, number or null")
+                return
+            self._permission(message["id"], cast(dict[str, Any], params))
         elif method == "session/update":
-            update = (message.get("params") or {}).get("update")
+            update = cast(dict[str, Any], params).get("update")
             if isinstance(update, dict):
                 self._update(update)
-        elif "id" in message:
+            else:
+                self.note_once("update shape", "a session/update without an update object")
+        elif "id" in message and isinstance(method, str) and valid_request_id(message["id"]):
             self._send({"id": message["id"], "error": {"code": -32601, "message": f"{shown(method, 80)} is not "
                                                         "supported by this client"}})
 
@@ -2167,21 +2498,25 @@ class AcpConversation:
         self._next_step(step)
 
     def _set(self, **values: Any) -> None:
-        """Activity fields of the record, kept only when they are of the shape the record allows."""
+        """Activity fields of the record, kept only when they are of the shape the record allows, a text
+        within its encoded size."""
         acp = cast(dict[str, Any], self.record.acp)
         for key, value in values.items():
             if (is_whole_number(value) and 0 <= value < COUNTER_LIMIT) or is_number(value) or isinstance(value, str):
-                acp[key] = value[:ANSWER_MAX_CHARS] if isinstance(value, str) else value
+                acp[key] = fit_json(value, TEXT_FIELD_MAX_BYTES) if isinstance(value, str) else value
                 self.changed = True
 
     def _update(self, update: dict[str, Any]) -> None:
         kind = update.get("sessionUpdate")
         if kind == "tool_call":
+            tool_kind = update.get("kind") if isinstance(update.get("kind"), str) else "other"
+            if tool_kind not in TERMINAL_KINDS:
+                self.folder_may_have_moved = True
             command = " ".join(described_command(update).split())[:TOOL_ARGUMENT_CHARS * 2]
             acp = cast(dict[str, Any], self.record.acp)
-            self._set(tool=f"{shown(update.get('kind') or 'tool', 40)}: {command}", tool_started=time.time(),
+            self._set(tool=f"{shown(tool_kind, 40)}: {command}", tool_started=time.time(),
                       tool_status="running", tool_calls=int(acp.get("tool_calls", 0)) + 1)
-            self.log(f"\n[hermes] {update.get('kind') or 'tool'}: {command}\n")
+            self.log(f"\n[hermes] {shown(tool_kind, 40)}: {clean_str(command)}\n")
         elif kind == "tool_call_update" and update.get("status") in ("completed", "failed"):
             self._set(tool_status=str(update["status"]))
             output = content_text(update.get("content"))
@@ -2201,77 +2536,85 @@ class AcpConversation:
     def _permission(self, request_id: Any, params: dict[str, Any]) -> None:
         given = params.get("toolCall")
         tool: dict[str, Any] = given if isinstance(given, dict) else {}
-        options = [o for o in params.get("options") or [] if isinstance(o, dict)]
-        by_kind = {o.get("kind"): o.get("optionId") for o in reversed(options)}
-        approval_id = f"{len(self.record.decisions) + len(self.asked) + 1}-{os.urandom(3).hex()}"
+        options = params.get("options")
+        by_kind = {o.get("kind"): o.get("optionId") for o in reversed(options if isinstance(options, list) else [])
+                   if isinstance(o, dict)}
+        self.questions_asked += 1
+        approval_id = f"{self.questions_asked}-{os.urandom(3).hex()}"
         if tool.get("kind") == "edit":
-            path = self._edit_path(tool)
-            inside = path is not None and within_any(
-                os.path.realpath(os.path.join(self.record.cwd or "", path)), self.cfg.roots)
-            what = f"edit {shown(path or '(no path given)', 300)}"
-            self._decide(request_id, by_kind, approval_id, what, "allow" if inside else "deny",
-                         "the bridge: " + ("inside" if inside else "outside") + " the allowed roots")
+            paths = edit_targets(tool)
+            decision, why = edit_decision(paths, self.record.cwd or "", self.folder_may_have_moved, self.cfg.roots)
+            what = "edit " + (", ".join(shown(path, 300) for path in paths[:20]) if paths else "(no path Hermes "
+                              "states in its arguments)")
+            self._decide(request_id, by_kind, approval_id, what, decision, f"the bridge: {why}")
             return
         given_raw = tool.get("rawInput")
         raw: dict[str, Any] = given_raw if isinstance(given_raw, dict) else {}
-        command = shown(described_command(tool), 1000)
+        command = described_command(tool)
         reason = raw.get("description") if isinstance(raw.get("description"), str) else ""
-        what = f"run `{command}`" + (f" ({shown(reason, 200)})" if reason else "")
+        what = f"run `{shown_whole(command, COMMAND_SHOWN_CHARS)}`" + (f" ({shown(reason, 200)})" if reason else "")
+        if len(command) > COMMAND_SHOWN_CHARS:
+            what += (f"; the command is {len(command):,} characters, too long to show whole: its whole text is in "
+                     "the job log (FULL_LOG)")
+            self.log(f"\n[bridge] the whole command of approval {approval_id}: {escaped(command)}\n")
         mode = self.record.approval_mode or self.cfg.approval_mode
         if mode != "ask":
             self._decide(request_id, by_kind, approval_id, what, "allow" if mode == "yolo" else "deny",
                          f"the bridge: approvals {mode}")
             return
+        questions = self.record.questions
+        if len(questions) >= QUESTIONS_KEPT or len(json.dumps(questions, ensure_ascii=False)) > QUESTIONS_MAX_BYTES:
+            self._decide(request_id, by_kind, approval_id, what, "deny",
+                         f"the bridge: {len(questions):,} questions were already waiting for an answer")
+            return
         now = time.time()
         self.asked[approval_id] = (request_id, by_kind)
-        self.record.approval = {"id": approval_id, "what": what, "asked_at": now,
-                                "expires_at": now + self.approval_timeout_s}
+        self.record.questions = [*questions, {"id": approval_id, "what": what, "asked_at": now,
+                                              "expires_at": now + self.approval_timeout_s,
+                                              "expires_clock": machine_clock() + self.approval_timeout_s}]
         self.changed = True
         self.log(f"\n[bridge] Hermes asks to {what}; waiting for an answer (approval {approval_id})\n")
-
-    @staticmethod
-    def _edit_path(tool: dict[str, Any]) -> str | None:
-        for block in tool.get("content") or []:
-            if isinstance(block, dict) and block.get("type") == "diff" and isinstance(block.get("path"), str):
-                return cast(str, block["path"])
-        raw = tool.get("rawInput")
-        arguments = raw.get("arguments") if isinstance(raw, dict) else None
-        path = arguments.get("path") if isinstance(arguments, dict) else None
-        return path if isinstance(path, str) else None
 
     def _decide(self, request_id: Any, by_kind: dict[Any, Any], approval_id: str, what: str, decision: str,
                 by: str) -> None:
         option = by_kind.get("allow_once" if decision == "allow" else "reject_once")
-        outcome = {"outcome": "selected", "optionId": option} if option else {"outcome": "cancelled"}
+        outcome = {"outcome": "selected", "optionId": option} if isinstance(option, str) else {"outcome": "cancelled"}
         self._send({"id": request_id, "result": {"outcome": outcome}})
-        self.record.decisions.append({"id": approval_id, "what": what, "decision": decision, "by": by})
+        self._record_decision(approval_id, what, decision, by)
+
+    def _record_decision(self, approval_id: str, what: str, decision: str, by: str) -> None:
+        """Every decision, wherever it was taken, is kept, logged and audited where it is applied."""
+        self.record.add_decision({"id": approval_id, "what": what, "decision": decision, "by": by})
         self.changed = True
         self.log(f"\n[bridge] approval {approval_id}: {what} -> {decision} by {by}\n")
+        audit(self.cfg, event="decision", job_id=self.record.id, approval_id=approval_id, decision=decision, by=by,
+              what=what)
 
-    def _check_answer(self) -> None:
-        pending = self.record.approval
-        if not pending:
+    def _check_answers(self) -> None:
+        """Each pending question: expired (checked first: an answer read after Hermes' deadline never
+        decides), or decided by the answer claimed for it."""
+        if not self.record.questions:
             return
-        if time.time() > pending["expires_at"]:  # checked first: an answer read after the deadline never decides
-            self._expire(f"Hermes itself: no answer within {self.approval_timeout_s:g} s")
-            return
-        given = read_json(self.store.answer_path(self.record.id), 4096)
-        if isinstance(given, dict) and given.get("id") == pending["id"] and given.get("decision") in (
-                "allow", "deny"):
-            self.store.answer_path(self.record.id).unlink(missing_ok=True)
-            request_id, by_kind = self.asked.pop(pending["id"])
-            self.record.approval = None
-            by = "the user (elicitation)" if given.get("by") == "user" else "the planner (hermes_approve)"
-            self._decide(request_id, by_kind, pending["id"], pending["what"], given["decision"], by)
+        answers: dict[str, Any] | None = None
+        for question in list(self.record.questions):
+            if machine_clock() > question["expires_clock"]:
+                self._expire(question, f"Hermes itself: no answer within {self.approval_timeout_s:g} s")
+                continue
+            if answers is None:
+                answers = read_answers(self.store, self.record.id)
+            given = answers.get(question["id"])
+            if given is None or question["id"] not in self.asked:
+                continue
+            request_id, by_kind = self.asked.pop(question["id"])
+            self.record.questions = [q for q in self.record.questions if q["id"] != question["id"]]
+            by = "the user (elicitation)" if given["by"] == "user" else "the planner (hermes_approve)"
+            self._decide(request_id, by_kind, question["id"], question["what"], given["decision"], by)
 
-    def _expire(self, by: str) -> None:
-        """The pending question, no longer waited for: Hermes denies it (the request is never withdrawn)."""
-        pending = cast(dict[str, Any], self.record.approval)
-        self.asked.pop(pending["id"], None)
-        self.record.approval = None
-        self.record.decisions.append({"id": pending["id"], "what": pending["what"], "decision": "deny", "by": by})
-        self.changed = True
-        self.log(f"\n[bridge] approval {pending['id']}: {pending['what']} -> deny by {by}\n")
+    def _expire(self, question: dict[str, Any], by: str) -> None:
+        """A question no longer waited for: Hermes denies it (the request is never withdrawn)."""
+        self.asked.pop(question["id"], None)
+        self.record.questions = [q for q in self.record.questions if q["id"] != question["id"]]
+        self._record_decision(question["id"], question["what"], "deny", by)
 
     def outcome(self, exit_code: int | None) -> Outcome:
         if self.failure:
@@ -2286,6 +2629,18 @@ class AcpConversation:
             return Outcome(JobState.ERROR, exit_code, "Hermes refused the prompt (stopReason refusal); a session "
                            "made with the CLI cannot be continued over ACP")
         return Outcome(JobState.ERROR, exit_code, f"Hermes stopped with stopReason {shown(stop, 60)}")
+
+
+def read_answers(store: JobStore, job_id: str) -> dict[str, dict[str, Any]]:
+    """The answers claimed for a job's questions, those of the right shape only (a job can write the file)."""
+    found = read_json(store.answers_path(job_id), ANSWERS_MAX_BYTES)
+    if not isinstance(found, dict):
+        return {}
+    return {key: value for key, value in found.items() if isinstance(value, dict)
+            and value.get("decision") in ("allow", "deny") and isinstance(value.get("by"), str)}
+
+
+ANSWERS_MAX_BYTES = 1 << 20
 
 
 # ------------------------------------------------------------------------------------- process control [both]
@@ -2404,11 +2759,17 @@ class Ownership:
 
     marker: str
     anchors: frozenset[int] = frozenset()
+    recorded: tuple[ProcessId, ...] = ()  # the job's processes as its supervisor recorded them (pid and start)
     require_descent: bool = HAS_SUBREAPER
 
     def owns(self, proc: "psutil.Process") -> bool:
+        """Whether this process is provably the job's: below an anchor (Linux) or marked (elsewhere), or one
+        the supervisor recorded, still the same process (pid and start) and still carrying the exact marker:
+        the proof that stands for an orphan's tools once its Hermes is gone."""
         if proc.pid in protected_pids():
             return False
+        if any(seen.pid == proc.pid and seen.process() for seen in self.recorded) and carries_marker(proc, self.marker):
+            return True
         try:
             ancestors = proc.parents()
         except psutil.Error:
@@ -2470,24 +2831,41 @@ def marked_processes(marker: str) -> list["psutil.Process"]:
 class StopReport:
     """What a stop did, for the job's reason line: never "the whole tree" unless that was verified."""
 
-    stopped: int
+    stopped: frozenset[int]  # the processes signalled while they ran
     survivors: list[int]
     disowned: list[int]  # carry the marker but could not be proven the job's: not signalled
     complete: bool  # the tree is known whole (a subreaper supervisor held it)
 
+    def merged(self, later: "StopReport") -> "StopReport":
+        """This stop and a later sweep as one: each process counted once, survivors as the sweep left them."""
+        return StopReport(self.stopped | later.stopped, later.survivors + [
+            pid for pid in self.survivors if pid not in later.survivors and psutil.pid_exists(pid)],
+            sorted(set(self.disowned) | set(later.disowned)), self.complete and later.complete)
+
     def describe(self) -> str:
-        if self.survivors:
-            text = (f"stopped {self.stopped} processes, but pids {self.survivors[:20]} could not be verified gone; "
+        count = len(self.stopped)
+        if not count and not self.survivors:
+            text = "no process of the job was still running"
+        elif self.survivors:
+            text = (f"stopped {plural(count, 'process')}, but pids {self.survivors[:20]} could not be verified gone; "
                     "stop them by hand")
         elif self.complete:
-            text = f"the whole process tree ({self.stopped} processes) was stopped and verified gone"
+            text = f"the whole process tree ({plural(count, 'process')}) was stopped and verified gone"
         else:
-            text = (f"{self.stopped} processes (found below Hermes and by the job's marker) were stopped and verified "
+            text = (f"{plural(count, 'process')} (found below Hermes and by the job's marker) stopped and verified "
                     "gone; a tool that left both the tree and its environment cannot be found on this system")
         if self.disowned:
             text += (f"; pids {self.disowned[:20]} carry the job's marker but do not descend from the job, so they "
                      "were not signalled")
         return text
+
+
+def is_alive(proc: "psutil.Process") -> bool:
+    """Running, not a zombie waiting for its reaper (a zombie is already stopped: it is not counted)."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def stop_tree(owner: Ownership, root: "psutil.Process | None", seen: list[ProcessId], grace_s: float,
@@ -2501,13 +2879,13 @@ def stop_tree(owner: Ownership, root: "psutil.Process | None", seen: list[Proces
     targets: list[psutil.Process] = []
 
     def proven(procs: list["psutil.Process"]) -> list["psutil.Process"]:
-        """The processes not yet targeted that prove to be the job's, now: a process stays a target once
+        """The live processes not yet targeted that prove to be the job's, now: a process stays a target once
         proven, since stopping its parent re-parents it out of the tree."""
         known = {proc.pid for proc in targets}
         unique = {proc.pid: proc for proc in procs if proc.pid not in known}
-        return [proc for proc in unique.values() if owner.owns(proc)]
+        return [proc for proc in unique.values() if is_alive(proc) and owner.owns(proc)]
 
-    root = root if root is not None and owner.owns(root) else None
+    root = root if root is not None and is_alive(root) and owner.owns(root) else None
     marked = marked_processes(owner.marker)
     targets += proven(tree_of(root, seen) + owner.descendants() + marked)
     disowned = sorted({proc.pid for proc in marked} - {proc.pid for proc in targets})
@@ -2527,7 +2905,19 @@ def stop_tree(owner: Ownership, root: "psutil.Process | None", seen: list[Proces
             break
         targets += late
         survivors += late
-    return StopReport(len(targets), [proc.pid for proc in survivors], disowned, complete)
+    return StopReport(frozenset(proc.pid for proc in targets), [proc.pid for proc in survivors], disowned, complete)
+
+
+def reap_orphans(keep: int) -> None:
+    """Collect the exit status of this process' children that have ended, but for `keep` (Hermes, whose
+    status subprocess collects): as a subreaper, a supervisor inherits every orphaned tool of its job."""
+    if IS_WINDOWS:
+        return
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process().children():
+            if child.pid != keep and not is_alive(child):
+                with contextlib.suppress(OSError):
+                    os.waitpid(child.pid, os.WNOHANG)
 
 
 # -------------------------------------------------------------------------------------- Hermes drivers [both]
@@ -2578,9 +2968,10 @@ class HermesRun:
     exit_grace_s = 0.0  # how long Hermes gets to exit by itself after close, before the tree stop
 
     def __init__(self, cfg: Config, store: JobStore, record: JobRecord, exe: str, log: LogWriter,
-                 start_process: ProcessStarter | None = None):
+                 start_process: ProcessStarter | None = None, save: Callable[[], None] | None = None):
         self.cfg, self.store, self.record, self.exe, self.log = cfg, store, record, exe, log
         self.start_process = start_process or self.start_default
+        self.save = save or functools.partial(write_record, store, record)
 
     @classmethod
     def plan(cls, cfg: Config, exe: str, record: JobRecord, task: str, folder: str, task_path: Path | None,
@@ -2658,9 +3049,11 @@ class CliRun(HermesRun):
         if exit_code == 0:
             return Outcome(JobState.OK, exit_code, None)
         log = self.store.log_path(self.record.id)
-        if exit_code == 2 and UNKNOWN_OPTION_RE.search(read_tail(log, 65536)[0]):
+        tail = read_tail(log, 65536)[0]
+        if exit_code == 2 and UNKNOWN_OPTION_RE.search(tail):
             forget_probe(self.cfg, self.exe)
-        return Outcome(JobState.ERROR, exit_code, describe_exit(exit_code, ends_with_session_line(log)))
+        return Outcome(JobState.ERROR, exit_code, describe_exit(exit_code, ends_with_session_line(log),
+                                                                USAGE_ERROR_RE.search(tail) is not None))
 
     def session(self, exit_code: int | None) -> tuple[str | None, str | None]:
         record = self.record
@@ -2683,8 +3076,8 @@ class AcpRun(HermesRun):
     exit_grace_s = ACP_EXIT_GRACE_S
 
     def __init__(self, cfg: Config, store: JobStore, record: JobRecord, exe: str, log: LogWriter,
-                 start_process: ProcessStarter | None = None):
-        super().__init__(cfg, store, record, exe, log, start_process)
+                 start_process: ProcessStarter | None = None, save: Callable[[], None] | None = None):
+        super().__init__(cfg, store, record, exe, log, start_process, save)
         self.conversation: AcpConversation | None = None
         self.policy_dir: Path | None = None
 
@@ -2702,7 +3095,7 @@ class AcpRun(HermesRun):
         self.policy_dir = approval_policy_dir(self.cfg)
         proc = self.start_process(plan.argv, plan.folder, subprocess.PIPE,
                                   dict(env, HERMES_MANAGED_DIR=str(self.policy_dir)))
-        self.conversation = AcpConversation(proc, self.record, self.cfg, self.store, plan.task, self.log)
+        self.conversation = AcpConversation(proc, self.record, self.cfg, self.store, plan.task, self.log, self.save)
         return proc
 
     @property
@@ -2858,7 +3251,10 @@ def compare_snapshots(before: FolderSnapshot, after: FolderSnapshot) -> dict[str
 class Supervisor:
     """Owns one job from a detached process: starts Hermes with the record's driver, enforces the timeout,
     obeys cancel, records. Its collaborators come in (config, store, the process starter), so tests can drive
-    the loop with a fake; the driver (DRIVERS) holds everything that differs between the ways to run Hermes."""
+    the loop with a fake; the driver (DRIVERS) holds everything that differs between the ways to run Hermes.
+
+    The outcome is never lost: a record write the disk refuses mid-run is kept and tried again on the next
+    poll, and the outcome is retried with back-off for OUTCOME_RETRY_S, writing nothing else meanwhile."""
 
     def __init__(self, job_id: str, cfg: Config, store: JobStore, start_process: ProcessStarter | None = None,
                  subreaper: bool = False):
@@ -2873,32 +3269,65 @@ class Supervisor:
         self.known_tree = set(self.record.tree)
         self.stop_signal = False
         self.log_offset = 0
+        self.log_left_out = 0
         self.windows_job: WindowsJob | None = None
+        self.hermes: psutil.Process | None = None
         self.before: FolderSnapshot | None = None
         self.snapshot_thread: threading.Thread | None = None
+        self.unsaved = False
+        self.next_heartbeat = 0.0
 
     def note(self, text: str) -> None:
         self.write_log(f"[bridge] {text}\n")
 
     def write_log(self, text: str) -> None:
-        """The job's log is this process's stderr (Hermes writes there too)."""
-        sys.stderr.write(text)
-        sys.stderr.flush()
+        """The job's log is this process's stderr (Hermes writes there too). A log the disk refuses loses the
+        line, never the job."""
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(text)
+            sys.stderr.flush()
+
+    def save(self) -> None:
+        """Write the record; a disk that refuses it (full, read-only, a lock held) leaves it to the next poll."""
+        try:
+            self.store.write(self.record)
+            self.unsaved = False
+        except (OSError, DamagedRecord):
+            self.unsaved = True
 
     def run(self) -> int:
-        self.record.supervisor = ProcessId.of(psutil.Process())
-        self.record.change_state(JobState.RUNNING)
-        if not self.store.write(self.record):
+        record = self.record
+        record.supervisor = ProcessId.of(psutil.Process())
+        record.change_state(JobState.RUNNING)
+        record.heartbeat = machine_clock()
+        try:
+            written = self.store.write(record)
+        except (OSError, DamagedRecord) as exc:
+            self._finish(Outcome(JobState.ERROR, None, f"the jobs folder refused the job's first write ("
+                                 f"{disk_error(exc)}); Hermes was not started"))
+            return 0
+        if not written:
             self.note("the job already has an outcome (cancelled as an orphan before this supervisor started); "
                       "Hermes was not started")
             return 0
         try:
             outcome = self._run_hermes()
-        except Exception as exc:  # the outcome must be written whatever went wrong
-            traceback.print_exc()
-            outcome = Outcome(JobState.ERROR, None, f"the supervisor failed: {exc}")
+        except Exception as exc:  # the outcome must be written whatever went wrong, after the tree is stopped
+            with contextlib.suppress(OSError, ValueError):
+                traceback.print_exc()
+            report = self._stop_everything()
+            outcome = Outcome(JobState.ERROR, None, f"the supervisor failed ({type(exc).__name__}: "
+                              f"{shown(str(exc), 300)}); {report.describe()}")
         self._finish(outcome)
         return 0
+
+    def _stop_everything(self) -> StopReport:
+        """After a failure of the supervisor itself: Hermes and every process proven the job's, stopped."""
+        try:
+            return stop_tree(self.owner, self.hermes, self.record.tree, self.cfg.kill_grace_s, self.windows_job,
+                             self.subreaper)
+        except Exception:  # noqa: BLE001  (the outcome is written whatever the stop met)
+            return StopReport(frozenset(), [self.hermes.pid] if self.hermes else [], [], False)
 
     def on_sigterm(self, _signum: int, _frame: Any) -> None:
         self.stop_signal = True
@@ -2922,7 +3351,7 @@ class Supervisor:
         if isinstance(plan, Outcome):
             return plan
         self.run_ = driver_of(self.record)(self.cfg, self.store, self.record, plan.argv[0], self.write_log,
-                                           self.start_process)
+                                           self.start_process, self.save)
         proc = self._start(plan, self.run_)
         return self._watch(proc, self.run_)
 
@@ -2952,29 +3381,38 @@ class Supervisor:
         proc = run.start(plan, hermes_env(cfg, record.marker))
         if IS_WINDOWS:
             self.windows_job = self._job_object_for(proc)
-        record.hermes = ProcessId.of(psutil.Process(proc.pid))
-        record.started_at = time.time()
-        self.store.write(record)
+        self.hermes = psutil.Process(proc.pid)
+        record.hermes = ProcessId.of(self.hermes)
+        record.started_at, record.started_clock = time.time(), machine_clock()
+        self.save()
         audit(cfg, event="job", job_id=self.job_id, state=JobState.RUNNING.value, hermes_pid=proc.pid,
               cwd=record.cwd, cli_flags=plan.cli_flags)
         return proc
 
     def _watch(self, proc: subprocess.Popen[bytes], run: HermesRun) -> Outcome:
         """Until Hermes exits: remember its tree, pump its driver, and stop it on cancel, timeout or a move
-        outside the roots; then the outcome."""
-        exit_code, stopping, report = self._wait(proc, run)
+        outside the roots; then sweep what it left running, and the outcome."""
+        started = time.monotonic()
+        exit_code, stopping, report = self._wait(proc, run, started)
+        self.record.duration_s = round(time.monotonic() - started, 3)
         run.drain()
+        sweep = stop_tree(self.owner, None, self.record.tree, 0, complete=self.subreaper)
         if stopping:
-            return self._stopped(stopping, exit_code, report)
+            report = report.merged(sweep) if report else sweep
+            return Outcome(stopping[0], exit_code, f"{stopping[1]}; {report.describe()}")
+        if sweep.stopped or sweep.survivors:
+            self.record.swept = f"after Hermes exited, tool processes it left running: {sweep.describe()}"
         return run.outcome(exit_code)
 
-    def _wait(self, proc: subprocess.Popen[bytes], run: HermesRun
+    def _wait(self, proc: subprocess.Popen[bytes], run: HermesRun, started: float
               ) -> tuple[int, tuple[JobState, str] | None, StopReport | None]:
         """Poll until Hermes exits. A stop first asks Hermes (the driver's ask_to_stop), then, after the
-        driver's grace, stops the tree; a turn that is over while the process runs is closed, then stopped."""
+        driver's grace, stops the tree; a turn that is over while the process runs is closed, then stopped.
+        The deadline is on this process' monotonic clock: a step of the wall clock neither ends a job early nor
+        lets it run long."""
         record = self.record
-        hermes = psutil.Process(proc.pid)
-        deadline = (record.started_at or time.time()) + record.timeout_s
+        hermes = cast(psutil.Process, self.hermes)
+        deadline = started + record.timeout_s
         stopping: tuple[JobState, str] | None = None
         report: StopReport | None = None
         stop_at = close_by = None
@@ -2984,8 +3422,11 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
             self._remember_tree(hermes)
+            reap_orphans(proc.pid)
+            self._keep_log_bounded()
             now = time.monotonic()
             run.pump()
+            self._stamp(now)
             if run.finished and close_by is None:
                 run.close()
                 close_by = now + run.exit_grace_s
@@ -2996,25 +3437,44 @@ class Supervisor:
             due = (stop_at is not None and (now >= stop_at or run.finished)) or (
                 close_by is not None and now >= close_by)
             if due and report is None:
-                report = stop_tree(self.owner, hermes, record.tree, self.cfg.kill_grace_s, self.windows_job)
+                report = stop_tree(self.owner, hermes, record.tree, self.cfg.kill_grace_s, self.windows_job,
+                                   self.subreaper)
                 if report.survivors:
                     self.note(f"could not stop pids {report.survivors}")
 
-    def _stopped(self, stopping: tuple[JobState, str], exit_code: int, report: StopReport | None) -> Outcome:
-        """A job the bridge stopped: sweep what Hermes left behind, and say what was stopped."""
-        late = stop_tree(self.owner, None, self.record.tree, 0)  # tool processes Hermes left behind
-        earlier = report.survivors if report else []
-        report = StopReport((report.stopped if report else 0) + late.stopped,
-                            late.survivors + [pid for pid in earlier if pid not in late.survivors
-                                              and psutil.pid_exists(pid)],
-                            sorted(set((report.disowned if report else []) + late.disowned)), self.subreaper)
-        return Outcome(stopping[0], exit_code, f"{stopping[1]}; {report.describe()}")
+    def _stamp(self, now: float) -> None:
+        """The heartbeat readers tell a working supervisor by, and any write the disk refused before."""
+        if now >= self.next_heartbeat or self.unsaved:
+            self.next_heartbeat = now + HEARTBEAT_S
+            self.record.heartbeat = machine_clock()
+            self.save()
+
+    def _keep_log_bounded(self) -> None:
+        """Past max_log_bytes, the log keeps its first quarter and its newest half, with a line saying how
+        much was left out between. Everyone writes it in append mode, so after the cut the writes go on at the
+        new end; bytes written during the cut itself (microseconds) are lost with the middle."""
+        cap = self.cfg.max_log_bytes
+        try:
+            size = os.fstat(2).st_size
+            if size <= cap:
+                return
+            head, tail = cap // 4, cap // 2
+            with open_regular(self.store.log_path(self.job_id)) as log:
+                log.seek(max(head, os.fstat(log.fileno()).st_size - tail))
+                newest = log.read()
+            cut_at = os.fstat(2).st_size
+            os.truncate(2, head) if not IS_WINDOWS else os.ftruncate(2, head)
+            self.log_left_out += cut_at - head - len(newest)
+            os.write(2, (f"\n[bridge] {self.log_left_out:,} bytes of output were left out here (max_log_bytes "
+                         f"{cap:,}): the log keeps its head and its newest output\n").encode() + newest)
+        except OSError:
+            return
 
     def _reason_to_stop(self, deadline: float) -> tuple[JobState, str] | None:
         record = self.record
         if self._cancel_requested():
             return JobState.CANCELLED, "cancelled on request"
-        if time.time() > deadline:
+        if time.monotonic() > deadline:
             return JobState.TIMEOUT, (f"hit timeout_s={record.timeout_s:g}. Work may be part-done: inspect before "
                                       "re-running")
         if moved := self._moved_outside_roots():
@@ -3083,7 +3543,8 @@ class Supervisor:
 
     def _remember_tree(self, hermes: "psutil.Process") -> None:
         """Record every process of the job seen: Hermes' descendants and, as a subreaper, the orphans that
-        were re-parented to this supervisor (they are no longer below Hermes)."""
+        were re-parented to this supervisor (they are no longer below Hermes). The record keeps TREE_KEPT;
+        the marker and the subreaper find the rest."""
         try:
             children = hermes.children(recursive=True)
             if self.subreaper:
@@ -3093,12 +3554,12 @@ class Supervisor:
         changed = False
         for child in children:
             process_id = ProcessId.of_safe(child)
-            if process_id and process_id not in self.known_tree:
+            if process_id and process_id not in self.known_tree and len(self.record.tree) < TREE_KEPT:
                 self.known_tree.add(process_id)
                 self.record.tree.append(process_id)
                 changed = True
         if changed:
-            self.store.write(self.record)
+            self.save()
 
     def _finish(self, outcome: Outcome) -> None:
         record = self.record
@@ -3122,20 +3583,47 @@ class Supervisor:
         if requested and session_id and session_id != requested:
             record.session_note = (f"asked to resume session {requested}, but Hermes reported session {session_id}: "
                                    "it started a fresh session or continued a compressed one under a new id")
-        for _ in range(20):  # a full disk may free up; the outcome is worth a few seconds
-            try:
-                self.store.write(record)
-                break
-            except OSError as exc:
-                self.note(f"cannot write the outcome ({exc}); retrying")
-                time.sleep(0.5)
-        else:
+        if not self._write_outcome():
             return  # the record still says running with a dead supervisor: readers report it orphaned
-        self.store.clear_active(self.job_id)
-        self.store.cancel_path(self.job_id).unlink(missing_ok=True)
-        self.store.answer_path(self.job_id).unlink(missing_ok=True)
+        for path in (self.store.cancel_path(self.job_id), self.store.answers_path(self.job_id),
+                     self.store.active / self.job_id):
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
         audit(self.cfg, event="job", job_id=self.job_id, state=outcome.state.value, exit_code=exit_code,
               reason=outcome.reason)
+
+    def _write_outcome(self) -> bool:
+        """The outcome, written once the disk takes it: a full or read-only jobs folder is waited out with
+        back-off for OUTCOME_RETRY_S, writing nothing else to it meanwhile, and the record then says what
+        delayed it. False when it never could (or another writer's outcome stands)."""
+        first_failure: tuple[float, str] | None = None
+        wait_s = OUTCOME_RETRY_FIRST_S
+        give_up = time.monotonic() + OUTCOME_RETRY_S
+        while True:
+            if first_failure:
+                self.record.outcome_note = (f"written {time.monotonic() - first_failure[0]:.0f} s after the job ended: "
+                                            f"the jobs folder refused writes until then ({first_failure[1]})")
+            try:
+                self.store.write(self.record)
+                return True
+            except (OSError, DamagedRecord) as exc:
+                first_failure = first_failure or (time.monotonic(), disk_error(exc))
+            if time.monotonic() >= give_up:
+                return False
+            time.sleep(wait_s)
+            wait_s = min(wait_s * 2, OUTCOME_RETRY_MAX_WAIT_S)
+
+
+OUTCOME_RETRY_S = 1800.0
+OUTCOME_RETRY_FIRST_S = 0.25
+OUTCOME_RETRY_MAX_WAIT_S = 5.0
+
+
+def disk_error(exc: BaseException) -> str:
+    """An error of the disk in words: the file and what the system said (No space left on device)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    return f"{type(exc).__name__}: {shown(str(exc), 200)}"
 
 
 # ---------------------------------------------------------------------------------------- job launch [server]
@@ -3183,7 +3671,7 @@ class JobRequest:
 
     def record(self, job_id: str, log: str | None = None) -> JobRecord:
         """The record a launch of this request starts with."""
-        return JobRecord(id=job_id, state=JobState.STARTING, created_at=time.time(),
+        return JobRecord(id=job_id, state=JobState.STARTING, created_at=time.time(), created_clock=machine_clock(),
                          task_preview=" ".join(self.task.split())[:120], cwd=self.cwd,
                          session_requested=self.session_requested, skills=self.skills, toolsets=self.toolsets,
                          max_turns=self.max_turns, timeout_s=self.timeout_s, dedupe_key=self.dedupe_key(), log=log,
@@ -3217,6 +3705,9 @@ def launch_job(cfg: Config, request: JobRequest) -> tuple[JobRecord, str | None]
             return start_job(cfg, store, request), None
     except LockTimeout:
         raise Refused("another server process holds the launch lock; try again in a moment") from None
+    except OSError as exc:  # the launch lock itself could not be made: the disk refuses writes
+        raise Refused(f"the jobs folder refuses writes ({disk_error(exc)}); nothing started. Free space on its "
+                      f"disk or make {store.root} writable, then try again") from None
 
 
 def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
@@ -3227,7 +3718,7 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
     try:
         job_id = store.claim_id(request.task.encode())
     except OSError as exc:
-        raise Refused(f"cannot write to the jobs folder {store.root}: {exc.strerror or exc}; nothing started") from None
+        raise Refused(f"cannot write to the jobs folder {store.root} ({disk_error(exc)}); nothing started") from None
     record = request.record(job_id, str(store.log_path(job_id)))
     record.nonce = secrets.token_hex(16)
     try:
@@ -3235,9 +3726,11 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
         store.mark_active(job_id)
         log = open_append(store.log_path(job_id))
     except OSError as exc:
-        store.clear_active(job_id)
-        store.remove(job_id)
-        raise Refused(f"cannot write the job record in {store.root}: {exc.strerror or exc}; nothing started") from None
+        with contextlib.suppress(OSError):
+            store.clear_active(job_id)
+        with contextlib.suppress(OSError):
+            store.remove(job_id)
+        raise Refused(f"cannot write the job record in {store.root} ({disk_error(exc)}); nothing started") from None
     env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path), **{JOB_MARKER: record.marker})
     argv = supervisor_argv(job_id)
     with log:
@@ -3247,14 +3740,31 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
                                               cwd=str(SERVER_DIR), env=env, close_fds=True, **popen_kwargs(flags))
                 # its exit status is collected by a thread of its own, so it never lingers as a zombie
                 threading.Thread(target=supervisor.wait, name=f"reap {job_id}", daemon=True).start()
+                note_supervisor(store, job_id, supervisor.pid)
                 record_detach_mode(store, attempt == 0)
                 return record
             except OSError as exc:
                 failure = exc
     record.change_state(JobState.ERROR, f"the supervisor could not start: {failure}")
-    store.write(record)
-    store.clear_active(job_id)
+    try:
+        store.write(record)
+        store.clear_active(job_id)
+    except OSError as exc:
+        raise Refused(f"the supervisor could not start ({failure}), and the jobs folder refuses writes "
+                      f"({disk_error(exc)})") from None
     return record
+
+
+def note_supervisor(store: JobStore, job_id: str, pid: int) -> None:
+    """The supervisor's identity in its record as soon as it is started, so a supervisor that dies before
+    its own first write is seen gone at once (orphaned), not after START_GRACE_S. Best effort: the supervisor
+    writes itself there too."""
+    try:
+        started = ProcessId.of(psutil.Process(pid))
+    except psutil.Error:
+        return
+    with contextlib.suppress(OSError, LockTimeout, DamagedRecord, Refused):
+        store.update(job_id, lambda record: None if record.supervisor else setattr(record, "supervisor", started))
 
 
 def record_detach_mode(store: JobStore, survives_host: bool) -> None:
@@ -3268,12 +3778,15 @@ def record_detach_mode(store: JobStore, survives_host: bool) -> None:
 
 
 def prune_jobs(store: JobStore, cfg: Config) -> int:
-    """Remove finished jobs past retention_days or beyond retention_max_jobs; never a running one.
+    """Remove finished jobs past retention_days or beyond retention_max_jobs; never a running one. An
+    orphaned job (its supervisor and its Hermes gone) counts as finished.
 
-    Runs under the launch lock, where every unfinished job has its active marker, so no record is read.
-    """
+    Runs under the launch lock, where every unfinished job has its active marker, so only their records are
+    read."""
     active = set(store.active_ids())
-    finished = [job_id for job_id in store.list_ids() if job_id not in active]
+    dead = {job_id for job_id, view, _ in store.views(sorted(active, key=job_sort_key))
+            if view is not None and view.state is JobState.ORPHANED and running_process(view.record.hermes) is None}
+    finished = [job_id for job_id in store.list_ids() if job_id not in active or job_id in dead]
 
     def stamp(seconds_ago: float) -> str:
         return time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() - seconds_ago))
@@ -3284,6 +3797,7 @@ def prune_jobs(store: JobStore, cfg: Config) -> int:
     removed = 0
     for job_id in doomed:
         try:
+            store.clear_active(job_id)
             store.remove(job_id)
             removed += 1
         except OSError:  # left for a later launch; pruning must never block one
@@ -3318,7 +3832,15 @@ def log_excerpt(path: Path, max_chars: int) -> str:
             f"hermes_read(path=\"{shown(str(path))}\", offset=0, max_bytes=...)]\n...{text}")
 
 
-def elapsed_s(record: JobRecord) -> int:
+def elapsed_s(record: JobRecord, running: bool) -> int:
+    """How long Hermes has run (or ran): the supervisor's own monotonic measure once it ended, the shared
+    machine clock while it runs; wall-clock differences only for records of older bridges."""
+    if not running and record.duration_s is not None:
+        return max(0, int(record.duration_s))
+    if running and record.started_clock is not None:
+        return max(0, int(machine_clock() - record.started_clock))
+    if running and record.started_at is None and record.created_clock is not None:
+        return max(0, int(machine_clock() - record.created_clock))
     start = record.started_at or record.created_at or time.time()
     end = record.ended_at or time.time()
     return max(0, int(end - start))
@@ -3414,25 +3936,40 @@ def changes_lines(record: JobRecord) -> list[str]:
     return lines
 
 
+QUESTIONS_SHOWN = 10
+
+
 def approval_lines(view: JobView) -> list[str]:
-    """The question Hermes waits on, with how to answer it and how long it still waits."""
-    approval = view.pending_approval
-    if not approval:
-        return []
+    """The questions Hermes waits on, oldest first, each with its id, how long Hermes still waits, and how to
+    answer it (at most QUESTIONS_SHOWN; the rest are counted and come next)."""
+    pending = view.pending_questions
     job_id = view.record.id
-    left = max(0, int(approval["expires_at"] - time.time()))
-    return [f"APPROVAL_ID: {shown(approval['id'], 40)}",
-            f"APPROVAL: Hermes asks to {shown(approval['what'], 1200)}",
-            f"APPROVAL_WAITS_S: {left} (then Hermes denies it by itself)",
-            "Ask the user, then answer with hermes_approve(job_id=\"" + job_id + "\", approval_id=\""
-            + shown(approval["id"], 40) + "\", decision=\"allow\" or \"deny\")."]
+    lines = [f"QUESTIONS_WAITING: {len(pending)} (answer each by its APPROVAL_ID)"] if len(pending) > 1 else []
+    for question in pending[:QUESTIONS_SHOWN]:
+        left = max(0, int(question["expires_clock"] - machine_clock()))
+        approval_id = shown(question["id"], 40)
+        lines += [f"APPROVAL_ID: {approval_id}",
+                  f"APPROVAL: Hermes asks to {shown(question['what'], 2400)}",
+                  f"APPROVAL_WAITS_S: {left} (then Hermes denies it by itself)"]
+    if len(pending) > QUESTIONS_SHOWN:
+        lines.append(f"... and {len(pending) - QUESTIONS_SHOWN} more questions, shown once these are answered")
+    if pending:
+        lines.append("Ask the user, then answer with hermes_approve(job_id=\"" + job_id + "\", approval_id=<an "
+                     "APPROVAL_ID above>, decision=\"allow\" or \"deny\").")
+    return lines
 
 
 def decision_lines(record: JobRecord) -> list[str]:
-    """Every question Hermes asked in this job, and who answered what."""
+    """The questions Hermes asked in this job, and who answered what: counts of all, the newest listed."""
     decisions = record.decisions
-    lines = [f"APPROVALS: {plural(len(decisions), 'question')} answered"] if decisions else []
-    lines += [f"- {shown(d['id'], 40)}: {shown(d['what'], 400)} -> {shown(d['decision'], 10)} by {shown(d['by'], 200)}"
+    counts = record.decided or {}
+    total = sum(counts.values()) or len(decisions)
+    if not total:
+        return []
+    by_kind = ", ".join(f"{count} {decision}" for decision, count in sorted(counts.items()))
+    lines = [f"APPROVALS: {plural(total, 'question')} answered" + (f" ({by_kind})" if by_kind else "")
+             + (f"; the newest {min(20, len(decisions))} listed" if total > 20 else "")]
+    lines += [f"- {shown(d['id'], 40)}: {shown(d['what'], 2400)} -> {shown(d['decision'], 10)} by {shown(d['by'], 400)}"
               for d in decisions[-20:]]
     return lines
 
@@ -3470,15 +4007,19 @@ def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
 def running_lines(view: JobView, log: Path, details: JobDetails | None) -> tuple[list[str], list[str]]:
     """A running job's lines before the notes, and after them."""
     record = view.record
-    lines = [f"CWD: {shown(record.cwd, 1000)}", f"ELAPSED_S: {elapsed_s(record)}",
+    lines = [f"CWD: {shown(record.cwd, 1000)}", f"ELAPSED_S: {elapsed_s(record, view.running)}",
              f"TIMEOUT_S: {record.timeout_s:g} (hard cap we enforce)", f"FULL_LOG: {shown(str(log))}"]
+    if view.condition:
+        lines.append(f"CONDITION: {shown(view.condition, 600)}")
     if details:
         lines.append(f"ACTIVITY: {shown(details.activity, 400)}")
         if details.current_tool:
             lines.append(f"CURRENT_TOOL: {shown(details.current_tool, 400)}")
     lines += approval_lines(view) + decision_lines(record)
-    return lines, ["Still running. This is NOT a failure and NOT a timeout.",
-                   f'Collect the result with hermes_status(job_id="{record.id}").',
+    over = record.hermes is not None and view.condition is not None and view.condition.startswith("Hermes has exited")
+    first = ("Hermes has ended; the job's outcome is not written yet. This is NOT a failure." if over
+             else "Still running. This is NOT a failure and NOT a timeout.")
+    return lines, [first, f'Collect the result with hermes_status(job_id="{record.id}").',
                    "Do not re-run the task -- it is already executing.",
                    "--- OUTPUT SO FAR (tail) ---", log_excerpt(log, RUNNING_TAIL_CHARS)]
 
@@ -3489,13 +4030,18 @@ def final_lines(view: JobView, cfg: Config, log: Path, details: JobDetails | Non
     exit_code, session = record.exit_code, record.session_id
     lines = [f"EXIT_CODE: {'none' if exit_code is None else exit_code}",
              f"SESSION_ID: {shown(session) if session else 'none captured'}",
-             f"CWD: {shown(record.cwd, 1000)}", f"ELAPSED_S: {elapsed_s(record)}", f"FULL_LOG: {shown(str(log))}"]
+             f"CWD: {shown(record.cwd, 1000)}", f"ELAPSED_S: {elapsed_s(record, view.running)}",
+             f"FULL_LOG: {shown(str(log))}"]
     if view.reason and view.state is not JobState.OK:
         lines.append(f"REASON: {shown(view.reason, 2000)}")
     if not session and record.session_source:
         lines.append(f"SESSION_NOTE: none captured: {shown(record.session_source, 1000)}")
     if record.session_note:
         lines.append(f"SESSION_NOTE: {shown(record.session_note, 1000)}")
+    if record.swept:
+        lines.append(f"STOPPED: {shown(record.swept, 1000)}")
+    if record.outcome_note:
+        lines.append(f"OUTCOME_NOTE: {shown(record.outcome_note, 600)}")
     lines += decision_lines(record)
     after: list[str] = []
     if view.state is JobState.ORPHANED:
@@ -3710,51 +4256,114 @@ JOBS_SCAN_LIMIT = 5000
 def job_view(cfg: Config, job_id: Any) -> JobView:
     job_id = validate_job_id(job_id)
     try:
-        return observe(JobStore.of(cfg).read(job_id))
+        store = JobStore.of(cfg)
+        return observe(store.read(job_id), store.root)
     except DamagedRecord as exc:
         raise Refused(f"the record of job {job_id} is damaged ({exc}); its log may still be read with "
                       f"hermes_read(path=\"{JobStore.of(cfg).log_path(job_id)}\")") from None
 
 
+APPROVAL_ID_RE = re.compile(r"\d{1,7}-[0-9a-f]{6}")
+ANSWERERS = {"user": "the user (elicitation)", "planner": "the planner (hermes_approve)"}
+
+
 def answer_approval(cfg: Config, job_id: Any, approval_id: Any, decision: Any, by: str) -> JobView:
-    """Relay an answer to the question a job waits on: checked against the pending id and Hermes' own
-    deadline, then written where the job's supervisor reads it (any server process may answer)."""
+    """Relay an answer to a question a job waits on: claimed exclusively under the record's lock (the
+    question must be pending, unexpired and not answered by anyone yet: a second answer is refused naming
+    the first), then written where the job's supervisor reads it (any server process may answer)."""
     if decision not in ("allow", "deny"):
         raise Refused(f"decision must be \"allow\" or \"deny\", got {shown(decision, 40)}")
-    if not isinstance(approval_id, str) or not re.fullmatch(r"\d{1,6}-[0-9a-f]{6}", approval_id):
+    if not isinstance(approval_id, str) or not APPROVAL_ID_RE.fullmatch(approval_id):
         raise Refused(f"approval_id {shown(approval_id, 40)} is not an approval id: take it from the APPROVAL_ID "
                       "line of hermes_status")
-    view = job_view(cfg, job_id)
-    approval = view.record.approval
-    if not view.running:
-        raise Refused(f"job {view.record.id} has ended ({view.shown_state}); there is no question to answer")
-    if not approval or approval["id"] != approval_id:
-        answered = next((d for d in view.record.decisions if d["id"] == approval_id), None)
-        why = (f"it was answered already: {answered['decision']} by {answered['by']}" if answered
-               else "no such question was asked")
-        raise Refused(f"approval {approval_id} of job {view.record.id} is not waiting for an answer: {why}")
-    if time.time() >= approval["expires_at"]:
-        raise Refused(f"approval {approval_id} came too late: Hermes stopped waiting "
-                      f"{int(time.time() - approval['expires_at'])} s ago and denied it itself")
+    job_id = validate_job_id(job_id)
     store = JobStore.of(cfg)
-    write_atomic(store.answer_path(view.record.id),
-                 json.dumps({"id": approval_id, "decision": decision, "by": by}).encode())
-    audit(cfg, event="approval", job_id=view.record.id, approval_id=approval_id, decision=decision, by=by)
+    try:
+        with store.record_lock(job_id):
+            view = job_view(cfg, job_id)
+            claim_answer(store, view, approval_id, decision, by)
+    except LockTimeout:
+        raise Refused(f"job {job_id}'s record is held by another process; answer again in a moment") from None
+    except OSError as exc:
+        raise Refused(f"the answer could not be written: the jobs folder refuses writes ({disk_error(exc)}); "
+                      "the question still waits for an answer") from None
+    audit(cfg, event="approval", job_id=job_id, approval_id=approval_id, decision=decision, by=by)
     return view
 
 
+def claim_answer(store: JobStore, view: JobView, approval_id: str, decision: str, by: str) -> None:
+    """The claim itself, under the record's lock: refused (naming why) unless this question waits and nobody
+    answered it; a planted non-file at the answers' name is moved aside, so the question stays answerable."""
+    record = view.record
+    if not view.running:
+        raise Refused(f"job {record.id} has ended ({view.shown_state}); there is no question to answer")
+    decided = next((d for d in reversed(record.decisions) if d["id"] == approval_id), None)
+    if decided:
+        raise Refused(f"approval {approval_id} of job {record.id} was answered already: {decided['decision']} by "
+                      f"{decided['by']}; this answer ({decision}) was not relayed")
+    claims = read_answers(store, record.id)
+    if approval_id in claims:
+        first = claims[approval_id]
+        raise Refused(f"approval {approval_id} of job {record.id} was answered already: {first['decision']} by "
+                      f"{ANSWERERS.get(first['by'], 'someone')} (relayed to Hermes); this answer ({decision}) was "
+                      "not relayed")
+    question = next((q for q in record.questions if q["id"] == approval_id), None)
+    if question is None:
+        raise Refused(f"approval {approval_id} of job {record.id} is not waiting for an answer: no such question "
+                      "was asked")
+    if machine_clock() >= question["expires_clock"]:
+        raise Refused(f"approval {approval_id} came too late: Hermes stopped waiting "
+                      f"{int(machine_clock() - question['expires_clock'])} s ago and denied it itself")
+    path = store.answers_path(record.id)
+    if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
+        os.replace(path, path.with_name(f".{path.name}.not-an-answer-{os.urandom(4).hex()}"))
+    claims[approval_id] = {"decision": decision, "by": by, "at": time.time()}
+    write_atomic(path, json.dumps(claims).encode())
+
+
+def applied_answer(view: JobView, approval_id: str) -> str:
+    """What became of a question once answered: the decision the job applied and who took it."""
+    decided = next((d for d in reversed(view.record.decisions) if d["id"] == approval_id), None)
+    if decided:
+        return f"approval {approval_id}: {decided['decision']} by {decided['by']}, applied"
+    if any(q["id"] == approval_id for q in view.pending_questions):
+        return f"approval {approval_id}: relayed; the job's supervisor has not taken it yet"
+    return f"approval {approval_id}: relayed; the job ended before it was applied"
+
+
+def owned_supervisor(record: JobRecord) -> "psutil.Process | None":
+    """The job's recorded supervisor, when it still runs: the same process (pid and start) carrying the job's
+    exact marker. A cancel never takes a job for an orphan while this answers."""
+    supervisor = running_process(record.supervisor)
+    return supervisor if supervisor is not None and carries_marker(supervisor, record.marker) else None
+
+
 def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
-    """Stop what is left of a job whose supervisor died, and write the outcome it could not. The pids come
-    from the record, so only processes that prove to be this job's are signalled: its Hermes, when it still
-    runs and carries the job's exact marker, anchors the rest."""
+    """Stop what is left of a job whose supervisor died (or froze), and write the outcome it could not. The
+    pids come from the record, so only processes that prove to be this job's are signalled: its Hermes, when
+    it still runs and carries the job's exact marker, anchors the rest, and the tools the supervisor recorded
+    (same pid and start, the exact marker) are the job's even with Hermes gone. `cancelled` is written only
+    once the supervisor and Hermes are proven gone."""
     record = view.record
     job_id = record.id
+    supervisor = owned_supervisor(record)
+    if supervisor is not None and view.frozen:
+        with contextlib.suppress(psutil.Error):
+            supervisor.kill()
+        still_running([supervisor], 3)
+    elif supervisor is not None:
+        write_atomic(store.cancel_path(job_id), b"cancel")
+        return "its supervisor is alive after all; cancel requested, the supervisor stops the whole process tree"
     hermes = running_process(record.hermes)
     anchors = frozenset({hermes.pid}) if hermes and carries_marker(hermes, record.marker) else frozenset()
-    owner = Ownership(record.marker, anchors)
-    unproven = [proc.pid for proc in tree_of(hermes, record.tree) if not owner.owns(proc)]
+    owner = Ownership(record.marker, anchors, tuple(record.tree))
+    unproven = [proc.pid for proc in tree_of(hermes, record.tree) if is_alive(proc) and not owner.owns(proc)]
     report = stop_tree(owner, hermes if anchors else None, record.tree, cfg.kill_grace_s)
-    reason = f"cancelled after its supervisor had died; {report.describe()}"
+    if owned_supervisor(record) is not None or running_process(record.hermes) is not None:
+        return (f"the job's supervisor or Hermes could not be stopped ({report.describe()}); its outcome was not "
+                "written. Stop them by hand")
+    was = "had frozen and was ended" if supervisor is not None else "had died"
+    reason = f"cancelled after its supervisor {was}; {report.describe()}"
     if unproven:
         reason += (f"; pids {unproven[:20]} named by the record do not carry this job's marker and were not "
                    "signalled")
@@ -3772,10 +4381,14 @@ def request_cancel(cfg: Config, job_id: Any) -> tuple[JobView, str]:
     store = JobStore.of(cfg)
     if view.state in FINAL_STATES:
         return view, f"the job had already ended as {view.state.value}; nothing to cancel"
-    if view.state is JobState.ORPHANED:
-        cancel_orphan(store, cfg, view)
-        return observe(store.read(view.record.id)), "the supervisor was gone; the bridge stopped the tree"
-    write_atomic(store.cancel_path(view.record.id), str(time.time()).encode())
+    try:
+        if view.state is JobState.ORPHANED or view.frozen:
+            note = cancel_orphan(store, cfg, view)
+            return observe(store.read(view.record.id), store.root), note
+        write_atomic(store.cancel_path(view.record.id), str(time.time()).encode())
+    except (OSError, LockTimeout) as exc:
+        raise Refused(f"the cancel could not be written: the jobs folder refuses writes ({disk_error(exc)}). The job "
+                      "goes on; free space on its disk or make it writable, then cancel again") from None
     return view, "cancel requested; the supervisor stops the whole process tree"
 
 
@@ -3801,7 +4414,7 @@ def list_jobs(cfg: Config, limit: int | None, state: str | None) -> str:
         usage = record.usage
         tokens = (f"  tokens {usage.get('tokens_in', 0):,}/{usage.get('tokens_out', 0):,}"
                   if usage and not view.running else "")
-        rows.append(f"{job_id}  {view.shown_state:17} {elapsed_s(record):>5}s  {shown(record.cwd)}  "
+        rows.append(f"{job_id}  {view.shown_state:17} {elapsed_s(record, view.running):>5}s  {shown(record.cwd)}  "
                     f"\"{shown(record.task_preview, 60)}\"{tokens}")
     header = [f"JOBS: {len(ids)} on disk; showing {len(rows)}, newest first"
               + (f", state={shown(state, 40)}" if state else "")]
@@ -4196,12 +4809,10 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
     store = JobStore.of(cfg)
     try:
         store.ensure()
-        probe = store.root / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-        writable = "writable"
+        problem = disk_problem(store.root)
+        writable = f"NOT writable: {problem}" if problem else "writable"
     except OSError as exc:
-        writable = f"NOT writable: {exc.strerror or exc}"
+        writable = f"NOT writable: {disk_error(exc)}"
     detach = read_json(store.detach_path)
     survives = detach.get("survives_host", True) if isinstance(detach, dict) else True
     if cli and exe:
@@ -4299,21 +4910,21 @@ async def wait_for_end(cfg: Config, job_id: str, wait_s: float, progress: Progre
 
     deadline = time.monotonic() + wait_s
     next_progress = time.monotonic()  # the first notification at once, then every PROGRESS_EVERY_S
-    asked: set[str] = set()
-    answered: set[str] = set()  # relayed, and not yet taken by the supervisor
+    asked: set[str] = set()  # put to the user (answered, or left to another channel)
     while True:
         view = await off_loop(job_view, cfg, job_id)
         now = time.monotonic()
-        pending = view.pending_approval
-        if pending and ask_user is not None and pending["id"] not in asked:
-            asked.add(pending["id"])
-            decision = await ask_user(job_id, pending["what"], min(pending["expires_at"] - time.time(),
-                                                                    max(0.0, deadline - now)))
+        unasked = [q for q in view.pending_questions if q["id"] not in asked]
+        if unasked and ask_user is not None:
+            question = unasked[0]
+            asked.add(question["id"])
+            decision = await ask_user(job_id, question["what"], min(question["expires_clock"] - machine_clock(),
+                                                                     max(0.0, deadline - now)))
             if decision:
-                await off_loop(answer_approval, cfg, job_id, pending["id"], decision, "user")
-                answered.add(pending["id"])
+                with contextlib.suppress(Refused):  # answered meanwhile by someone else: theirs stands
+                    await off_loop(answer_approval, cfg, job_id, question["id"], decision, "user")
                 continue
-        if not view.running or now >= deadline or (pending and pending["id"] not in answered):
+        if not view.running or now >= deadline or unasked:
             return view
         if progress is not None and now >= next_progress:
             next_progress = now + PROGRESS_EVERY_S
@@ -4374,10 +4985,10 @@ async def approve_tool(cfg: Config, job_id: Any, approval_id: Any, decision: Any
 
     view = await off_loop(answer_approval, cfg, job_id, approval_id, decision, "planner")
     deadline = time.monotonic() + APPROVAL_RELAY_S
-    while view.running and (view.record.approval or {}).get("id") == approval_id and time.monotonic() < deadline:
+    while view.running and any(q["id"] == approval_id for q in view.record.questions) and time.monotonic() < deadline:
         await anyio.sleep(0.2)
         view = await off_loop(job_view, cfg, view.record.id)
-    return await off_loop(status_result, view, cfg, [f"approval {approval_id}: {decision}, relayed to Hermes"])
+    return await off_loop(status_result, view, cfg, [applied_answer(view, approval_id)])
 
 
 async def cancel_tool(cfg: Config, job_id: Any, progress: Progress | None = None) -> ToolResult:
@@ -4405,6 +5016,10 @@ async def run_tool_body(tool: str, body: Callable[[Config], Awaitable[ToolResult
         outcome = ToolResult(f"STATUS: error\nREASON: {tool} gave up after {DISK_DEADLINE_S:g} s waiting for the "
                              "disk (a slow disk, or a file that never ends?). The server keeps running; "
                              "hermes_health may show why.", "error", reason="disk deadline")
+    except OSError as exc:  # a disk that refuses (full, read-only) where no step above said so itself
+        reason = f"{tool} could not use the disk: {disk_error(exc)}"
+        outcome = ToolResult(f"STATUS: error\nREASON: {reason}. Free space or make the folder writable, then try "
+                             "again; hermes_health shows the jobs folder's state.", "error", reason=reason)
     except Exception as exc:
         traceback.print_exc()
         reason = f"internal error in {tool}: {type(exc).__name__}: {shown(str(exc))}"
@@ -4493,11 +5108,13 @@ class JobTasks:
             "taskId": record.id, "createdAt": iso_time(record.created_at),
             "lastUpdatedAt": iso_time(record.ended_at or record.started_at or record.created_at),
             "ttlMs": int(max(cfg.retention_days * 86400, 60) * 1000), "pollIntervalMs": TASK_POLL_MS}
-        if (approval := view.pending_approval) is not None:
-            question = approval_question(record.id, approval["what"])
-            return {**task, "status": "input_required", "statusMessage": shown(question, TASK_MESSAGE_CHARS),
-                    "inputRequests": {approval["id"]: {"method": "elicitation/create", "params": {
-                        "mode": "form", "message": shown(question, 1400), "requestedSchema": APPROVAL_FORM}}}}
+        if pending := view.pending_questions[:QUESTIONS_SHOWN]:
+            first = approval_question(record.id, pending[0]["what"])
+            more = f" (and {len(view.pending_questions) - 1} more)" if len(view.pending_questions) > 1 else ""
+            return {**task, "status": "input_required", "statusMessage": shown(first, TASK_MESSAGE_CHARS - 20) + more,
+                    "inputRequests": {question["id"]: {"method": "elicitation/create", "params": {
+                        "mode": "form", "message": shown(approval_question(record.id, question["what"]), 2600),
+                        "requestedSchema": APPROVAL_FORM}} for question in pending}}
         if view.running:
             details = job_details(cfg, view)
             doing = details.current_tool if details.current_tool not in (None, "none yet") else details.activity
@@ -4515,16 +5132,26 @@ class JobTasks:
         return task
 
     def update(self, cfg: Config, job_id: Any, responses: Any) -> None:
-        """tasks/update: an answer to the question pending now is relayed as hermes_approve relays it; answers
-        to keys not outstanding (never asked, answered already, expired) are ignored, as the extension says."""
+        """tasks/update: each answer to a question of the job is relayed as hermes_approve relays it; one to
+        a question answered already (or expired) is refused naming what decided it, after the others are
+        relayed; keys that name no question of the job are ignored, as the extension says."""
         view = job_view(cfg, job_id)
-        pending = view.pending_approval
-        if not pending or not isinstance(responses, dict) or pending["id"] not in responses:
+        if not isinstance(responses, dict):
             return
-        decision = elicited_decision(responses[pending["id"]])
-        if decision is not None:
-            with contextlib.suppress(Refused):
-                answer_approval(cfg, view.record.id, pending["id"], decision, "user")
+        record = view.record
+        known = {q["id"] for q in record.questions} | {d["id"] for d in record.decisions} | set(
+            read_answers(JobStore.of(cfg), record.id))
+        refusals = []
+        for approval_id, response in responses.items():
+            decision = elicited_decision(response)
+            if approval_id not in known or decision is None:
+                continue
+            try:
+                answer_approval(cfg, record.id, approval_id, decision, "user")
+            except Refused as exc:
+                refusals.append(str(exc))
+        if refusals:
+            raise Refused("; ".join(refusals))
 
     def cancel(self, cfg: Config, job_id: Any) -> None:
         """tasks/cancel: as hermes_cancel, without waiting; a task already terminal is left as it is."""

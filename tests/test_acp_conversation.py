@@ -172,9 +172,10 @@ def test_a_failed_tool_call_shows_as_failed_and_its_output_reaches_the_log(tmp_p
 
 
 # ------------------------------------------------------------------ questions decided by the bridge
-@pytest.mark.parametrize("path", ["../outside.txt", "link/escape.txt", None],
+@pytest.mark.parametrize("path, why", [("../outside.txt", "outside"), ("link/escape.txt", "outside"),
+                                       (None, "cannot tell which files")],
                          ids=["climbs-out", "through-a-symlink", "no-path"])
-def test_an_edit_that_leaves_the_roots_or_names_no_path_is_denied(tmp_path, path):
+def test_an_edit_that_leaves_the_roots_or_names_no_path_is_denied(tmp_path, path, why):
     talk = Talk(tmp_path)
     (tmp_path / "elsewhere").mkdir()
     (talk.root / "link").symlink_to(tmp_path / "elsewhere")
@@ -182,7 +183,7 @@ def test_an_edit_that_leaves_the_roots_or_names_no_path_is_denied(tmp_path, path
     reply = talk.permission(edit(path))
     assert reply["result"] == {"outcome": {"outcome": "selected", "optionId": "deny"}}
     [decision] = talk.record.decisions
-    assert decision["decision"] == "deny" and "outside" in decision["by"]
+    assert decision["decision"] == "deny" and why in decision["by"] and "inside" not in decision["by"]
 
 
 def test_an_edit_inside_the_roots_is_allowed(tmp_path):
@@ -198,14 +199,13 @@ def test_an_answer_applies_only_to_the_question_whose_id_it_names(tmp_path):
     talk.proc.say({"id": 7, "method": "session/request_permission", "params": {"toolCall": {
         "kind": "execute", "rawInput": {"command": "rm -rf build", "description": "delete"}}, "options": [
         {"optionId": "allow_once", "kind": "allow_once"}, {"optionId": "deny", "kind": "reject_once"}]}})
-    pending = talk.pump_until(lambda: talk.record.approval, "the question")
-    server.write_atomic(talk.store.answer_path(talk.record.id),
-                        json.dumps({"id": "9-abcdef", "decision": "allow"}).encode())
+    [pending] = talk.pump_until(lambda: talk.record.questions, "the question")
+    server.write_atomic(talk.store.answers_path(talk.record.id),
+                        json.dumps({"9-abcdef": {"decision": "allow", "by": "planner"}}).encode())
     for _ in range(5):
         talk.talk.pump()
-    assert talk.record.approval == pending and not any(m.get("id") == 7 for m in talk.proc.sent())
-    server.write_atomic(talk.store.answer_path(talk.record.id),
-                        json.dumps({"id": pending["id"], "decision": "deny"}).encode())
+    assert talk.record.questions == [pending] and not any(m.get("id") == 7 for m in talk.proc.sent())
+    server.answer_approval(talk.cfg, talk.record.id, pending["id"], "deny", "planner")
     reply = talk.pump_until(lambda: next((m for m in talk.proc.sent() if m.get("id") == 7), None), "the answer")
     assert reply["result"]["outcome"]["optionId"] == "deny"
 
@@ -215,13 +215,13 @@ def test_an_answer_after_the_deadline_is_never_recorded_as_the_decision(tmp_path
     talk.handshake()
     talk.proc.say({"id": 7, "method": "session/request_permission", "params": {"toolCall": {
         "kind": "execute", "rawInput": {"command": "rm -rf build"}}, "options": []}})
-    pending = talk.pump_until(lambda: talk.record.approval, "the question")
-    talk.record.approval = {**pending, "expires_at": time.time() - 1}
+    [pending] = talk.pump_until(lambda: talk.record.questions, "the question")
+    talk.record.questions = [{**pending, "expires_clock": server.machine_clock() - 1}]
     talk.store.write(talk.record)
     with pytest.raises(server.Refused, match="came too late"):
         server.answer_approval(talk.cfg, talk.record.id, pending["id"], "allow", "planner")
-    server.write_atomic(talk.store.answer_path(talk.record.id),
-                        json.dumps({"id": pending["id"], "decision": "allow"}).encode())
+    server.write_atomic(talk.store.answers_path(talk.record.id),
+                        json.dumps({pending["id"]: {"decision": "allow", "by": "planner"}}).encode())
     talk.talk.pump()
     [decision] = talk.record.decisions
     assert decision["decision"] == "deny" and decision["by"].startswith("Hermes itself")

@@ -201,9 +201,10 @@ def asking_job(bridge: Bridge, expires_in: float = 60) -> tuple[server.Config, s
     store.ensure()
     job_id = store.claim_id(b"asks")
     record = server.JobRecord(id=job_id, state=server.JobState.RUNNING, created_at=server.time.time(),
-                              supervisor=server.ProcessId.of(server.psutil.Process()), approval={
+                              supervisor=server.ProcessId.of(server.psutil.Process()), questions=[{
                                   "id": "1-abcdef", "what": "run `rm -rf build`", "asked_at": server.time.time(),
-                                  "expires_at": server.time.time() + expires_in})
+                                  "expires_at": server.time.time() + expires_in,
+                                  "expires_clock": server.machine_clock() + expires_in}])
     store.write(record)
     return cfg, record
 
@@ -238,7 +239,7 @@ def test_a_waiting_call_returns_as_soon_as_a_question_nobody_in_it_can_answer_is
     cfg, record = asking_job(bridge)
     started = server.time.monotonic()
     view = anyio.run(server.wait_for_end, cfg, record.id, 30.0, None)
-    assert view.pending_approval is not None and server.time.monotonic() - started < 10
+    assert view.pending_questions and server.time.monotonic() - started < 10
 
 
 @pytest.mark.parametrize("approvals", ["deny", "ask"])

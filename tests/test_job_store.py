@@ -67,7 +67,7 @@ def test_a_record_reads_back_as_the_json_a_launch_writes(tmp_path):
 @pytest.mark.parametrize(("field", "value"), [
     ("state", "paused"), ("state", 1), ("created_at", "yesterday"), ("timeout_s", True), ("exit_code", 1.5),
     ("skills", "a,b"), ("skills", [1]), ("cwd", ["/w"]), ("supervisor", [1, 2]), ("hermes", {"pid": "1"}),
-    ("hermes", {"pid": True, "create_time": 1.0}), ("tree", {"1": 2.0}), ("tree", [[1, 2.0, 3]]),
+    ("hermes", {"pid": True, "create_time": 1.0}), ("tree", {"1": 2.0}), ("tree", [[1, 2.0, 3.5]]),
     ("tree", [["1", 2.0]]), ("usage", {"tokens_in": "many"}), ("changes", "lots"), ("id", "20261130-000000-2"),
     ("changes", {"created": 1, "modified": 0, "deleted": 0, "more": 0, "lines": 5}), ("changes", {"note": 5}),
     ("created_at", float("nan")), ("max_turns", float("inf")), ("hermes", {"pid": 1, "create_time": float("inf")}),

@@ -243,7 +243,7 @@ victim = subprocess.Popen(["sleep", "60"])
 ancestor = psutil.Process().parent()
 owner = server.Ownership(os.environ["HERMES_BRIDGE_JOB"], frozenset({ancestor.pid}), require_descent=sys.argv[2] == "1")
 report = server.stop_tree(owner, ancestor, [], grace_s=1)
-print(json.dumps({"stopped": report.stopped, "victim": victim.wait(timeout=10)}), flush=True)
+print(json.dumps({"stopped": len(report.stopped), "victim": victim.wait(timeout=10)}), flush=True)
 """
 
 
@@ -521,7 +521,7 @@ def test_a_process_forked_during_a_stop_is_caught_by_a_later_sweep(tmp_path, for
         owner = server.Ownership(marker, frozenset({supervisor.pid}), require_descent=require_descent)
         report = server.stop_tree(owner, psutil.Process(int(root)), [], grace_s=2)
         started.append(late := int(late_pid.read_text()))
-        assert report.survivors == [] and report.stopped == 2, report
+        assert report.survivors == [] and len(report.stopped) == 2, report
         with contextlib.suppress(psutil.NoSuchProcess):
             assert server.still_running([psutil.Process(late)], 5) == []
     finally:
