@@ -2269,11 +2269,6 @@ def edit_decision(paths: list[str] | None, folder: str, folder_may_have_moved: b
     return "allow", f"inside the allowed roots: {', '.join(inside)}"
 
 
-def valid_request_id(value: Any) -> bool:
-    """A JSON-RPC id a reply can carry: a string, a whole number, or null."""
-    return value is None or isinstance(value, str) or is_whole_number(value)
-
-
 def nesting_depth(line: bytes, limit: int) -> int:
     """How deep a JSON line nests (strings skipped), counted up to limit: json.loads recurses per level, and a
     line nested 200,000 deep would raise RecursionError in the reader."""
@@ -2327,6 +2322,7 @@ class AcpConversation:
         self.failure: str | None = None
         self.answer_chunks: list[str] = []
         self.asked: dict[str, tuple[Any, dict[Any, Any]]] = {}  # approval id -> Hermes' request id, option ids
+        self.question_bytes: dict[str, int] = {}  # approval id -> its size in the record
         self.questions_asked = 0
         self.approval_timeout_s = cfg.approval_timeout_s
         self.folder_may_have_moved = False  # a command ran: Hermes' terminal folder may not be the job's now
@@ -2466,20 +2462,17 @@ class AcpConversation:
                 self._reply(message)
         elif not isinstance(params, dict) and method in ("session/request_permission", "session/update"):
             self.note_once(f"{method} params", f"a {method} whose params are not an object")
-            if method == "session/request_permission" and "id" in message and valid_request_id(message["id"]):
+            if method == "session/request_permission" and "id" in message:
                 self._send({"id": message["id"], "error": {"code": -32602, "message": "params must be an object"}})
         elif method == "session/request_permission" and "id" in message:
-            if not valid_request_id(message["id"]):
-                self.note_once("request id", "a permission request whose id is not a string, number or null")
-                return
-            self._permission(message["id"], cast(dict[str, Any], params))
+            self._permission(message["id"], cast(dict[str, Any], params))  # any id, reused or null: echoed back
         elif method == "session/update":
             update = cast(dict[str, Any], params).get("update")
             if isinstance(update, dict):
                 self._update(update)
             else:
                 self.note_once("update shape", "a session/update without an update object")
-        elif "id" in message and isinstance(method, str) and valid_request_id(message["id"]):
+        elif "id" in message and isinstance(method, str):
             self._send({"id": message["id"], "error": {"code": -32601, "message": f"{shown(method, 80)} is not "
                                                         "supported by this client"}})
 
@@ -2562,16 +2555,18 @@ class AcpConversation:
             self._decide(request_id, by_kind, approval_id, what, "allow" if mode == "yolo" else "deny",
                          f"the bridge: approvals {mode}")
             return
-        questions = self.record.questions
-        if len(questions) >= QUESTIONS_KEPT or len(json.dumps(questions, ensure_ascii=False)) > QUESTIONS_MAX_BYTES:
-            self._decide(request_id, by_kind, approval_id, what, "deny",
-                         f"the bridge: {len(questions):,} questions were already waiting for an answer")
-            return
         now = time.time()
+        question = {"id": approval_id, "what": what, "asked_at": now, "expires_at": now + self.approval_timeout_s,
+                    "expires_clock": machine_clock() + self.approval_timeout_s}
+        size = len(json.dumps(question, ensure_ascii=False).encode())
+        waiting = sum(self.question_bytes.values())
+        if len(self.record.questions) >= QUESTIONS_KEPT or waiting + size > QUESTIONS_MAX_BYTES:
+            self._decide(request_id, by_kind, approval_id, what, "deny", f"the bridge: "
+                         f"{len(self.record.questions):,} questions were already waiting for an answer")
+            return
         self.asked[approval_id] = (request_id, by_kind)
-        self.record.questions = [*questions, {"id": approval_id, "what": what, "asked_at": now,
-                                              "expires_at": now + self.approval_timeout_s,
-                                              "expires_clock": machine_clock() + self.approval_timeout_s}]
+        self.question_bytes[approval_id] = size
+        self.record.questions.append(question)
         self.changed = True
         self.log(f"\n[bridge] Hermes asks to {what}; waiting for an answer (approval {approval_id})\n")
 
@@ -2606,15 +2601,19 @@ class AcpConversation:
             if given is None or question["id"] not in self.asked:
                 continue
             request_id, by_kind = self.asked.pop(question["id"])
-            self.record.questions = [q for q in self.record.questions if q["id"] != question["id"]]
+            self._forget(question)
             by = "the user (elicitation)" if given["by"] == "user" else "the planner (hermes_approve)"
             self._decide(request_id, by_kind, question["id"], question["what"], given["decision"], by)
 
     def _expire(self, question: dict[str, Any], by: str) -> None:
         """A question no longer waited for: Hermes denies it (the request is never withdrawn)."""
         self.asked.pop(question["id"], None)
-        self.record.questions = [q for q in self.record.questions if q["id"] != question["id"]]
+        self._forget(question)
         self._record_decision(question["id"], question["what"], "deny", by)
+
+    def _forget(self, question: dict[str, Any]) -> None:
+        self.question_bytes.pop(question["id"], None)
+        self.record.questions = [q for q in self.record.questions if q["id"] != question["id"]]
 
     def outcome(self, exit_code: int | None) -> Outcome:
         if self.failure:
@@ -3397,6 +3396,7 @@ class Supervisor:
         self.record.duration_s = round(time.monotonic() - started, 3)
         run.drain()
         sweep = stop_tree(self.owner, None, self.record.tree, 0, complete=self.subreaper)
+        self._keep_log_bounded()
         if stopping:
             report = report.merged(sweep) if report else sweep
             return Outcome(stopping[0], exit_code, f"{stopping[1]}; {report.describe()}")
@@ -3452,23 +3452,35 @@ class Supervisor:
     def _keep_log_bounded(self) -> None:
         """Past max_log_bytes, the log keeps its first quarter and its newest half, with a line saying how
         much was left out between. Everyone writes it in append mode, so after the cut the writes go on at the
-        new end; bytes written during the cut itself (microseconds) are lost with the middle."""
+        new end; the job's known processes are paused for the cut (milliseconds), so none of their output is
+        lost or lands out of order."""
         cap = self.cfg.max_log_bytes
         try:
-            size = os.fstat(2).st_size
-            if size <= cap:
+            if os.fstat(2).st_size <= cap:
                 return
+        except OSError:
+            return
+        paused = [proc for proc in [self.hermes, *(seen.process() for seen in self.record.tree)]
+                  if proc is not None and is_alive(proc)]
+        for proc in paused:
+            with contextlib.suppress(psutil.Error):
+                proc.suspend()
+        try:
             head, tail = cap // 4, cap // 2
+            size = os.fstat(2).st_size
             with open_regular(self.store.log_path(self.job_id)) as log:
-                log.seek(max(head, os.fstat(log.fileno()).st_size - tail))
+                log.seek(max(head, size - tail))
                 newest = log.read()
-            cut_at = os.fstat(2).st_size
-            os.truncate(2, head) if not IS_WINDOWS else os.ftruncate(2, head)
-            self.log_left_out += cut_at - head - len(newest)
+            os.ftruncate(2, head)
+            self.log_left_out += size - head - len(newest)
             os.write(2, (f"\n[bridge] {self.log_left_out:,} bytes of output were left out here (max_log_bytes "
                          f"{cap:,}): the log keeps its head and its newest output\n").encode() + newest)
         except OSError:
             return
+        finally:
+            for proc in paused:
+                with contextlib.suppress(psutil.Error):
+                    proc.resume()
 
     def _reason_to_stop(self, deadline: float) -> tuple[JobState, str] | None:
         record = self.record
@@ -4359,7 +4371,7 @@ def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
     owner = Ownership(record.marker, anchors, tuple(record.tree))
     unproven = [proc.pid for proc in tree_of(hermes, record.tree) if is_alive(proc) and not owner.owns(proc)]
     report = stop_tree(owner, hermes if anchors else None, record.tree, cfg.kill_grace_s)
-    if owned_supervisor(record) is not None or running_process(record.hermes) is not None:
+    if owned_supervisor(record) is not None or (anchors and running_process(record.hermes) is not None):
         return (f"the job's supervisor or Hermes could not be stopped ({report.describe()}); its outcome was not "
                 "written. Stop them by hand")
     was = "had frozen and was ended" if supervisor is not None else "had died"

@@ -7,6 +7,15 @@ events, session/request_permission), driven by directives in the prompt:
 !tool-sleep=S  a terminal tool call running `sleep S` in its own session (session/cancel kills it)
 !refuse  answers the prompt with stopReason refusal
 
+Hostile directives, for what a buggy or hostile `hermes acp` may send:
+!junk  messages of the wrong shape first: a session/update whose params are a list, a permission request
+       whose params are a string, one whose options are a number, a line that is not JSON, a line nested
+       200,000 deep, a reply to an id never asked
+!asks=N  N permission requests at once (ids 0..N-1, then one more with id 0 again and one with id null),
+       each a dangerous command; the answer says how many were allowed
+!many-edits=N  N edit requests at once (write_file inside the folder; nothing is written)
+!big-answer=N  an answer of N non-ASCII characters
+
 An unanswered question is denied after approvals.timeout from $HERMES_MANAGED_DIR/config.yaml (60 s by
 default), as Hermes 0.22 does. `hermes acp --check` passes only with FAKE_HERMES_ACP=1, like a Hermes with
 its acp extra. Every run is traced like the CLI form, with the managed policy it saw.
@@ -91,6 +100,59 @@ class Agent:
         outcome = (reply.get("result") or {}).get("outcome") or {}
         return outcome.get("outcome") == "selected" and outcome.get("optionId") == "allow_once"
 
+    def ask_many(self, session: str, requests: list[tuple[Any, dict[str, Any]]]) -> int:
+        """Several permission requests at once (ids as given, reused or null too); how many were allowed."""
+        waiting: queue.Queue[dict[str, Any]] = queue.Queue()
+        for request_id, tool_call in requests:
+            self.replies[request_id] = waiting
+            send({"id": request_id, "method": "session/request_permission", "params": {
+                "sessionId": session, "toolCall": tool_call, "options": [
+                    {"optionId": "allow_once", "kind": "allow_once"}, {"optionId": "deny", "kind": "reject_once"}]}})
+        allowed = 0
+        for _ in requests:
+            try:
+                reply = waiting.get(timeout=approval_timeout() + 5)
+            except queue.Empty:
+                break
+            outcome = (reply.get("result") or {}).get("outcome") or {}
+            allowed += outcome.get("optionId") == "allow_once"
+        return allowed
+
+    def junk(self) -> None:
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "method": "session/update", "params": [1, 2]}) + "\n")
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": 900, "method": "session/request_permission",
+                                     "params": "run everything"}) + "\n")
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": 901, "method": "session/request_permission",
+                                     "params": {"toolCall": {"kind": "execute"}, "options": 5}}) + "\n")
+        sys.stdout.write("this is not json\n")
+        sys.stdout.write("[" * 200_000 + "]" * 200_000 + "\n")
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": 424242, "result": {"stopReason": "end_turn"}}) + "\n")
+        sys.stdout.flush()
+
+    def hostile(self, session: str, todo: dict[str, str]) -> str:
+        """The hostile directives (see the module's text); what they add to the answer."""
+        extra = ""
+        if "junk" in todo:
+            with OUT_LOCK:
+                self.junk()
+        if "asks" in todo:
+            count = int(todo["asks"])
+            requests: list[tuple[Any, dict[str, Any]]] = [
+                (n, {"toolCallId": f"perm-check-{n}", "kind": "execute", "rawInput": {
+                    "command": f"rm -rf ./build-{n}", "description": "recursive delete"}}) for n in range(count)]
+            requests += [(0, {"kind": "execute", "rawInput": {"command": "rm -rf ./again", "description": "reused"}}),
+                         (None, {"kind": "execute", "rawInput": {"command": "rm -rf ./null", "description": "null"}})]
+            extra += f" allowed {self.ask_many(session, requests)} of {len(requests)}"
+        if "many-edits" in todo:
+            edits: list[tuple[Any, dict[str, Any]]] = [
+                (f"edit-{n}", {"toolCallId": f"edit-approval-{n}", "kind": "edit", "rawInput": {
+                    "tool": "write_file", "arguments": {"path": f"notes/{n}.txt", "content": "x"}}})
+                for n in range(int(todo["many-edits"]))]
+            extra += f" edits allowed {self.ask_many(session, edits)}"
+        if "big-answer" in todo:
+            extra += " " + "\u0436" * int(todo["big-answer"])
+        return extra
+
     def run(self) -> int:
         while True:
             message = self.inbox.get()
@@ -125,6 +187,8 @@ class Agent:
                            "policy": managed_policy(), "yolo_env": os.environ.get("HERMES_YOLO_MODE")}, handle)
         if "refuse" in todo:
             return {"stopReason": "refusal"}
+        extra = self.hostile(session, todo)
+
         allow_deny = [{"optionId": "allow_once", "kind": "allow_once", "name": "Allow once"},
                       {"optionId": "allow_session", "kind": "allow_always", "name": "Allow for session"},
                       {"optionId": "deny", "kind": "reject_once", "name": "Deny"},
@@ -167,8 +231,8 @@ class Agent:
                     return {"stopReason": "cancelled"}
             update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "tc-2", "status": "completed",
                              "content": text("slept")})
-        answer = f"FAKE ANSWER: {prompt[:60]}"
-        for part in (answer[:10], answer[10:]):
+        answer = f"FAKE ANSWER: {prompt[:60]}{extra}"
+        for part in [answer[:10]] + [answer[i:i + 65536] for i in range(10, len(answer), 65536)]:
             update(session, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": part}})
         update(session, {"sessionUpdate": "usage_update", "used": 1234, "size": 256000})
         self.store.add_answer(session, answer)

@@ -1,8 +1,9 @@
 """A scripted OpenAI-compatible model endpoint on 127.0.0.1, for running the real Hermes CLI offline.
 
-The task text is the script. A line `RUN: <command>` in the latest user message makes the first answer a
-`terminal` tool call with that command; once the tool result is back, the answer is
-`SCRIPTED DONE: <first line of the tool output>`. Without a RUN line the answer is `SCRIPTED ANSWER`.
+The task text is the script. Each line `RUN: <command>` (a `terminal` call with that command) or `CALL: <tool>
+<JSON arguments>` (any tool) in the latest user message is one step: the model makes the first step's call,
+then the next once a tool result is back, and after the last, answers `SCRIPTED DONE: <first line of the last
+tool output>`. Without such lines the answer is `SCRIPTED ANSWER`.
 Every request is appended to requests.jsonl, so tests can assert on what Hermes sent (the earlier
 conversation on resume, the skill text in the system prompt).
 
@@ -31,9 +32,11 @@ def next_step(messages: list[dict[str, Any]]) -> dict[str, Any]:
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
     task = text_of(messages[last_user]) if last_user >= 0 else ""
     tool_results = [m for m in messages[last_user + 1:] if m.get("role") == "tool"]
-    command = next((line[4:].strip() for line in task.splitlines() if line.startswith("RUN:")), None)
-    if command and not tool_results:
-        return {"tool_call": {"name": "terminal", "arguments": json.dumps({"command": command})}}
+    steps = [{"name": "terminal", "arguments": json.dumps({"command": line[4:].strip()})} if line.startswith("RUN:")
+             else {"name": line[5:].split(None, 1)[0], "arguments": line[5:].split(None, 1)[1].strip()}
+             for line in task.splitlines() if line.startswith(("RUN:", "CALL:"))]
+    if len(tool_results) < len(steps):
+        return {"tool_call": steps[len(tool_results)]}
     if tool_results:
         output = text_of(tool_results[-1]).strip().splitlines()
         return {"content": f"SCRIPTED DONE: {output[0] if output else ''}"}

@@ -172,7 +172,7 @@ def test_a_failed_tool_call_shows_as_failed_and_its_output_reaches_the_log(tmp_p
 
 
 # ------------------------------------------------------------------ questions decided by the bridge
-@pytest.mark.parametrize("path, why", [("../outside.txt", "outside"), ("link/escape.txt", "outside"),
+@pytest.mark.parametrize(("path", "why"), [("../outside.txt", "outside"), ("link/escape.txt", "outside"),
                                        (None, "cannot tell which files")],
                          ids=["climbs-out", "through-a-symlink", "no-path"])
 def test_an_edit_that_leaves_the_roots_or_names_no_path_is_denied(tmp_path, path, why):
@@ -314,3 +314,178 @@ def test_a_stop_asks_the_driver_first_and_stops_the_tree_only_after_its_grace(tm
     assert names == ["start", "ask_to_stop"]
     asked_at = Recorder.calls[1][1]
     assert stopped and stopped[0] >= asked_at + Recorder.stop_grace_s
+
+
+# ------------------------------------------------------------------ what a buggy or hostile Hermes sends (issue 27)
+def permission(talk: Talk, request_id: Any, command: str) -> None:
+    talk.proc.say({"id": request_id, "method": "session/request_permission", "params": {"toolCall": {
+        "kind": "execute", "rawInput": {"command": command, "description": "dangerous"}}, "options": [
+        {"optionId": "allow_once", "kind": "allow_once"}, {"optionId": "deny", "kind": "reject_once"}]}})
+
+
+def replies_to(talk: Talk, request_id: Any) -> list[dict[str, Any]]:
+    return [m for m in talk.proc.sent() if "method" not in m and m.get("id") == request_id]
+
+
+@pytest.mark.parametrize("message", [
+    {"method": "session/update", "params": [1, 2]},
+    {"id": 900, "method": "session/request_permission", "params": "run everything"},
+    {"id": 901, "method": "session/request_permission", "params": {"toolCall": {"kind": "execute"}, "options": 5}},
+    {"id": 902, "method": "session/request_permission", "params": {"toolCall": "x", "options": ["allow"]}},
+    {"method": "session/update", "params": {"update": {"sessionUpdate": "tool_call", "kind": ["x"],
+                                                       "content": 7, "rawInput": []}}},
+    {"method": "session/update", "params": {"update": {"sessionUpdate": "agent_message_chunk", "content": [3]}}},
+], ids=["update-params-a-list", "permission-params-a-string", "options-a-number", "tool-call-a-string",
+        "tool-call-of-wrong-types", "chunk-of-numbers"])
+def test_a_message_of_the_wrong_shape_is_ignored_and_the_conversation_goes_on(tmp_path, message):
+    talk = Talk(tmp_path)
+    session = talk.handshake()
+    talk.proc.say(message)
+    talk.proc.say({"method": "session/update", "params": {"sessionId": session, "update": {
+        "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "still here"}}}})
+    talk.pump_until(lambda: (talk.record.acp or {}).get("answer") == "still here", "the next message handled")
+    if "id" in message:  # a request is never left without a reply
+        assert len(replies_to(talk, message["id"])) == 1
+
+
+@pytest.mark.parametrize("line", [b"this is not json", b"[" * 200_000 + b"]" * 200_000, b'"a string"', b"\xff\xfe"],
+                         ids=["not-json", "nested-200000-deep", "not-an-object", "not-utf8"])
+def test_a_line_that_is_no_message_is_noted_once_and_the_reader_lives_on(tmp_path, line):
+    talk = Talk(tmp_path)
+    talk.handshake()
+    for _ in range(3):
+        talk.proc.hermes.write(line + b"\n")
+    talk.proc.hermes.flush()
+    prompt = talk.last_sent()
+    talk.proc.say({"id": prompt["id"], "result": {"stopReason": "end_turn"}})
+    talk.pump_until(lambda: talk.talk.finished, "the prompt's reply, read after the bad lines")
+    assert talk.talk.reader.is_alive()
+    assert sum("ignored" in entry for entry in talk.log) == 1, talk.log
+
+
+def test_a_thousand_questions_at_once_are_all_kept_each_with_its_own_id_and_all_expire_at_the_end(tmp_path):
+    talk = Talk(tmp_path, approvals="ask")
+    talk.handshake()
+    for n in range(998):
+        permission(talk, n, f"rm -rf ./build-{n}")
+    permission(talk, 0, "rm -rf ./reused-id")
+    permission(talk, None, "rm -rf ./null-id")
+    talk.pump_until(lambda: len(talk.record.questions) == 1000, "every question kept")
+    on_disk = talk.store.read(talk.record.id)
+    assert len({q["id"] for q in on_disk.questions}) == 1000
+    view = server.observe(on_disk, talk.store.root)
+    block = server.render_status(view, talk.cfg)
+    assert "STATUS: needs_approval" in block and "QUESTIONS_WAITING: 1000" in block
+    permission(talk, 5000, "rm -rf ./one-too-many")  # past what a record keeps: the bridge denies at once
+    [reply] = talk.pump_until(lambda: replies_to(talk, 5000), "the bridge's own answer")
+    assert reply["result"]["outcome"]["optionId"] == "deny"
+    assert "1,000 questions were already waiting" in talk.record.decisions[-1]["by"]
+    first, second = on_disk.questions[:2]
+    server.answer_approval(talk.cfg, talk.record.id, second["id"], "allow", "planner")
+    server.answer_approval(talk.cfg, talk.record.id, first["id"], "deny", "planner")
+    talk.pump_until(lambda: len(replies_to(talk, 1)) == 1 and len(replies_to(talk, 0)) == 1, "the two answers")
+    assert replies_to(talk, 1)[0]["result"]["outcome"]["optionId"] == "allow_once"
+    assert replies_to(talk, 0)[0]["result"]["outcome"]["optionId"] == "deny"
+    talk.talk.drain()
+    assert talk.record.questions == []
+    assert talk.record.decided == {"allow": 1, "deny": 1000}
+    assert len(replies_to(talk, 0)) == 1  # the answered one; Hermes stopped waiting for the rest by itself
+    assert len(talk.record.decisions) == server.DECISIONS_KEPT
+    server.JobStore.of(talk.cfg).read(talk.record.id)  # still readable
+
+
+def test_a_second_answer_to_a_question_is_refused_naming_the_first_and_only_the_first_is_applied(tmp_path):
+    talk = Talk(tmp_path, approvals="ask")
+    talk.handshake()
+    permission(talk, 7, "rm -rf build")
+    [question] = talk.pump_until(lambda: talk.record.questions, "the question")
+    server.answer_approval(talk.cfg, talk.record.id, question["id"], "allow", "user")
+    with pytest.raises(server.Refused, match=r"answered already: allow by the user \(elicitation\)"):
+        server.answer_approval(talk.cfg, talk.record.id, question["id"], "deny", "planner")
+    talk.pump_until(lambda: replies_to(talk, 7), "the answer applied")
+    with pytest.raises(server.Refused, match="answered already: allow by the user"):
+        server.answer_approval(talk.cfg, talk.record.id, question["id"], "deny", "planner")
+    assert [m["result"]["outcome"]["optionId"] for m in replies_to(talk, 7)] == ["allow_once"]
+    [decision] = talk.record.decisions
+    assert decision["decision"] == "allow" and decision["by"] == "the user (elicitation)"
+
+
+def test_answers_racing_from_two_threads_are_claimed_once(tmp_path):
+    talk = Talk(tmp_path, approvals="ask")
+    talk.handshake()
+    permission(talk, 7, "rm -rf build")
+    [question] = talk.pump_until(lambda: talk.record.questions, "the question")
+    outcomes: list[str] = []
+
+    def answer(decision: str, by: str) -> None:
+        try:
+            server.answer_approval(talk.cfg, talk.record.id, question["id"], decision, by)
+            outcomes.append(f"relayed {decision}")
+        except server.Refused as exc:
+            outcomes.append(str(exc))
+    threads = [threading.Thread(target=answer, args=pair) for pair in [("allow", "user"), ("deny", "planner")] * 4]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    [won] = [outcome for outcome in outcomes if outcome.startswith("relayed")]
+    assert all("answered already: " + won.split()[1] in o for o in outcomes if o != won), outcomes
+    talk.pump_until(lambda: replies_to(talk, 7), "the answer applied")
+    assert talk.record.decisions[0]["decision"] == won.split()[1]
+
+
+def test_a_folder_planted_at_the_answers_name_is_moved_aside_and_the_question_stays_answerable(tmp_path):
+    talk = Talk(tmp_path, approvals="ask")
+    talk.handshake()
+    permission(talk, 7, "rm -rf build")
+    [question] = talk.pump_until(lambda: talk.record.questions, "the question")
+    planted = talk.store.answers_path(talk.record.id)
+    planted.mkdir()
+    for _ in range(3):
+        talk.talk.pump()  # the supervisor reads past it
+    assert talk.record.questions == [question]
+    server.answer_approval(talk.cfg, talk.record.id, question["id"], "deny", "planner")
+    reply = talk.pump_until(lambda: replies_to(talk, 7), "the answer applied")
+    assert reply[0]["result"]["outcome"]["optionId"] == "deny" and planted.is_file()
+
+
+def test_every_decision_is_audited_where_it_is_applied_the_bridges_own_and_expiries_too(tmp_path):
+    talk = Talk(tmp_path, approvals="ask")
+    talk.cfg.logs_dir = str(tmp_path / "logs")
+    talk.handshake()
+    talk.permission(edit("inside.txt"), request_id=1)
+    talk.permission(edit("../outside.txt"), request_id=2)
+    permission(talk, 3, "rm -rf build")
+    talk.pump_until(lambda: talk.record.questions, "the question")
+    talk.talk.drain()
+    lines = [json.loads(line) for line in (tmp_path / "logs" / "audit.log").read_text().splitlines()]
+    decisions = [(line["decision"], line["by"].split(":")[0]) for line in lines if line["event"] == "decision"]
+    assert decisions == [("allow", "the bridge"), ("deny", "the bridge"), ("deny", "nobody")]
+
+
+def test_a_thousand_and_one_allowed_edits_and_a_huge_answer_keep_the_record_readable(tmp_path):
+    talk = Talk(tmp_path)
+    talk.handshake()
+    for n in range(1001):
+        talk.proc.say({"id": n, "method": "session/request_permission", "params": {"toolCall": edit(f"n/{n}.txt"),
+                                                                                   "options": []}})
+    talk.pump_until(lambda: sum((talk.record.decided or {}).values()) == 1001, "1001 edits decided")
+    talk.proc.say({"method": "session/update", "params": {"update": {
+        "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "\u0436\u0001" * (1 << 19)}}}})
+    talk.pump_until(lambda: len((talk.record.acp or {}).get("answer", "")) > 1000, "the answer")
+    assert talk.store.record_path(talk.record.id).stat().st_size < server.RECORD_MAX_BYTES
+    on_disk = talk.store.read(talk.record.id)
+    assert on_disk.decided == {"allow": 1001} and len(on_disk.decisions) == server.DECISIONS_KEPT
+
+
+def test_the_whole_multi_line_command_is_what_the_question_shows(tmp_path):
+    talk = Talk(tmp_path, approvals="ask")
+    talk.handshake()
+    command = "echo updating the docs index\nrm -rf ./build"
+    talk.proc.say({"id": 7, "method": "session/request_permission", "params": {"toolCall": {
+        "kind": "execute", "title": "recursive delete: echo updating the docs index",
+        "content": [{"type": "content", "content": {"type": "text",
+                                                    "text": f"recursive delete\n$ {command}"}}],
+        "rawInput": {"command": command, "description": "recursive delete"}}, "options": []}})
+    [question] = talk.pump_until(lambda: talk.record.questions, "the question")
+    assert question["what"] == "run `echo updating the docs index\\nrm -rf ./build` (recursive delete)"

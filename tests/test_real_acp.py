@@ -2,6 +2,8 @@
 agent-client-protocol 0.9.0), each driven by the scripted model: a dangerous command asked about and allowed,
 denied, left unanswered until Hermes denies it itself, answered by the user through elicitation; a cancel in
 the middle of a command; a resume over session/load."""
+import json
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -108,3 +110,51 @@ def test_a_resume_loads_the_acp_session_and_the_model_sees_the_earlier_conversat
     last = [r for r in model.requests() if r.get("tools")][-1]
     contents = [str(m.get("content")) for m in last["messages"]]
     assert any("RUN: echo first" in c for c in contents), "the earlier conversation was not sent"
+
+
+# ------------------------------------------------------------------ issue 27: what is approved is what runs
+def test_the_question_shows_the_whole_command_hermes_will_run_every_line_escaped(real_acp):
+    bridge, model, version = real_acp
+    command = "echo updating the docs \u202eindex\nrm -rf ./build"
+    task = "Update the docs.\nCALL: terminal " + json.dumps({"command": command})
+    with bridge.client() as client:
+        job_id = client.call("hermes_run", task=task, wait_s=0).field("JOB_ID")
+        asking = question_of(client, job_id)
+        client.call("hermes_approve", job_id=job_id, approval_id=asking.field("APPROVAL_ID"), decision="deny")
+        final = final_of(client, job_id)
+    assert "run `echo updating the docs \\u202eindex\\nrm -rf ./build`" in asking.field("APPROVAL"), asking.text
+    assert "\u202e" not in asking.text
+    assert final.field("STATUS") == "ok", final.text
+    assert (bridge.root / "build").exists()
+
+
+def test_edits_are_decided_from_where_hermes_really_writes(real_acp):
+    """One job, five edits, each decided by the bridge: inside (allowed, says where), `~/x` (Hermes expands it:
+    outside), a V4A patch with one file inside and one outside (denied whole), then after `cd` outside a
+    relative path (Hermes resolves it against its terminal's folder: cannot be decided, denied)."""
+    bridge, model, version = real_acp
+    outside = bridge.tmp / "outside"
+    outside.mkdir()
+    home = Path(bridge.env["HOME"])
+    patch = f"*** Begin Patch\n*** Add File: {bridge.root}/in.txt\n+in\n*** Add File: {outside}/out.txt\n+out\n" \
+            "*** End Patch"
+    task = "\n".join(["Write some files.",
+                      "CALL: write_file " + json.dumps({"path": "first.txt", "content": "first"}),
+                      "CALL: write_file " + json.dumps({"path": "~/x.txt", "content": "home"}),
+                      "CALL: patch " + json.dumps({"mode": "patch", "patch": patch}),
+                      f"RUN: cd {outside}",
+                      "CALL: write_file " + json.dumps({"path": "rel.txt", "content": "rel"})])
+    with bridge.client() as client:
+        final = final_of(client, client.call("hermes_run", task=task, wait_s=0).field("JOB_ID"))
+    assert final.field("STATUS") == "ok", final.text
+    assert (bridge.root / "first.txt").read_text() == "first"
+    for landed in (home / "x.txt", bridge.root / "in.txt", outside / "out.txt", outside / "rel.txt",
+                   bridge.root / "rel.txt"):
+        assert not landed.exists(), f"{landed} was written"
+    decided = [line for line in final.text.splitlines() if line.startswith("- ") and "edit " in line]
+    assert len(decided) == 4, final.text
+    assert "-> allow by the bridge: inside the allowed roots: " + str(bridge.root / "first.txt") in decided[0]
+    assert "-> deny" in decided[1] and str(home / "x.txt") in decided[1] and "outside" in decided[1]
+    assert "-> deny" in decided[2] and str(outside / "out.txt") in decided[2] and "outside" in decided[2]
+    assert "-> deny" in decided[3] and "rel.txt is relative" in decided[3]
+    assert not any("inside" in line for line in decided[1:])

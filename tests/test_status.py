@@ -305,7 +305,8 @@ def test_log_excerpt_is_bounded_and_says_how_much_was_cut(tmp_path):
 
 def test_describe_exit_names_signals_and_tells_a_crash_from_a_kill():
     assert server.describe_exit(-9) == "Hermes was killed by SIGKILL (9) from outside the bridge"
-    assert "hermes_health" in server.describe_exit(2)
+    assert "hermes_health" in server.describe_exit(2, usage_error=True)
+    assert server.describe_exit(2) == "Hermes exited with code 2"  # exit 2 without a usage error (issue 27)
     assert server.describe_exit(-6).startswith("Hermes crashed (SIGABRT, 6) before its turn was known to have ended")
     assert server.describe_exit(0xC0000005, turn_saved=True).startswith(
         "Hermes crashed (Windows status 0xC0000005) on its way out")
@@ -662,7 +663,9 @@ def test_load_concurrent_status_many_records_and_a_1gib_log(bridge):
 
 @pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
 def test_huge_invalid_and_escaped_output_stays_bounded_and_pages(bridge):
-    bridge.configure(max_output_chars=3000)
+    """A flood of 110 MB: the log keeps its head and its newest output within max_log_bytes (issue 27), the
+    block quotes a clean tail, and the log pages."""
+    bridge.configure(max_output_chars=3000, max_log_bytes=4 << 20)
     with bridge.client() as client:
         result = client.call("hermes_run", task="flood !print=100000000 !longline=10000000 !binary !ansi",
                              wait_s=45)
@@ -676,10 +679,15 @@ def test_huge_invalid_and_escaped_output_stays_bounded_and_pages(bridge):
         assert cut.startswith("[cut: the first ") and "hermes_read" in cut
         log = result.field("FULL_LOG")
         size = os.path.getsize(log)
-        assert size > 110_000_000
+        assert (4 << 20) // 2 < size <= (4 << 20) + 1024
         head = client.call("hermes_read", path=log, offset=0, max_bytes=1000)
         assert head.field("RANGE") == f"bytes 0-1000 of {size}" and "offset=1000" in head.field("CUT")
-        middle = client.call("hermes_read", path=log, offset=100_000_000 + 5000, max_bytes=262144)
+        assert "x" * 99 in head.text
+        note = Path(log).read_bytes()[(1 << 20) - 10:(1 << 20) + 300].decode("utf-8", "replace")
+        assert "bytes of output were left out here (max_log_bytes 4,194,304)" in note
+        left_out = int(note.split("[bridge] ", 1)[1].split(" bytes", 1)[0].replace(",", ""))
+        assert left_out >= 110_000_000 - (4 << 20)
+        middle = client.call("hermes_read", path=log, offset=size - 1_000_000, max_bytes=262144)
         assert set(middle.text.split("---\n", 1)[1]) == {"y"}
         assert "bad utf-8: \ufffd" in client.call("hermes_read", path=log, offset=-600).text
 
