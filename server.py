@@ -132,8 +132,8 @@ def version_tuple(version: str) -> tuple[int, ...]:
 
 
 def plural(count: int, noun: str) -> str:
-    """'1 problem', '2 problems'."""
-    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+    """'1 problem', '2 problems', '2 processes'."""
+    return f"{count:,} {noun}" + ("" if count == 1 else "es" if noun.endswith("s") else "s")
 
 
 def dependency_version(package: str) -> str | None:
@@ -1242,7 +1242,7 @@ def job_sort_key(job_id: str) -> tuple[str, int]:
     return stamp, int(counter)
 
 
-RECORD_LOCK_S = 5.0
+RECORD_LOCK_S = 15.0  # a deadline for a stuck holder; ten writers queued on a loaded machine stay well within it
 
 
 class JobStore:
