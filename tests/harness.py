@@ -84,6 +84,7 @@ class Bridge:
     config: Path
     hermes: Path
     settings: dict[str, Any]
+    extra_env: dict[str, str] = dataclasses.field(default_factory=dict)  # more for the server and its supervisors
 
     @classmethod
     def create(cls, tmp_path: Path) -> "Bridge":
@@ -111,7 +112,7 @@ class Bridge:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HERMES_", "FAKE_HERMES"))}
         env.update(HERMES_BRIDGE_CONFIG=str(self.config), FAKE_HERMES_TRACE=str(self.trace),
-                   HOME=str(self.tmp / "home"))
+                   HOME=str(self.tmp / "home"), **self.extra_env)
         return env
 
     def configure(self, **changes: Any) -> None:

@@ -115,7 +115,7 @@ def stepped(bridge: Bridge, tmp_path: Path) -> tuple[Bridge, Path]:
 
 def client_with(bridge: Bridge, **env: str) -> BridgeClient:
     client = bridge.client()
-    client.params.env = dict(bridge.env, **getattr(bridge, "extra_env", {}), **env)
+    client.params.env = dict(bridge.env, **env)
     return client
 
 
