@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # /// script
 # requires-python = ">=3.10"
-# dependencies = ["mcp>=1.24,<3", "psutil>=5.9", "PyYAML>=6", "platformdirs>=4"]
+# dependencies = ["mcp>=1.24,<3", "psutil>=7.1", "PyYAML>=6", "platformdirs>=4"]
 # ///
 """claude-hermes-bridge: an MCP stdio server that gives a planner (Claude Desktop or any MCP host) an
 executor, the Hermes Agent CLI, on the same machine.
@@ -4914,10 +4914,11 @@ AskUser = Callable[[str, str, float], Awaitable[str | None]]
 
 
 async def wait_for_end(cfg: Config, job_id: str, wait_s: float, progress: Progress | None,
-                       ask_user: AskUser | None = None) -> JobView:
-    """Poll the record on disk until the job ends, Hermes asks a question, or wait_s passes; sends progress
-    while it waits. A question goes to the user at once when the host can ask them (ask_user, elicitation);
-    their answer is relayed like hermes_approve's and the wait goes on."""
+                       ask_user: AskUser | None = None, questions_end_wait: bool = True) -> JobView:
+    """Poll the record on disk until the job ends, Hermes asks a question (unless questions_end_wait is off,
+    as for a cancel, which waits for the end), or wait_s passes; sends progress while it waits. A question
+    goes to the user at once when the host can ask them (ask_user, elicitation); their answer is relayed like
+    hermes_approve's and the wait goes on."""
     import anyio
 
     deadline = time.monotonic() + wait_s
@@ -4936,7 +4937,7 @@ async def wait_for_end(cfg: Config, job_id: str, wait_s: float, progress: Progre
                 with contextlib.suppress(Refused):  # answered meanwhile by someone else: theirs stands
                     await off_loop(answer_approval, cfg, job_id, question["id"], decision, "user")
                 continue
-        if not view.running or now >= deadline or unasked:
+        if not view.running or now >= deadline or (unasked and questions_end_wait):
             return view
         if progress is not None and now >= next_progress:
             next_progress = now + PROGRESS_EVERY_S
@@ -5006,7 +5007,8 @@ async def approve_tool(cfg: Config, job_id: Any, approval_id: Any, decision: Any
 async def cancel_tool(cfg: Config, job_id: Any, progress: Progress | None = None) -> ToolResult:
     view, note = await off_loop(request_cancel, cfg, job_id)
     if view.running:
-        view = await wait_for_end(cfg, view.record.id, min(cfg.kill_grace_s + 5, cfg.max_wait_s), progress)
+        view = await wait_for_end(cfg, view.record.id, min(cfg.kill_grace_s + 5, cfg.max_wait_s), progress,
+                                  questions_end_wait=False)
     return await off_loop(status_result, view, cfg, [note])
 
 

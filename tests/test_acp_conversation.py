@@ -489,3 +489,53 @@ def test_the_whole_multi_line_command_is_what_the_question_shows(tmp_path):
         "rawInput": {"command": command, "description": "recursive delete"}}, "options": []}})
     [question] = talk.pump_until(lambda: talk.record.questions, "the question")
     assert question["what"] == "run `echo updating the docs index\\nrm -rf ./build` (recursive delete)"
+
+
+def test_a_command_too_long_to_show_whole_says_so_and_its_whole_text_is_in_the_log(tmp_path):
+    talk = Talk(tmp_path, approvals="ask")
+    talk.handshake()
+    command = "echo start; " + "x" * 5000 + "; rm -rf ./hidden-at-the-end"
+    permission(talk, 7, command)
+    [question] = talk.pump_until(lambda: talk.record.questions, "the question")
+    what = question["what"]
+    assert what.startswith("run `echo start; ") and "rm -rf ./hidden-at-the-end`" in what
+    assert f"[... {len(command) - server.COMMAND_SHOWN_CHARS:,} characters NOT SHOWN ...]" in what
+    assert "too long to show whole" in what and len(what) < 1400
+    assert any(command in entry for entry in talk.log)
+
+
+class FailingDriver(Recorder):
+    """Starts a sleeping process (and one child of its own), then fails in the supervisor's loop."""
+
+    @classmethod
+    def plan(cls, cfg: Any, exe: str, record: Any, task: str, folder: str, task_path: Any,  # noqa: ARG003
+             probe: Any) -> server.LaunchPlan:  # noqa: ARG003
+        code = "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"
+        return server.LaunchPlan([sys.executable, "-c", code], ["sleeper"], folder, None, [])
+
+    def pump(self) -> None:
+        if time.monotonic() > getattr(self, "fail_at", float("inf")):
+            raise RuntimeError("a bug in the loop")
+        if not hasattr(self, "fail_at"):
+            self.fail_at = time.monotonic() + 1
+
+
+@pytest.mark.posix("the sleeper is stopped with POSIX signals")
+def test_a_failing_supervisor_stops_the_tree_before_it_writes_the_outcome(tmp_path, monkeypatch):
+    talk = Talk(tmp_path)
+    monkeypatch.setitem(server.DRIVERS, "acp", FailingDriver)
+    exe = tmp_path / "hermes"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    talk.cfg.hermes_exe = str(exe)
+    talk.record.timeout_s = 60
+    talk.store.write(talk.record)
+    talk.store.task_path(talk.record.id).write_text("t")
+    supervisor = server.Supervisor(talk.record.id, talk.cfg, talk.store)
+    supervisor.run()
+    final = talk.store.read(talk.record.id)
+    assert final.state is server.JobState.ERROR and "the supervisor failed (RuntimeError: a bug in the loop)" in (
+        final.reason or "")
+    assert "2 processes" in (final.reason or ""), final.reason
+    assert final.hermes is not None and final.hermes.process() is None
+    assert [seen.pid for seen in final.tree if seen.process()] == []

@@ -263,3 +263,67 @@ def test_over_a_managed_policy_the_bridges_mode_and_timeout_win_and_its_other_ke
     policy = yaml.safe_load((folder / "config.yaml").read_text())
     assert policy == {"approvals": {"mode": "manual", "timeout": 42, "cron": "x"}, "model": {"default": "corp-model"}}
     assert (folder / ".env").read_text() == "CORP_KEY=1\n"
+
+
+# ------------------------------------------------------------------ 6. a buggy or hostile `hermes acp` (issue 27)
+def test_junk_from_hermes_is_ignored_and_noted_once_and_the_job_ends_as_hermes_ends_it(acp):
+    with client_of(acp) as client:
+        result = client.call("hermes_run", task="!junk !tool-sleep=1", wait_s=40)
+    assert result.field("STATUS") == "ok", result.text
+    log = (acp.jobs / f"{result.field('JOB_ID')}.log").read_text()
+    for said in ("a session/update whose params are not an object",
+                 "a session/request_permission whose params are not an object",
+                 "a line from Hermes that is not a JSON-RPC message"):
+        assert log.count(said) == 1, log
+    assert "supervisor failed" not in result.text
+    assert wait_gone(acp.traced_pids()) == []
+
+
+def test_questions_asked_together_are_all_shown_and_two_answers_at_once_from_two_servers_claim_once(acp):
+    acp.configure(approvals="ask", approval_timeout_s=120)
+    with client_of(acp) as client, client_of(acp) as other:
+        job_id = client.call("hermes_run", task="!asks=20", wait_s=0).field("JOB_ID")
+        asking = wait_until(lambda: r if "QUESTIONS_WAITING: 22" in (r := client.call(
+            "hermes_status", job_id=job_id, wait_s=5)).text else None, 40, "all 22 questions shown")
+        ids = [line.split(": ", 1)[1] for line in asking.text.splitlines() if line.startswith("APPROVAL_ID: ")]
+        assert len(ids) == server.QUESTIONS_SHOWN and len(set(ids)) == len(ids)
+        answers: dict[str, Any] = {}
+
+        def answer(name: str, who: BridgeClient, decision: str) -> None:
+            answers[name] = who.call("hermes_approve", job_id=job_id, approval_id=ids[0], decision=decision)
+        racing = [server.threading.Thread(target=answer, args=("allow", client, "allow")),
+                  server.threading.Thread(target=answer, args=("deny", other, "deny"))]
+        for thread in racing:
+            thread.start()
+        for thread in racing:
+            thread.join()
+        client.call("hermes_approve", job_id=job_id, approval_id=ids[1], decision="allow")
+        client.call("hermes_cancel", job_id=job_id)
+        final = client.wait_final(job_id)
+    [won] = [name for name, result in answers.items() if not result.is_error]
+    lost = answers["deny" if won == "allow" else "allow"]
+    assert f"answered already: {won} by the planner" in lost.text, lost.text
+    assert f"approval {ids[0]}: {won} by the planner (hermes_approve), applied" in answers[won].text
+    assert final.field("STATUS") == "cancelled"
+    assert final.field("APPROVALS").startswith("22 questions answered (2 allow, 20 deny)")
+    decisions = [d for d in acp.record(job_id).decisions if d["id"] == ids[0]]
+    assert [d["decision"] for d in decisions] == [won]
+
+
+def test_a_thousand_and_one_edits_leave_a_live_job_readable_and_cancellable(acp):
+    with client_of(acp) as client:
+        job_id = client.call("hermes_run", task="!many-edits=1001 !tool-sleep=60", wait_s=0).field("JOB_ID")
+        wait_until(lambda: sum((acp.record(job_id).decided or {}).values()) == 1001, 60, "1001 edits decided")
+        live = client.call("hermes_status", job_id=job_id, wait_s=0)
+        cancelled = client.call("hermes_cancel", job_id=job_id)
+    assert live.field("STATUS") == "running" and "APPROVALS: 1,001 questions answered (1001 allow)" in live.text
+    assert cancelled.field("STATUS") == "cancelled", cancelled.text
+
+
+def test_a_huge_non_ascii_answer_keeps_the_record_within_what_the_store_reads(acp):
+    with client_of(acp) as client:
+        result = client.call("hermes_run", task="!big-answer=1048576", wait_s=40)
+    assert result.field("STATUS") == "ok", result.text
+    record_path = acp.jobs / f"{result.field('JOB_ID')}.json"
+    assert record_path.stat().st_size <= server.RECORD_MAX_BYTES
+    assert "| FAKE ANSWER: !big-answer=1048576 " + "\u0436" * 100 in result.text

@@ -733,3 +733,13 @@ def test_job_id_tricks_are_refused(playground, monkeypatch, tool, job_id):
               "hermes_cancel": lambda cfg: server.cancel_tool(cfg, job_id)}
     refused(bridge.call_body(monkeypatch, tool, bodies[tool]), "is not a job id")
     nothing_started(bridge, settle_s=0)
+
+
+def test_text_that_reorders_or_hides_is_escaped_wherever_hermes_text_is_shown():
+    """Issue 27: bidi controls, zero-width characters and every line separator splitlines knows, as escapes:
+    in a value shown (a command, a path), in Hermes' answer and in the log tail."""
+    hiding = "a\u202eb\u2066c\u200bd\ufeffe\x85f\x0bg\u2028h"
+    assert server.shown(hiding) == "a\\u202eb\\u2066c\\u200bd\\ufeffe\\x85f\\x0bg\\u2028h"
+    cleaned = server.clean_str("answer \u202eevil\u200f")
+    assert cleaned == "answer \\u202eevil\\u200f"
+    assert all(char not in "".join(server.quoted_answer("x\u202ey\u2069", 100)) for char in "\u202e\u2069")

@@ -215,3 +215,21 @@ def test_cancelling_a_task_already_reported_terminal_changes_nothing(tmp_path):
     assert server.JobStore.of(cfg).record_path(job_id).read_bytes() == before
     assert not server.JobStore.of(cfg).cancel_path(job_id).exists()
     assert tasks.task(cfg, job_id)["status"] == "completed"
+
+
+def test_a_second_answer_through_tasks_update_is_a_json_rpc_error_naming_the_first(bridge):
+    """Issue 27: hermes_approve (deny) first, then the task's own answer (allow): only the first is applied."""
+    bridge.configure(approvals="ask", approval_timeout_s=60)
+    with modern(bridge, FAKE_HERMES_ACP="1") as client:
+        task_id = started(client, task="!ask=touch+twice.txt")
+        (key, _), = client.poll(task_id, lambda t: t["status"] == "input_required", timeout=30)[
+            "inputRequests"].items()
+        first = client.call("hermes_approve", tasks=False, job_id=task_id, approval_id=key, decision="deny")
+        second = client.request("tasks/update", {"taskId": task_id, "inputResponses": {
+            key: {"action": "accept", "content": {"allow": True}}}})
+        done = client.poll(task_id, terminal)
+    assert not first.get("isError"), first
+    assert "answered already: deny by the planner" in second["error"]["message"], second
+    assert not (bridge.root / "twice.txt").exists()
+    assert f"- {key}: run `touch twice.txt` (dangerous) -> deny by the planner (hermes_approve)" in text_of(
+        done["result"])
