@@ -175,6 +175,11 @@ HIDING_RE = re.compile(f"[{HIDING_CHARS}]")
 CONTROL_RE = re.compile(f"[\\x00-\\x1f\\x7f\\x85\\u2028\\u2029{HIDING_CHARS}]")
 
 
+def unhidden(text: str) -> str:
+    """The characters that reorder or hide text as their visible escapes; everything else as it is."""
+    return HIDING_RE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def escaped(text: str) -> str:
     """Every control, line-separating or text-hiding character as its visible escape (\\n, \\u202e)."""
     return CONTROL_RE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
@@ -210,8 +215,7 @@ def clean_text(data: bytes) -> str:
 def clean_str(text: str) -> str:
     """Output as the model should read it: no terminal escapes, no control characters but newline and tab,
     and the characters that reorder or hide text shown as their escapes."""
-    text = ANSI_RE.sub("", text.replace("\r\n", "\n"))
-    return HIDING_RE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    return unhidden(ANSI_RE.sub("", text.replace("\r\n", "\n")))
 
 
 class NotRegularFile(OSError):
@@ -4490,7 +4494,13 @@ def read_path(cfg: Config, path: Any, max_bytes: int | None, offset: int | None)
         header.append("CUT: no")
     if b"\x00" in data:
         return "\n".join(header + ["BINARY: yes, the content is not text and is not shown"])
-    return "\n".join(header + ["---", data.decode("utf-8", "replace")])
+    text = data.decode("utf-8", "replace")
+    hiding = len(HIDING_RE.findall(text))
+    if hiding:  # a file can read one way and run another (bidi overrides in code): show where
+        header.append(f"HIDDEN_CHARACTERS: {hiding} characters that reorder or hide text are shown as escapes "
+                      "(\\u202e, \\u200b, ...)")
+        text = unhidden(text)
+    return "\n".join(header + ["---", text])
 
 
 def open_confined(resolved: str, directory: bool) -> int:

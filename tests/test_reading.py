@@ -74,3 +74,13 @@ def test_sparse_files_crowded_folders_and_devices_are_bounded_or_refused(bridge)
         for device in ("/dev/zero", "/dev/null", "/dev/urandom"):
             refused(client.call("hermes_read", path=device), "not a regular file")
         assert "root:" in client.call("hermes_read", path="/etc/passwd").text
+
+
+def test_characters_that_reorder_or_hide_text_are_shown_as_escapes_and_counted(playground):
+    """Issue 27: a file that reads one way and runs another (a bidi override in code) shows where."""
+    bridge, client = playground
+    (bridge.root / "trojan.py").write_text('access = "user\u202e \u2066# admin\u2069 \u2066"\u200b\n')
+    result = client.call("hermes_read", path=str(bridge.root / "trojan.py"))
+    assert result.field("HIDDEN_CHARACTERS").startswith("5 characters")
+    assert '"user\\u202e \\u2066# admin\\u2069 \\u2066"\\u200b' in result.text
+    assert not any(char in result.text for char in "\u202e\u2066\u2069\u200b")
