@@ -5143,6 +5143,7 @@ class JobTasks:
             details = job_details(cfg, view)
             doing = details.current_tool if details.current_tool not in (None, "none yet") else details.activity
             message = f"Hermes: {doing}" if view.state is JobState.RUNNING and doing else "Hermes is starting"
+            message = view.condition or message
             return {**task, "status": "working", "statusMessage": shown(message, TASK_MESSAGE_CHARS)}
         if view.state is JobState.CANCELLED:
             task |= {"status": "cancelled", "statusMessage": shown(view.reason or "cancelled", TASK_MESSAGE_CHARS)}

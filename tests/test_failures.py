@@ -259,8 +259,10 @@ def test_ids_stay_unique_and_newest_first_across_a_step_back(tmp_path, monkeypat
         store.write(server.JobRecord(id=job_id, created_at=time.time()))
         return job_id
     first = launch(b"before the step")
-    real_time = time.time
-    monkeypatch.setattr(server.time, "time", lambda: real_time() - 3600)
+    real_time, real_strftime = time.time, time.strftime
+    monkeypatch.setattr(server.time, "time", lambda: real_time() - 3600)  # the wall clock steps back an hour
+    monkeypatch.setattr(server.time, "strftime", lambda form, moment=None: real_strftime(
+        form, time.localtime(time.time()) if moment is None else moment))
     second = launch(b"after the step")
     third = launch(b"after the step, again")
     assert len({first, second, third}) == 3
