@@ -282,18 +282,23 @@ class Recorder(server.HermesRun):
         return None, None
 
 
-@pytest.mark.posix("the sleeper is stopped with POSIX signals")
-def test_a_stop_asks_the_driver_first_and_stops_the_tree_only_after_its_grace(tmp_path, monkeypatch):
+def supervised_by(driver: type[server.HermesRun], tmp_path: Path, monkeypatch: Any) -> tuple[Talk, server.Supervisor]:
+    """A job whose supervisor (in this process) runs the given driver in place of ACP's."""
     talk = Talk(tmp_path)
-    monkeypatch.setitem(server.DRIVERS, "acp", Recorder)
+    monkeypatch.setitem(server.DRIVERS, "acp", driver)
     exe = tmp_path / "hermes"
     exe.write_text("#!/bin/sh\n")
     exe.chmod(0o755)
     talk.cfg.hermes_exe = str(exe)
     talk.record.timeout_s = 60
     talk.store.write(talk.record)
-    (talk.store.task_path(talk.record.id)).write_text("t")
-    supervisor = server.Supervisor(talk.record.id, talk.cfg, talk.store)
+    talk.store.task_path(talk.record.id).write_text("t")
+    return talk, server.Supervisor(talk.record.id, talk.cfg, talk.store)
+
+
+@pytest.mark.posix("the sleeper is stopped with POSIX signals")
+def test_a_stop_asks_the_driver_first_and_stops_the_tree_only_after_its_grace(tmp_path, monkeypatch):
+    talk, supervisor = supervised_by(Recorder, tmp_path, monkeypatch)
     stopped: list[float] = []
     real_stop_tree = server.stop_tree
 
@@ -522,16 +527,7 @@ class FailingDriver(Recorder):
 
 @pytest.mark.posix("the sleeper is stopped with POSIX signals")
 def test_a_failing_supervisor_stops_the_tree_before_it_writes_the_outcome(tmp_path, monkeypatch):
-    talk = Talk(tmp_path)
-    monkeypatch.setitem(server.DRIVERS, "acp", FailingDriver)
-    exe = tmp_path / "hermes"
-    exe.write_text("#!/bin/sh\n")
-    exe.chmod(0o755)
-    talk.cfg.hermes_exe = str(exe)
-    talk.record.timeout_s = 60
-    talk.store.write(talk.record)
-    talk.store.task_path(talk.record.id).write_text("t")
-    supervisor = server.Supervisor(talk.record.id, talk.cfg, talk.store)
+    talk, supervisor = supervised_by(FailingDriver, tmp_path, monkeypatch)
     supervisor.run()
     final = talk.store.read(talk.record.id)
     assert final.state is server.JobState.ERROR and "the supervisor failed (RuntimeError: a bug in the loop)" in (

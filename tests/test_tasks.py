@@ -157,12 +157,17 @@ def test_a_question_is_input_required_and_tasks_update_answers_it(bridge):
     assert f"- {key}: run `touch asked.txt` (dangerous) -> allow by the user (elicitation)" in text_of(done["result"])
 
 
+def asking_task(client: ModernClient, task: str) -> tuple[str, str]:
+    """A task started with this task, once it asks: its id and its one question's key."""
+    task_id = started(client, task=task)
+    (key, _), = client.poll(task_id, lambda t: t["status"] == "input_required", timeout=30)["inputRequests"].items()
+    return task_id, key
+
+
 def test_a_declined_question_denies(bridge):
     bridge.configure(approvals="ask", approval_timeout_s=60)
     with modern(bridge, FAKE_HERMES_ACP="1") as client:
-        task_id = started(client, task="!ask=touch+declined.txt")
-        (key, _), = client.poll(task_id, lambda t: t["status"] == "input_required", timeout=30)[
-            "inputRequests"].items()
+        task_id, key = asking_task(client, "!ask=touch+declined.txt")
         client.request("tasks/update", {"taskId": task_id, "inputResponses": {key: {"action": "decline"}}})
         done = client.poll(task_id, terminal)
     assert not (bridge.root / "declined.txt").exists()
@@ -221,9 +226,7 @@ def test_a_second_answer_through_tasks_update_is_a_json_rpc_error_naming_the_fir
     """Issue 27: hermes_approve (deny) first, then the task's own answer (allow): only the first is applied."""
     bridge.configure(approvals="ask", approval_timeout_s=60)
     with modern(bridge, FAKE_HERMES_ACP="1") as client:
-        task_id = started(client, task="!ask=touch+twice.txt")
-        (key, _), = client.poll(task_id, lambda t: t["status"] == "input_required", timeout=30)[
-            "inputRequests"].items()
+        task_id, key = asking_task(client, "!ask=touch+twice.txt")
         first = client.call("hermes_approve", tasks=False, job_id=task_id, approval_id=key, decision="deny")
         second = client.request("tasks/update", {"taskId": task_id, "inputResponses": {
             key: {"action": "accept", "content": {"allow": True}}}})
