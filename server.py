@@ -1305,8 +1305,9 @@ class JobStore:
         nothing behind."""
         self.ensure()
         now = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time()))
-        newest = self.list_ids()[-1:]
-        stamp = max(now, newest[0].rpartition("-")[0]) if newest else now
+        ahead = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() + 86400))
+        newest = [job_id.rpartition("-")[0] for job_id in self.list_ids()[-1:]]
+        stamp = max(now, newest[0]) if newest and newest[0] <= ahead else now  # a far-future name is planted
         for counter in range(1, 1_000_000):
             job_id = f"{stamp}-{counter}"
             if any(os.path.lexists(path) for path in (self.record_path(job_id), self.cancel_path(job_id),
@@ -2223,7 +2224,8 @@ def described_command(tool_call: dict[str, Any]) -> str:
 
 V4A_FILE_RE = re.compile(r"^\*\*\*\s+(?:Update|Add|Delete)\s+File:\s*(.+)$", re.MULTILINE)
 V4A_MOVE_RE = re.compile(r"^\*\*\*\s+Move\s+File:\s*(.+?)\s*->\s*(.+)$", re.MULTILINE)
-TERMINAL_KINDS = frozenset({"read", "edit", "delete", "move", "search", "fetch", "think", "switch_mode"})
+# Tool kinds that cannot change Hermes' terminal folder; any other (execute, other) may have `cd`-ed it.
+FOLDER_KEEPING_KINDS = frozenset({"read", "edit", "delete", "move", "search", "fetch", "think", "switch_mode"})
 
 
 def edit_targets(tool_call: dict[str, Any]) -> list[str] | None:
@@ -2507,7 +2509,7 @@ class AcpConversation:
         kind = update.get("sessionUpdate")
         if kind == "tool_call":
             tool_kind = update.get("kind") if isinstance(update.get("kind"), str) else "other"
-            if tool_kind not in TERMINAL_KINDS:
+            if tool_kind not in FOLDER_KEEPING_KINDS and self.step[1] == "session/prompt":  # not a replayed one
                 self.folder_may_have_moved = True
             command = " ".join(described_command(update).split())[:TOOL_ARGUMENT_CHARS * 2]
             acp = cast(dict[str, Any], self.record.acp)

@@ -535,3 +535,22 @@ def test_a_failing_supervisor_stops_the_tree_before_it_writes_the_outcome(tmp_pa
     assert "2 processes" in (final.reason or ""), final.reason
     assert final.hermes is not None and final.hermes.process() is None
     assert [seen.pid for seen in final.tree if seen.process()] == []
+
+
+def test_a_relative_edit_is_decided_only_until_a_command_may_have_moved_hermes_folder(tmp_path):
+    session = "0b0e7c38-1d7b-4a4e-9b1a-6f1c2b9f2e11"
+    talk = Talk(tmp_path, session=session)
+    talk.proc.say({"id": talk.last_sent()["id"], "result": {"agentInfo": {"version": "0.22.2"}}})
+    talk.pump_until(lambda: talk.last_sent()["method"] == "session/load", "session/load")
+    replayed = {"sessionUpdate": "tool_call", "kind": "execute", "rawInput": {"command": "cd /"}}
+    talk.proc.say({"method": "session/update", "params": {"update": replayed}})  # history, as a load replays it
+    talk.proc.say({"id": talk.last_sent()["id"], "result": {}})
+    talk.pump_until(lambda: talk.last_sent()["method"] == "session/prompt", "session/prompt")
+    before = talk.permission(edit("notes/a.txt"), request_id=1)
+    talk.proc.say({"method": "session/update", "params": {"update": {**replayed, "rawInput": {"command": "cd /tmp"}}}})
+    talk.pump_until(lambda: talk.talk.folder_may_have_moved, "the command seen")
+    after = talk.permission(edit("notes/b.txt"), request_id=2)
+    absolute = talk.permission(edit(str(talk.root / "notes" / "c.txt")), request_id=3)
+    assert [r["result"]["outcome"]["optionId"] for r in (before, after, absolute)] == ["allow_once", "deny",
+                                                                                        "allow_once"]
+    assert "is relative, and a command Hermes ran may have changed its folder" in talk.record.decisions[1]["by"]
