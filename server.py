@@ -16,13 +16,15 @@ ID`, which never loads the MCP stack). Nothing is used above the section that de
 or [both] section uses a [server] one (tests/test_layout.py holds both promises):
 
   stdio guard ........ [both] the client's pipes moved aside before anything can print (stdout is the protocol)
-  primitives ......... [both] names, escaping (shown, clean_text), path decisions (within_root), safe opening
-                       (open_regular, read_capped), atomic writes (write_atomic, create_exclusive), a file
-                       lock (locked), process identity (ProcessId)
+  primitives ......... [both] names, escaping (shown, shown_whole, clean_text: controls, line separators and
+                       text-hiding characters), path decisions (within_root), safe opening (open_regular,
+                       read_capped), atomic writes (write_atomic, create_exclusive), a file lock (locked),
+                       process identity no clock step moves (ProcessId, start_ticks), the shared machine_clock
   config ............. [both] Config (each setting declared once, in SETTINGS), where it is found, validation
   confinement ........ [both] allowed roots: resolve a folder, confine it (confine_cwd, confine_read)
   audit log .......... [both] one line per tool call and job state change
-  job store .......... [both] JobRecord (every field checked), JobStore (the jobs folder), JobView (observe)
+  job store .......... [both] JobRecord (every field checked, every list bounded), JobStore (the jobs folder),
+                       JobView (observe: orphaned, frozen, waiting for the disk: disk_problem)
   Hermes CLI ......... [both] locating Hermes, the options it declares (probe_cli), its command line and
                        environment, its exit codes in words (describe_exit)
   Hermes session store  [both] Hermes' state.db read with a deadline: activity, usage, current tool, answer
