@@ -140,7 +140,8 @@ def test_a_session_made_outside_the_roots_cannot_be_resumed_through_the_bridge(r
     env = dict(bridge.env, HERMES_HOME=str(bridge.tmp / "real-home"))
     done = subprocess.run([exe, "chat", "-q", "Say hello.", "-Q"], cwd=outside, env=env, capture_output=True,
                           text=True, timeout=120, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr
+    # 0.22.2 now and then segfaults on its way out, after it printed its session id: the session is saved
+    assert done.returncode == 0 or (done.returncode == -11 and "session_id: " in done.stderr), done.stderr
     session = re.findall(r"session_id: (\S+)", done.stderr)[-1]
     result = client.call("hermes_resume", session_id=session, task="RUN: printf x > escaped.txt",
                          cwd=str(bridge.root), wait_s=30)
