@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 import server
@@ -325,6 +326,7 @@ def test_a_frozen_supervisor_is_told_apart_and_a_cancel_ends_it(bridge):
         supervisor = bridge.record(job_id).supervisor.pid  # type: ignore[union-attr]
         os.kill(supervisor, signal.SIGSTOP)
         try:
+            wait_until(lambda: psutil.Process(supervisor).status() == psutil.STATUS_STOPPED, 10, "the stop")
             frozen = status(client, job_id)
             cancelled = client.call("hermes_cancel", job_id=job_id)
         finally:
