@@ -2080,6 +2080,31 @@ def final_answer(db: Any, session_id: str, since: float) -> str | None:
     return row[0] if row and isinstance(row[0], str) else None
 
 
+BLOCKED_RESULTS_KEPT = 100
+
+
+def blocked_commands(db: Any, session_id: str, since: float) -> list[str]:
+    """The commands Hermes refused to run in this job, read from its tool results (a `"status": "blocked"`
+    result, written by 0.19 to 0.22), each with the command of the tool call it answers."""
+    rows = db.execute("SELECT tool_call_id FROM messages WHERE session_id = ? AND timestamp >= ? AND role = 'tool' "
+                      "AND content LIKE '%\"status\": \"blocked\"%' ORDER BY timestamp, id LIMIT ?",
+                      (session_id, since, BLOCKED_RESULTS_KEPT)).fetchall()
+    commands = []
+    for (call_id,) in rows:
+        if not isinstance(call_id, str):
+            continue
+        row = db.execute("SELECT tool_calls FROM messages WHERE session_id = ? AND role = 'assistant' AND "
+                         "instr(tool_calls, ?) > 0 ORDER BY timestamp DESC LIMIT 1", (session_id, call_id)).fetchone()
+        calls = json_cell(row[0]) if row else None
+        call = next((c for c in calls if isinstance(c, dict) and c.get("id") == call_id), None) if isinstance(
+            calls, list) else None
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = json_cell(function.get("arguments")) if isinstance(function, dict) else None
+        command = arguments.get("command") if isinstance(arguments, dict) else None
+        commands.append(command if isinstance(command, str) else "a command Hermes deemed dangerous")
+    return commands
+
+
 # ----------------------------------- Hermes ACP: can this Hermes speak it, and which driver a job gets [both]
 # Hermes' Agent Client Protocol (`hermes acp`, JSON-RPC 2.0 over its stdin and stdout, with Hermes' `acp`
 # extra): Hermes asks before a dangerous command or a file edit, reports its tools and its answer as events,
@@ -2169,11 +2194,13 @@ def choose_driver(cfg: Config, exe: str, session: str | None = None) -> tuple[st
 
 
 # ------------------------------------------------------------------ Hermes ACP: the conversation [supervisor]
-def approval_policy_dir(cfg: Config) -> Path:
+def approval_policy_dir(timeout_s: int) -> Path:
     """A private folder for Hermes' managed scope (HERMES_MANAGED_DIR, whose config.yaml wins over the user's
-    per key): approvals.mode manual, so Hermes asks the bridge before every dangerous command whatever the
-    user's own mode (smart would let Hermes' auxiliary model approve by itself), and approvals.timeout.
-    A managed scope already in force (IT policy) is kept: its config is merged under ours, its .env copied."""
+    per key; read by the CLI and ACP of 0.19 to 0.22): approvals.mode manual, so Hermes asks before every
+    dangerous command whatever the user's own mode (smart would let Hermes' auxiliary model approve by itself),
+    approvals.timeout, how long it waits for the answer, and single_query_mode deny, so a user's `approve`
+    there cannot let a one-shot CLI run what nobody was asked about. A managed scope already in force (IT
+    policy) is kept: its config is merged under ours, its .env copied."""
     import shutil
     import tempfile
 
@@ -2192,7 +2219,7 @@ def approval_policy_dir(cfg: Config) -> Path:
             shutil.copyfile(Path(existing) / ".env", folder / ".env")
     approvals = policy.get("approvals")
     policy["approvals"] = {**(approvals if isinstance(approvals, dict) else {}), "mode": "manual",
-                           "timeout": int(cfg.approval_timeout_s)}
+                           "timeout": timeout_s, "single_query_mode": "deny"}
     (folder / "config.yaml").write_text(yaml.safe_dump(policy), encoding="utf-8")
     return folder
 
@@ -2979,6 +3006,7 @@ class HermesRun:
         self.cfg, self.store, self.record, self.exe, self.log = cfg, store, record, exe, log
         self.start_process = start_process or self.start_default
         self.save = save or functools.partial(write_record, store, record)
+        self.policy_dir: Path | None = None
 
     @classmethod
     def plan(cls, cfg: Config, exe: str, record: JobRecord, task: str, folder: str, task_path: Path | None,
@@ -3020,8 +3048,20 @@ class HermesRun:
         """The session's counters, from Hermes' session store (StoreUnavailable when it cannot answer)."""
         return read_store(self.cfg, lambda db: session_usage(db, session_id))
 
+    def report(self, session_id: str | None) -> None:
+        """What the driver adds to the record once the job's session is known."""
+
+    def with_policy(self, env: dict[str, str], timeout_s: int) -> dict[str, str]:
+        """The environment with this job's own managed policy (approval_policy_dir), removed by cleanup."""
+        self.policy_dir = approval_policy_dir(timeout_s)
+        return dict(env, HERMES_MANAGED_DIR=str(self.policy_dir))
+
     def cleanup(self) -> None:
-        """Remove what the driver made for the job."""
+        """Remove what the driver made for the job: its managed policy folder."""
+        if self.policy_dir is not None:
+            import shutil
+
+            shutil.rmtree(self.policy_dir, ignore_errors=True)
 
 
 class CliRun(HermesRun):
@@ -3048,8 +3088,24 @@ class CliRun(HermesRun):
         return start_hermes(argv, folder, env, stdin, sys.stderr.fileno(), subprocess.STDOUT)
 
     def start(self, plan: LaunchPlan, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Unless yolo, with a policy that denies a dangerous command at once: a one-shot CLI has nobody to
+        ask, and Hermes 0.19 would otherwise wait its approval timeout (60 s) for an answer that never comes."""
+        if (self.record.approval_mode or self.cfg.approval_mode) != "yolo":
+            env = self.with_policy(env, 0)
         with open_regular(plan.stdin_path) if plan.stdin_path else open(os.devnull, "rb") as stdin:
             return self.start_process(plan.argv, plan.folder, stdin, env)
+
+    def report(self, session_id: str | None) -> None:
+        """The commands Hermes denied by itself (nobody can answer the CLI), read from its session store."""
+        if not session_id or self.record.started_at is None:
+            return
+        since = self.record.started_at
+        with contextlib.suppress(StoreUnavailable):
+            for number, command in enumerate(read_store(self.cfg, lambda db: blocked_commands(db, session_id, since))):
+                self.record.add_decision({"id": f"cli-{number + 1}",
+                                          "what": f"run `{shown_whole(command, COMMAND_SHOWN_CHARS)}`",
+                                          "decision": "deny", "by": "Hermes itself: the CLI driver cannot ask "
+                                          "anyone, so a command Hermes deems dangerous is denied at once"})
 
     def outcome(self, exit_code: int) -> Outcome:
         """Its exit code; a command line Hermes rejected forgets the cached options, so the next launch asks."""
@@ -3086,7 +3142,6 @@ class AcpRun(HermesRun):
                  start_process: ProcessStarter | None = None, save: Callable[[], None] | None = None):
         super().__init__(cfg, store, record, exe, log, start_process, save)
         self.conversation: AcpConversation | None = None
-        self.policy_dir: Path | None = None
 
     @classmethod
     def plan(cls, cfg: Config, exe: str, record: JobRecord, task: str, folder: str,  # noqa: ARG003 (the seam's)
@@ -3099,9 +3154,8 @@ class AcpRun(HermesRun):
         return start_hermes(argv, folder, env, stdin, subprocess.PIPE, sys.stderr.fileno())
 
     def start(self, plan: LaunchPlan, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        self.policy_dir = approval_policy_dir(self.cfg)
         proc = self.start_process(plan.argv, plan.folder, subprocess.PIPE,
-                                  dict(env, HERMES_MANAGED_DIR=str(self.policy_dir)))
+                                  self.with_policy(env, int(self.cfg.approval_timeout_s)))
         self.conversation = AcpConversation(proc, self.record, self.cfg, self.store, plan.task, self.log, self.save)
         return proc
 
@@ -3135,12 +3189,6 @@ class AcpRun(HermesRun):
 
     def session(self, exit_code: int | None) -> tuple[str | None, str | None]:  # noqa: ARG002 (the seam's)
         return self.record.session_id, None  # the protocol's, or none when Hermes never opened one
-
-    def cleanup(self) -> None:
-        if self.policy_dir is not None:
-            import shutil
-
-            shutil.rmtree(self.policy_dir, ignore_errors=True)
 
 
 DRIVERS: dict[str, type[HermesRun]] = {"cli": CliRun, "acp": AcpRun}
@@ -3590,6 +3638,7 @@ class Supervisor:
                 self.run_.cleanup()
                 session_id, source = self.run_.session(exit_code)
                 record.session_source = source or record.session_source
+                self.run_.report(session_id)
             except Exception as exc:  # the outcome is written whatever the driver did
                 self.note(f"could not tell the job's session: {exc}")
         record.change_state(outcome.state, outcome.reason, exit_code)

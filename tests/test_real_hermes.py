@@ -221,3 +221,18 @@ def test_activity_changed_files_and_hermes_own_answer(real):
     expected = next_step([r for r in model.requests() if r.get("tools")][-1]["messages"])["content"]
     assert answer == expected and expected.startswith("SCRIPTED DONE: ") and "changed three" in expected
     assert "Deprecated" not in answer and "⚠" not in answer
+
+
+def test_a_dangerous_command_under_the_cli_driver_is_denied_at_once_and_listed(real):
+    """Issue 28: nobody can answer a one-shot CLI. Hermes 0.19 waited its approval timeout (60 s) for an
+    answer; the bridge's managed policy (approvals.timeout 0) makes every version deny at once, and the final
+    block lists the denial, read from Hermes' session store."""
+    bridge, model, client = real
+    (bridge.root / "build").mkdir()
+    started = time.monotonic()
+    result = finish(client, client.call("hermes_run", task="Clean.\nRUN: rm -rf ./build", wait_s=45), timeout=120)
+    took = time.monotonic() - started
+    assert_turn_ended(result)
+    assert took < 45, f"the denial took {took:.0f} s"
+    assert (bridge.root / "build").is_dir()
+    assert "- cli-1: run `rm -rf ./build` -> deny by Hermes itself: the CLI driver cannot ask anyone" in result.text

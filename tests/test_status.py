@@ -743,3 +743,19 @@ def test_text_that_reorders_or_hides_is_escaped_wherever_hermes_text_is_shown():
     cleaned = server.clean_str("answer \u202eevil\u200f")
     assert cleaned == "answer \\u202eevil\\u200f"
     assert all(char not in "".join(server.quoted_answer("x\u202ey\u2069", 100)) for char in "\u202e\u2069")
+
+
+def test_the_commands_hermes_blocked_are_read_with_the_command_of_their_call(tmp_path):
+    """Issue 28: the CLI driver's denials come from Hermes' tool results (`"status": "blocked"`)."""
+    call = [{"id": "call_1", "type": "function", "function": {"name": "terminal",
+                                                              "arguments": json.dumps({"command": "rm -rf ./build"})}}]
+    insert = "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, timestamp) VALUES (?,?,?,?,?,?)"
+    path = make_store(tmp_path / "home", [
+        (insert, ("s1", "assistant", None, None, json.dumps(call), 100.0)),
+        (insert, ("s1", "tool", json.dumps({"output": "BLOCKED: denied", "status": "blocked"}), "call_1", None, 101.0)),
+        (insert, ("s1", "tool", json.dumps({"output": "fine", "status": "ok"}), "call_2", None, 102.0)),
+        (insert, ("s1", "tool", json.dumps({"status": "blocked"}), "call_9", None, 103.0)),
+        (insert, ("s1", "tool", json.dumps({"status": "blocked"}), "call_0", None, 1.0)),  # before the job
+    ])
+    db = sqlite3.connect(path)
+    assert server.blocked_commands(db, "s1", 50.0) == ["rm -rf ./build", "a command Hermes deemed dangerous"]
