@@ -259,9 +259,10 @@ def test_over_a_managed_policy_the_bridges_mode_and_timeout_win_and_its_other_ke
                                                          "model": {"default": "corp-model"}}))
     (managed / ".env").write_text("CORP_KEY=1\n")
     monkeypatch.setenv("HERMES_MANAGED_DIR", str(managed))
-    folder = server.approval_policy_dir(server.Config(path=tmp_path / "c.json", approval_timeout_s=42))
+    folder = server.approval_policy_dir(42)
     policy = yaml.safe_load((folder / "config.yaml").read_text())
-    assert policy == {"approvals": {"mode": "manual", "timeout": 42, "cron": "x"}, "model": {"default": "corp-model"}}
+    assert policy == {"approvals": {"mode": "manual", "timeout": 42, "cron": "x", "single_query_mode": "deny"},
+                      "model": {"default": "corp-model"}}
     assert (folder / ".env").read_text() == "CORP_KEY=1\n"
 
 

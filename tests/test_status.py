@@ -749,7 +749,8 @@ def test_the_commands_hermes_blocked_are_read_with_the_command_of_their_call(tmp
     """Issue 28: the CLI driver's denials come from Hermes' tool results (`"status": "blocked"`)."""
     call = [{"id": "call_1", "type": "function", "function": {"name": "terminal",
                                                               "arguments": json.dumps({"command": "rm -rf ./build"})}}]
-    insert = "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, timestamp) VALUES (?,?,?,?,?,?)"
+    insert = ("INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, timestamp) "
+              "VALUES (?, ?, ?, ?, ?, ?)")
     path = make_store(tmp_path / "home", [
         (insert, ("s1", "assistant", None, None, json.dumps(call), 100.0)),
         (insert, ("s1", "tool", json.dumps({"output": "BLOCKED: denied", "status": "blocked"}), "call_1", None, 101.0)),
