@@ -181,12 +181,21 @@ def read_task(args: argparse.Namespace) -> str | None:
     return args.query
 
 
+def managed_policy() -> str:
+    """The managed scope's config.yaml the bridge gave this run, as text ("" without one)."""
+    folder = os.environ.get("HERMES_MANAGED_DIR")
+    try:
+        return open(os.path.join(folder, "config.yaml")).read() if folder else ""
+    except OSError:
+        return ""
+
+
 def trace_run(trace: str, argv: list[str], task: str) -> None:
     if trace:
         with open(os.path.join(trace, f".{os.getpid()}.tmp"), "w") as handle:
             json.dump({"argv": argv, "cwd": os.getcwd(), "task": task, "pid": os.getpid(),
-                       "hermes_home": os.environ.get("HERMES_HOME"), "marker": os.environ.get("HERMES_BRIDGE_JOB")},
-                      handle)
+                       "hermes_home": os.environ.get("HERMES_HOME"), "marker": os.environ.get("HERMES_BRIDGE_JOB"),
+                       "policy": managed_policy()}, handle)
         os.replace(os.path.join(trace, f".{os.getpid()}.tmp"), os.path.join(trace, f"{os.getpid()}.json"))
 
 

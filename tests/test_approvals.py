@@ -91,7 +91,18 @@ def test_yolo_allows_and_says_so_over_acp_and_passes_yolo_to_the_cli(acp):
     with client_of(acp, extra=False) as client:
         client.call("hermes_run", task="over the cli", wait_s=30)
     [cli_run] = [run for run in acp.runs() if run["argv"][0] == "chat"]
-    assert "--yolo" in cli_run["argv"]
+    assert "--yolo" in cli_run["argv"] and cli_run["policy"] == ""
+
+
+@pytest.mark.parametrize("approvals", ["deny", "ask"])
+def test_under_the_cli_driver_hermes_gets_a_policy_that_denies_at_once_unless_yolo(acp, approvals):
+    """Issue 28: a one-shot CLI has nobody to ask; 0.19 would wait its 60 s approval timeout."""
+    acp.configure(approvals=approvals)
+    with client_of(acp, extra=False) as client:
+        client.call("hermes_run", task="over the cli", wait_s=30)
+    [run] = acp.runs()
+    assert "mode: manual" in run["policy"] and "timeout: 0" in run["policy"]
+    assert "single_query_mode: deny" in run["policy"] and "--yolo" not in run["argv"]
 
 
 def test_a_file_edit_inside_the_roots_is_allowed_and_one_outside_denied_in_every_mode(acp):
