@@ -1041,6 +1041,9 @@ class Outcome:
 QUESTIONS_KEPT = 1000
 QUESTIONS_MAX_BYTES = 1 << 20
 DECISIONS_KEPT = 100
+LATE_ANSWERS_KEPT = 20
+ANSWERS_MAX_BYTES = 1 << 20
+LATE_KEY = "late"  # the answers file's list of late answers, which the supervisor copies into the record
 TREE_KEPT = 20_000
 TEXT_FIELD_MAX_BYTES = 256 << 10  # Hermes' answer as the record keeps it, JSON-encoded
 
@@ -1102,6 +1105,8 @@ RECORD_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
     "questions": lambda v: isinstance(v, list) and len(v) <= QUESTIONS_KEPT and all(is_question(q) for q in v),
     "decisions": lambda v: isinstance(v, list) and len(v) <= DECISIONS_KEPT
     and all(is_text_fields(d, ("id", "what", "decision", "by")) for d in v),
+    "late_answers": lambda v: isinstance(v, list) and len(v) <= LATE_ANSWERS_KEPT
+    and all(is_text_fields(a, ("id", "decision", "by")) and is_number(a.get("at")) for a in v),
     "decided": lambda v: isinstance(v, dict) and all(isinstance(k, str) and is_whole_number(n) for k, n in v.items()),
     "usage": lambda v: isinstance(v, dict) and all(is_number(count) for count in v.values()),
     "created_clock": is_number, "started_clock": is_number, "heartbeat": is_number, "duration_s": is_number,
@@ -1162,8 +1167,9 @@ class JobRecord:
     duration_s: float | None = None  # Hermes' run as the supervisor timed it (monotonic)
     outcome_note: str | None = None  # what delayed writing the outcome (a full or read-only disk)
     swept: str | None = None  # what the supervisor stopped after Hermes had exited
+    late_answers: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # refused: the question was decided
 
-    def add_decision(self, decision: dict[str, str]) -> None:
+    def add_decision(self, decision: dict[str, Any]) -> None:
         """A question decided: counted, and kept among the newest DECISIONS_KEPT."""
         self.decisions = [*self.decisions, decision][-DECISIONS_KEPT:]
         counts = dict(self.decided or {})
@@ -1293,6 +1299,21 @@ class JobStore:
         """The answers to the questions a job waits on, {approval id: {decision, by, at}}: each claimed once,
         under the record's lock (claim_answer), and read by the job's supervisor."""
         return self.root / f"{job_id}.answers"
+
+    def answers(self, job_id: str) -> dict[str, dict[str, Any]]:
+        """The answers claimed for a job's questions, those of the right shape only (a job can write the file)."""
+        found = read_json(self.answers_path(job_id), ANSWERS_MAX_BYTES)
+        if not isinstance(found, dict):
+            return {}
+        return {key: value for key, value in found.items() if isinstance(value, dict)
+                and value.get("decision") in ("allow", "deny") and isinstance(value.get("by"), str)}
+
+    def late_answers(self, job_id: str) -> list[dict[str, Any]]:
+        """The answers that came after their question was decided, kept in the answers file while the job runs."""
+        found = read_json(self.answers_path(job_id), ANSWERS_MAX_BYTES)
+        late = found.get(LATE_KEY) if isinstance(found, dict) else None
+        return [a for a in late if is_text_fields(a, ("id", "decision", "by")) and is_number(a.get("at"))][
+            -LATE_ANSWERS_KEPT:] if isinstance(late, list) else []
 
     @property
     def detach_path(self) -> Path:
@@ -2614,7 +2635,7 @@ class AcpConversation:
 
     def _record_decision(self, approval_id: str, what: str, decision: str, by: str) -> None:
         """Every decision, wherever it was taken, is kept, logged and audited where it is applied."""
-        self.record.add_decision({"id": approval_id, "what": what, "decision": decision, "by": by})
+        self.record.add_decision({"id": approval_id, "what": what, "decision": decision, "by": by, "at": time.time()})
         self.changed = True
         self.log(f"\n[bridge] approval {approval_id}: {what} -> {decision} by {by}\n")
         audit(self.cfg, event="decision", job_id=self.record.id, approval_id=approval_id, decision=decision, by=by,
@@ -2631,7 +2652,7 @@ class AcpConversation:
                 self._expire(question, f"Hermes itself: no answer within {self.approval_timeout_s:g} s")
                 continue
             if answers is None:
-                answers = read_answers(self.store, self.record.id)
+                answers = self.store.answers(self.record.id)
             given = answers.get(question["id"])
             if given is None or question["id"] not in self.asked:
                 continue
@@ -2665,16 +2686,6 @@ class AcpConversation:
         return Outcome(JobState.ERROR, exit_code, f"Hermes stopped with stopReason {shown(stop, 60)}")
 
 
-def read_answers(store: JobStore, job_id: str) -> dict[str, dict[str, Any]]:
-    """The answers claimed for a job's questions, those of the right shape only (a job can write the file)."""
-    found = read_json(store.answers_path(job_id), ANSWERS_MAX_BYTES)
-    if not isinstance(found, dict):
-        return {}
-    return {key: value for key, value in found.items() if isinstance(value, dict)
-            and value.get("decision") in ("allow", "deny") and isinstance(value.get("by"), str)}
-
-
-ANSWERS_MAX_BYTES = 1 << 20
 
 
 # ------------------------------------------------------------------------------------- process control [both]
@@ -3643,6 +3654,7 @@ class Supervisor:
                 self.note(f"could not tell the job's session: {exc}")
         record.change_state(outcome.state, outcome.reason, exit_code)
         record.session_id = session_id
+        record.late_answers = [*record.late_answers, *self.store.late_answers(self.job_id)][-LATE_ANSWERS_KEPT:]
         try:
             record.changes = self._changes()
             self._usage(session_id)
@@ -4008,6 +4020,17 @@ def changes_lines(record: JobRecord) -> list[str]:
 QUESTIONS_SHOWN = 10
 
 
+def seconds_left(question: dict[str, Any]) -> int:
+    return max(0, int(question["expires_clock"] - machine_clock()))
+
+
+def deadline_words(question: dict[str, Any]) -> str:
+    """When Hermes stops waiting and denies a question by itself, as a person reads it: the clock time and
+    how long from now."""
+    return (f"Hermes denies this by itself at {time.strftime('%H:%M:%S', time.localtime(question['expires_at']))} "
+            f"(in {seconds_left(question)} s) if nobody answers")
+
+
 def approval_lines(view: JobView) -> list[str]:
     """The questions Hermes waits on, oldest first, each with its id, how long Hermes still waits, and how to
     answer it (at most QUESTIONS_SHOWN; the rest are counted and come next)."""
@@ -4015,11 +4038,10 @@ def approval_lines(view: JobView) -> list[str]:
     job_id = view.record.id
     lines = [f"QUESTIONS_WAITING: {len(pending)} (answer each by its APPROVAL_ID)"] if len(pending) > 1 else []
     for question in pending[:QUESTIONS_SHOWN]:
-        left = max(0, int(question["expires_clock"] - machine_clock()))
         approval_id = shown(question["id"], 40)
         lines += [f"APPROVAL_ID: {approval_id}",
                   f"APPROVAL: Hermes asks to {shown(question['what'], 2400)}",
-                  f"APPROVAL_WAITS_S: {left} (then Hermes denies it by itself)"]
+                  f"APPROVAL_WAITS_S: {seconds_left(question)} ({deadline_words(question)})"]
     if len(pending) > QUESTIONS_SHOWN:
         lines.append(f"... and {len(pending) - QUESTIONS_SHOWN} more questions, shown once these are answered")
     if pending:
@@ -4040,6 +4062,28 @@ def decision_lines(record: JobRecord) -> list[str]:
              + (f"; the newest {min(20, len(decisions))} listed" if total > 20 else "")]
     lines += [f"- {shown(d['id'], 40)}: {shown(d['what'], 2400)} -> {shown(d['decision'], 10)} by {shown(d['by'], 400)}"
               for d in decisions[-20:]]
+    return lines
+
+
+def clock_words(at: Any) -> str:
+    """' at 14:02:31' for a wall-clock time, for people; nothing for a value that is not one."""
+    return f" at {time.strftime('%H:%M:%S', time.localtime(at))}" if is_number(at) else ""
+
+
+def late_answer_lines(record: JobRecord) -> list[str]:
+    """Answers that came after their question was decided (a dialog left open past Hermes' deadline): refused
+    when they came, listed so nobody takes them for decisions."""
+    late = record.late_answers
+    if not late:
+        return []
+    decided = {d["id"]: d for d in record.decisions}
+    lines = [f"LATE_ANSWERS: {plural(len(late), 'answer')} came after the question was decided, and were not relayed"]
+    for answer in late:
+        earlier = decided.get(answer["id"])
+        before = (f" (it was decided: {shown(earlier['decision'], 10)} by {shown(earlier['by'], 200)}"
+                  f"{clock_words(earlier.get('at'))})" if earlier else "")
+        lines.append(f"- {shown(answer['id'], 40)}: {shown(answer['decision'], 10)} by {shown(answer['by'], 100)}"
+                     f"{clock_words(answer['at'])}{before}")
     return lines
 
 
@@ -4111,7 +4155,7 @@ def final_lines(view: JobView, cfg: Config, log: Path, details: JobDetails | Non
         lines.append(f"STOPPED: {shown(record.swept, 1000)}")
     if record.outcome_note:
         lines.append(f"OUTCOME_NOTE: {shown(record.outcome_note, 600)}")
-    lines += decision_lines(record)
+    lines += decision_lines(record) + late_answer_lines(record)
     after: list[str] = []
     if view.state is JobState.ORPHANED:
         after.append(f'Stop what is left with hermes_cancel(job_id="{record.id}").')
@@ -4361,33 +4405,54 @@ def answer_approval(cfg: Config, job_id: Any, approval_id: Any, decision: Any, b
 
 
 def claim_answer(store: JobStore, view: JobView, approval_id: str, decision: str, by: str) -> None:
-    """The claim itself, under the record's lock: refused (naming why) unless this question waits and nobody
-    answered it; a planted non-file at the answers' name is moved aside, so the question stays answerable."""
+    """The claim itself, under the record's lock: refused (naming what decided the question, when and by whom)
+    unless this question waits and nobody answered it; an answer to a question already decided is kept as a
+    late answer, which the final block lists. A planted non-file at the answers' name is moved aside, so the
+    question stays answerable."""
     record = view.record
+    decided = next((d for d in reversed(record.decisions) if d["id"] == approval_id), None)
+    claims = store.answers(record.id)
+    first = claims.get(approval_id)
+    if decided or first:
+        earlier = decided or {**cast(dict[str, Any], first), "by": ANSWERERS.get(cast(dict[str, Any], first)["by"],
+                                                                                   "someone")}
+        note_late_answer(store, view, {"id": approval_id, "decision": decision, "by": ANSWERERS.get(by, by),
+                                       "at": time.time()})
+        raise Refused(f"approval {approval_id} of job {record.id} was decided already: {earlier['decision']} by "
+                      f"{earlier['by']}{clock_words(earlier.get('at'))}; this answer ({decision}) was not relayed")
     if not view.running:
         raise Refused(f"job {record.id} has ended ({view.shown_state}); there is no question to answer")
-    decided = next((d for d in reversed(record.decisions) if d["id"] == approval_id), None)
-    if decided:
-        raise Refused(f"approval {approval_id} of job {record.id} was answered already: {decided['decision']} by "
-                      f"{decided['by']}; this answer ({decision}) was not relayed")
-    claims = read_answers(store, record.id)
-    if approval_id in claims:
-        first = claims[approval_id]
-        raise Refused(f"approval {approval_id} of job {record.id} was answered already: {first['decision']} by "
-                      f"{ANSWERERS.get(first['by'], 'someone')} (relayed to Hermes); this answer ({decision}) was "
-                      "not relayed")
     question = next((q for q in record.questions if q["id"] == approval_id), None)
     if question is None:
         raise Refused(f"approval {approval_id} of job {record.id} is not waiting for an answer: no such question "
                       "was asked")
     if machine_clock() >= question["expires_clock"]:
+        note_late_answer(store, view, {"id": approval_id, "decision": decision, "by": ANSWERERS.get(by, by),
+                                       "at": time.time()})
         raise Refused(f"approval {approval_id} came too late: Hermes stopped waiting "
                       f"{int(machine_clock() - question['expires_clock'])} s ago and denied it itself")
     path = store.answers_path(record.id)
     if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
         os.replace(path, path.with_name(f".{path.name}.not-an-answer-{os.urandom(4).hex()}"))
     claims[approval_id] = {"decision": decision, "by": by, "at": time.time()}
-    write_atomic(path, json.dumps(claims).encode())
+    write_atomic(path, json.dumps({**claims, LATE_KEY: store.late_answers(record.id)}).encode())
+
+
+def note_late_answer(store: JobStore, view: JobView, answer: dict[str, Any]) -> None:
+    """Keep an answer that came after its question was decided (under the record's lock): in the answers file
+    while the job runs (its supervisor copies them into the record at the end), in the record once it ended."""
+    record = view.record
+    if view.running:
+        path = store.answers_path(record.id)
+        found = read_json(path, ANSWERS_MAX_BYTES)
+        ledger = found if isinstance(found, dict) and os.path.isfile(path) else {}
+        ledger[LATE_KEY] = [*store.late_answers(record.id), answer][-LATE_ANSWERS_KEPT:]
+        with contextlib.suppress(OSError):
+            write_atomic(path, json.dumps(ledger).encode())
+        return
+    record.late_answers = [*record.late_answers, answer][-LATE_ANSWERS_KEPT:]
+    with contextlib.suppress(OSError, DamagedRecord):
+        write_atomic(store.record_path(record.id), record.encoded())  # an outcome's note: the outcome stays
 
 
 def applied_answer(view: JobView, approval_id: str) -> str:
@@ -4973,7 +5038,7 @@ async def off_loop(fn: Callable[..., T], *args: Any) -> T:
         return await anyio.to_thread.run_sync(functools.partial(fn, *args), abandon_on_cancel=True)
 
 
-AskUser = Callable[[str, str, float], Awaitable[str | None]]
+AskUser = Callable[[str, dict[str, Any], float], Awaitable[str | None]]  # job id, the question, seconds to wait
 
 
 async def wait_for_end(cfg: Config, job_id: str, wait_s: float, progress: Progress | None,
@@ -4994,7 +5059,7 @@ async def wait_for_end(cfg: Config, job_id: str, wait_s: float, progress: Progre
         if unasked and ask_user is not None:
             question = unasked[0]
             asked.add(question["id"])
-            decision = await ask_user(job_id, question["what"], min(question["expires_clock"] - machine_clock(),
+            decision = await ask_user(job_id, question, min(question["expires_clock"] - machine_clock(),
                                                                      max(0.0, deadline - now)))
             if decision:
                 with contextlib.suppress(Refused):  # answered meanwhile by someone else: theirs stands
@@ -5134,9 +5199,10 @@ def iso_time(seconds: float) -> str:
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def approval_question(job_id: str, what: str) -> str:
-    """The question put to the user, by elicitation or as a task's input request."""
-    return f"Hermes (job {job_id}) asks to {what}. Allow it?"
+def approval_question(job_id: str, question: dict[str, Any]) -> str:
+    """The question put to the user, by elicitation or as a task's input request, with its deadline: a
+    dialog left open past it answers nothing."""
+    return f"Hermes (job {job_id}) asks to {question['what']}. Allow it? {deadline_words(question)}."
 
 
 def elicited_decision(response: Any) -> str | None:
@@ -5186,11 +5252,11 @@ class JobTasks:
             "lastUpdatedAt": iso_time(record.ended_at or record.started_at or record.created_at),
             "ttlMs": int(max(cfg.retention_days * 86400, 60) * 1000), "pollIntervalMs": TASK_POLL_MS}
         if pending := view.pending_questions[:QUESTIONS_SHOWN]:
-            first = approval_question(record.id, pending[0]["what"])
+            first = approval_question(record.id, pending[0])
             more = f" (and {len(view.pending_questions) - 1} more)" if len(view.pending_questions) > 1 else ""
             return {**task, "status": "input_required", "statusMessage": shown(first, TASK_MESSAGE_CHARS - 20) + more,
                     "inputRequests": {question["id"]: {"method": "elicitation/create", "params": {
-                        "mode": "form", "message": shown(approval_question(record.id, question["what"]), 2600),
+                        "mode": "form", "message": shown(approval_question(record.id, question), 2700),
                         "requestedSchema": APPROVAL_FORM}} for question in pending}}
         if view.running:
             details = job_details(cfg, view)
@@ -5218,7 +5284,7 @@ class JobTasks:
             return
         record = view.record
         known = {q["id"] for q in record.questions} | {d["id"] for d in record.decisions} | set(
-            read_answers(JobStore.of(cfg), record.id))
+            JobStore.of(cfg).answers(record.id))
         refusals = []
         for approval_id, response in responses.items():
             decision = elicited_decision(response)
@@ -5352,13 +5418,13 @@ def user_asker(ctx: Any, tasks: JobTasks) -> AskUser | None:
     class Answer(BaseModel):
         allow: bool = Field(description="Allow it (true) or deny it (false)")
 
-    async def ask(job_id: str, what: str, wait_s: float) -> str | None:
+    async def ask(job_id: str, question: dict[str, Any], wait_s: float) -> str | None:
         import anyio
 
         if wait_s < 2:
             return None
         with anyio.move_on_after(wait_s):
-            result = await ctx.elicit(approval_question(job_id, what), Answer)
+            result = await ctx.elicit(approval_question(job_id, question), Answer)
             if result.action == "accept" and result.data is not None:
                 return "allow" if result.data.allow else "deny"
             if result.action == "decline":

@@ -405,10 +405,10 @@ def test_a_second_answer_to_a_question_is_refused_naming_the_first_and_only_the_
     permission(talk, 7, "rm -rf build")
     [question] = talk.pump_until(lambda: talk.record.questions, "the question")
     server.answer_approval(talk.cfg, talk.record.id, question["id"], "allow", "user")
-    with pytest.raises(server.Refused, match=r"answered already: allow by the user \(elicitation\)"):
+    with pytest.raises(server.Refused, match=r"decided already: allow by the user \(elicitation\)"):
         server.answer_approval(talk.cfg, talk.record.id, question["id"], "deny", "planner")
     talk.pump_until(lambda: replies_to(talk, 7), "the answer applied")
-    with pytest.raises(server.Refused, match="answered already: allow by the user"):
+    with pytest.raises(server.Refused, match="decided already: allow by the user"):
         server.answer_approval(talk.cfg, talk.record.id, question["id"], "deny", "planner")
     assert [m["result"]["outcome"]["optionId"] for m in replies_to(talk, 7)] == ["allow_once"]
     [decision] = talk.record.decisions
@@ -434,7 +434,7 @@ def test_answers_racing_from_two_threads_are_claimed_once(tmp_path):
     for thread in threads:
         thread.join()
     [won] = [outcome for outcome in outcomes if outcome.startswith("relayed")]
-    assert all("answered already: " + won.split()[1] in o for o in outcomes if o != won), outcomes
+    assert all("decided already: " + won.split()[1] in o for o in outcomes if o != won), outcomes
     talk.pump_until(lambda: replies_to(talk, 7), "the answer applied")
     assert talk.record.decisions[0]["decision"] == won.split()[1]
 

@@ -147,9 +147,33 @@ def test_an_unanswered_question_is_denied_by_hermes_and_a_late_answer_refused(ac
         final = wait_until(lambda: r if (r := client.call("hermes_status", job_id=job_id, wait_s=5)).field(
             "STATUS") not in ("running", "needs_approval") else None, 60, f"job {job_id} to end")
         late = client.call("hermes_approve", job_id=job_id, approval_id=approval_id, decision="allow")
+        again = client.call("hermes_status", job_id=job_id, wait_s=0)
     assert final.field("STATUS") == "ok" and not (acp.root / "late.txt").exists()
     assert "-> deny by Hermes itself" in final.text
-    refused(late, "has ended")
+    refused(late, "was decided already: deny by Hermes itself", " at ", "this answer (allow) was not relayed")
+    assert again.field("LATE_ANSWERS").startswith("1 answer came after the question was decided")
+    assert f"- {approval_id}: allow by the planner (hermes_approve) at " in again.text
+
+
+def test_the_question_carries_its_deadline_wherever_it_is_shown(acp):
+    """Issue 28: a dialog left open past Hermes' deadline must say when that deadline is."""
+    acp.configure(approvals="ask", approval_timeout_s=60)
+    asked: list[str] = []
+
+    async def elicit(_context: Any, params: Any) -> Any:
+        asked.append(params.message)
+        return types.ElicitResult(action="decline")
+    with client_of(acp) as client:
+        job_id = client.call("hermes_run", task="!ask=touch+deadline.txt", wait_s=0).field("JOB_ID")
+        block = wait_question(client, job_id)
+        client.call("hermes_approve", job_id=job_id, approval_id=block.field("APPROVAL_ID"), decision="deny")
+    with client_of(acp, elicitation_callback=elicit) as client:
+        client.call("hermes_run", task="!ask=touch+deadline2.txt", wait_s=30)
+    waits = block.field("APPROVAL_WAITS_S")
+    assert server.re.fullmatch(r"\d+ \(Hermes denies this by itself at \d\d:\d\d:\d\d \(in \d+ s\) if nobody "
+                               r"answers\)", waits), waits
+    assert asked and server.re.search(r"Allow it\? Hermes denies this by itself at \d\d:\d\d:\d\d \(in \d+ s\)",
+                                      asked[0]), asked
 
 
 def test_a_client_that_can_elicit_is_asked_directly_and_the_result_says_the_user_answered(acp):
@@ -314,7 +338,7 @@ def test_questions_asked_together_are_all_shown_and_two_answers_at_once_from_two
         final = client.wait_final(job_id)
     [won] = [name for name, result in answers.items() if not result.is_error]
     lost = answers["deny" if won == "allow" else "allow"]
-    assert f"answered already: {won} by the planner" in lost.text, lost.text
+    assert f"decided already: {won} by the planner" in lost.text, lost.text
     assert f"approval {ids[0]}: {won} by the planner (hermes_approve), applied" in answers[won].text
     assert final.field("STATUS") == "cancelled"
     allowed = 1 + (won == "allow")  # ids[1], and ids[0] if the allow won the race

@@ -135,6 +135,7 @@ def test_a_question_from_hermes_is_claude_codes_own_dialog_and_the_users_answer_
             session.close()
     job_id = notification.split("<summary>MCP task ", 1)[1].split(" ", 1)[0]
     assert f"Hermes (job {job_id}) asks to run `touch asked.txt` (dangerous)" in dialog
+    assert "Hermes denies this by itself at" in dialog  # the deadline, in Claude Code's own dialog (issue 28)
     record = bridge.record(job_id)
     assert record.state.value == "ok" and (bridge.root / "asked.txt").exists()
     assert [(d["decision"], d["by"]) for d in record.decisions] == [("allow", "the user (elicitation)")]

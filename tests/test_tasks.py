@@ -232,7 +232,7 @@ def test_a_second_answer_through_tasks_update_is_a_json_rpc_error_naming_the_fir
             key: {"action": "accept", "content": {"allow": True}}}})
         done = client.poll(task_id, terminal)
     assert not first.get("isError"), first
-    assert "answered already: deny by the planner" in second["error"]["message"], second
+    assert "decided already: deny by the planner" in second["error"]["message"], second
     assert not (bridge.root / "twice.txt").exists()
     assert f"- {key}: run `touch twice.txt` (dangerous) -> deny by the planner (hermes_approve)" in text_of(
         done["result"])
