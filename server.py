@@ -835,6 +835,15 @@ def validate_config(cfg: Config) -> list[str]:
     return problems
 
 
+def roots_missing(cfg: Config) -> str:
+    """Why no job can start for want of roots, naming the real cause: none listed, or the listed ones absent."""
+    listed = [root for root in cfg.allowed_roots if isinstance(root, str)]
+    if not listed:
+        return f"no allowed roots: pass --allowed-roots DIR, or {config_fix()}"
+    return (f"none of the allowed roots is an existing folder ({shown(', '.join(listed), 600)}, from "
+            f"{cfg.sources.get('allowed_roots', 'the config')}): create them (mkdir -p), or list folders that exist")
+
+
 def root_problems(cfg: Config) -> list[str]:
     problems = []
     if not cfg.allowed_roots:
@@ -4094,7 +4103,7 @@ def quoted_answer(answer: str, max_chars: int) -> list[str]:
     """Hermes' reply as lines of its section: escapes and control characters removed as in the log tail,
     every line (U+2028 and U+2029 break lines too) behind ANSWER_PREFIX, so no text of Hermes can pass for a
     field line such as STATUS: or JOB_ID:. Cut at max_chars, saying how much."""
-    text = clean_str(answer)
+    text = clean_str(answer).strip("\n")  # ACP's answer can open with blank lines: a reply starts at its text
     cut = len(text) - max_chars
     lines = [ANSWER_PREFIX + line for line in text[:max_chars].splitlines()] or [ANSWER_PREFIX]
     if cut > 0:
@@ -4972,7 +4981,7 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
         f"HERMES_HOME: {shown(str(cfg.hermes_home_path))}",
         driver_line(cfg, exe, probe=False),
         f"APPROVALS: {approvals_line(cfg, exe)}",
-        f"ALLOWED_ROOTS: {shown(', '.join(cfg.roots), 2000) or 'NONE: no job can start'}",
+        f"ALLOWED_ROOTS: {shown(', '.join(cfg.roots), 2000) or 'NONE: no job can start: ' + roots_missing(cfg)}",
         f"READ_SCOPE: {'anywhere' if cfg.read_anywhere else 'allowed roots and job files'}",
         f"JOBS_DIR: {shown(str(store.root))} ({writable})",
         f"LOGS_DIR: {shown(str(cfg.logs_path))}",
@@ -5593,8 +5602,10 @@ async def serve(protocol_fds: tuple[int, int]) -> None:
     from mcp.server.stdio import stdio_server
 
     cfg = load_config()
+    config = (f"config {cfg.path}" if cfg.file_stamp is not None
+              else f"no config file (looked in: {config_search()})")
     sys.stderr.write(f"claude-hermes-bridge {VERSION}: python {sys.version.split()[0]} ({sys.executable}), "
-                     f"mcp {dependency_version('mcp') or 'not installed'}, config {cfg.path} "
+                     f"mcp {dependency_version('mcp') or 'not installed'}, {config} "
                      f"({plural(len(cfg.problems), 'problem')})\n")
     sys.stderr.flush()
     edge = McpEdge()
@@ -5713,7 +5724,7 @@ def check(serve_command: list[str]) -> int:
         else:
             blockers.append(f"no usable Hermes: {hermes.problem}")
         if not cfg.roots:
-            blockers.append(f"no allowed roots: pass --allowed-roots DIR, or {config_fix()}")
+            blockers.append(roots_missing(cfg))
     print("\n".join(report))
     if not ok:
         print("CHECK: FAILED")
@@ -5725,13 +5736,22 @@ def check(serve_command: list[str]) -> int:
     return 0
 
 
-def init_config(settings: dict[str, Any], force: bool) -> int:
+def init_config(settings: dict[str, Any], force: bool, create_roots: bool = False) -> int:
     """--init-config: a starting config in the per-user folder (the one a bundle or uvx install reads),
-    every key at its default and the given settings filled in; an existing file is kept unless force."""
+    every key at its default and the given settings filled in; an existing file is kept unless force. A root
+    that does not exist is refused (it would be ignored), unless create_roots makes it."""
     path = cast(Path, config_places()[-1][1])
     if path.exists() and not force:
         sys.stderr.write(f"claude-hermes-bridge: {path} exists; nothing written (add --force to replace it)\n")
         return 1
+    absent = [root for root in settings.get("allowed_roots", []) if not os.path.isdir(root)]
+    if absent and not create_roots:
+        sys.stderr.write(f"claude-hermes-bridge: --allowed-roots {', '.join(absent)}: no such folder, so jobs could "
+                         "not start there; nothing written. Create it (or add --create-roots), then run this again\n")
+        return 1
+    for root in absent:
+        os.makedirs(root, exist_ok=True)
+        print(f"created {root}")
     defaults = Config(path=path)
     values = {key: settings.get(key, getattr(defaults, key)) for key in SETTINGS if key != "yolo"}
     values["approvals"] = Config(path=path, yolo=bool(settings.get("yolo")),
@@ -5806,6 +5826,8 @@ def parse_command_line(argv: list[str]) -> Any:
     modes.add_argument("--init-config", action="store_true", help="write a starting config.json in the per-user "
                        "folder, with the settings given here filled in")
     parser.add_argument("--force", action="store_true", help="with --init-config: replace an existing file")
+    parser.add_argument("--create-roots", action="store_true", help="with --init-config: create the allowed roots "
+                        "that do not exist yet")
     parser.add_argument("--cwd", metavar="DIR", help="with --try: the folder to run the task in")
     args = parser.parse_args(argv)
     for root in args.allowed_roots or []:
@@ -5813,6 +5835,11 @@ def parse_command_line(argv: list[str]) -> Any:
             parser.error(f"--allowed-roots {root!r} is not an absolute path")
     if args.cwd and not args.try_task:
         parser.error("--cwd goes with --try")
+    if args.create_roots and not args.init_config:
+        parser.error("--create-roots goes with --init-config")
+    if args.init_config and args.hermes_exe is not None and not args.hermes_exe.strip():
+        parser.error("--hermes-exe is empty (was it `$(which hermes)` with Hermes in a venv not on PATH?): give "
+                     "Hermes' absolute path, e.g. the venv's bin/hermes (Scripts\\hermes.exe on Windows)")
     return args
 
 
@@ -5889,7 +5916,7 @@ def main(argv: list[str], protocol_fds: tuple[int, int] | None = None) -> int:
         return 0
     settings = settings_of(args)
     if args.init_config:
-        return init_config(settings, args.force)
+        return init_config(settings, args.force, args.create_roots)
     if settings:
         os.environ[SETTINGS_ENV] = json.dumps(settings)
     problem = missing_dependencies(need_mcp=True)

@@ -708,3 +708,38 @@ def test_two_registrations_within_one_second_keep_both_backups(tmp_path, monkeyp
     assert first and second and first != second
     assert first.read_text() == '{"first": 1}' and second.read_text() == '{"second": 2}'
     assert config.read_text() == '{"third": 3}'
+
+
+# ------------------------------------------------------------------ settings that silently did not take (issue 28)
+@pytest.mark.posix("the fake hermes is a shell script")
+def test_init_config_with_a_root_that_does_not_exist_says_so_and_writes_nothing_unless_asked_to_create_it(tmp_path):
+    script = install_copy(tmp_path)
+    env = user_env(tmp_path)
+    absent = tmp_path / "not-yet"
+    written = tmp_path / "conf" / "claude-hermes-bridge" / "config.json"
+    refused_ = run([sys.executable, str(script), "--init-config", "--allowed-roots", str(absent)], env)
+    assert refused_.returncode == 1 and not written.exists()
+    assert f"--allowed-roots {absent}: no such folder" in refused_.stderr and "--create-roots" in refused_.stderr
+    created = run([sys.executable, str(script), "--init-config", "--allowed-roots", str(absent), "--create-roots"], env)
+    assert created.returncode == 0 and absent.is_dir(), created.stdout + created.stderr
+    assert json.loads(written.read_text())["allowed_roots"] == [str(absent)]
+    absent.rmdir()  # removed after the config was written: every later message names the real cause
+    checked = run([sys.executable, str(script), "--check"], env)
+    assert f"none of the allowed roots is an existing folder ({absent}" in checked.stdout, checked.stdout
+    assert "pass --allowed-roots DIR" not in checked.stdout
+
+
+def test_init_config_refuses_an_empty_hermes_exe_naming_the_fix(tmp_path):
+    script = install_copy(tmp_path)
+    done = run([sys.executable, str(script), "--init-config", "--hermes-exe", ""], user_env(tmp_path))
+    assert done.returncode == 2 and "--hermes-exe is empty" in done.stderr and "bin/hermes" in done.stderr
+    assert not (tmp_path / "conf" / "claude-hermes-bridge" / "config.json").exists()
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
+def test_the_start_up_line_says_when_there_is_no_config_file_and_where_it_looked(tmp_path):
+    script = install_copy(tmp_path)
+    with BridgeClient(user_env(tmp_path), command=[sys.executable, str(script)]) as client:
+        client.call("hermes_health")
+        line = next(line for line in client.stderr().splitlines() if line.startswith("claude-hermes-bridge "))
+    assert "no config file (looked in: HERMES_BRIDGE_CONFIG (not set); beside server.py" in line, line

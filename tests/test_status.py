@@ -760,3 +760,8 @@ def test_the_commands_hermes_blocked_are_read_with_the_command_of_their_call(tmp
     ])
     db = sqlite3.connect(path)
     assert server.blocked_commands(db, "s1", 50.0) == ["rm -rf ./build", "a command Hermes deemed dangerous"]
+
+
+def test_hermes_answer_starts_at_its_text_not_at_blank_lines():
+    """Issue 28: under the ACP driver the answer opened with two empty `| ` lines."""
+    assert server.quoted_answer("\n\nhello\nworld\n\n", 100) == ["| hello", "| world"]
