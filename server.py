@@ -5764,15 +5764,22 @@ def init_config(settings: dict[str, Any], force: bool, create_roots: bool = Fals
     return 0
 
 
-async def try_task(command: list[str], task: str, cwd: str | None) -> bool:
+TRY_QUESTION_RE = re.compile(r"^APPROVAL_ID: (\S+)\nAPPROVAL: (.*)\nAPPROVAL_WAITS_S: (\d+) \((.*)\)$", re.MULTILINE)
+
+
+async def try_task(command: list[str], task: str, cwd: str | None, terminal: bool | None = None) -> bool:
     """The first-run smoke test: the server started as a host would, one hermes_run, then hermes_status
-    until the job ends, printing each block as it comes; True only on STATUS: ok."""
+    until the job ends, printing each block as it comes; True only on STATUS: ok. When Hermes asks, a terminal
+    is asked the question (the command, why, until when Hermes waits; y or n) and its answer relayed; without
+    a terminal it says how to answer (the exact hermes_approve arguments) and goes on waiting for the end."""
     import anyio
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
     params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
     started = time.monotonic()
+    terminal = sys.stdin.isatty() if terminal is None else terminal
+    told: set[str] = set()
 
     async def progress(_done: float, _total: Any, message: Any) -> None:
         print(f"... {message or 'running'} ({time.monotonic() - started:.0f} s)", flush=True)
@@ -5785,15 +5792,41 @@ async def try_task(command: list[str], task: str, cwd: str | None) -> bool:
                 arguments["cwd"] = cwd
             text = result_text(await session.call_tool("hermes_run", arguments))
             print(text, flush=True)
-            while text.startswith("STATUS: running"):
-                job_id = re.search(r"^JOB_ID: (\S+)$", text, re.MULTILINE)
-                assert job_id, text
-                result = await session.call_tool("hermes_status", {"job_id": job_id.group(1), "wait_s": 30},
+            while text.startswith(("STATUS: running", "STATUS: needs_approval")):
+                job_id = cast(re.Match[str], re.search(r"^JOB_ID: (\S+)$", text, re.MULTILINE)).group(1)
+                new = [found for found in TRY_QUESTION_RE.findall(text) if found[0] not in told]
+                if text.startswith("STATUS: needs_approval") and not new:
+                    await anyio.sleep(2)  # every question is with the user: the status would answer at once
+                for approval_id, question, waits_s, deadline in new:
+                    told.add(approval_id)
+                    print(f"\nQUESTION {approval_id}: {question}\n{deadline}.", flush=True)
+                    decision = await answer_on_terminal(int(waits_s)) if terminal else None
+                    if decision is None:
+                        print(f"To answer, call hermes_approve(job_id=\"{job_id}\", approval_id=\"{approval_id}\", "
+                              "decision=\"allow\" or \"deny\") from your MCP host; this waits for the job's end.",
+                              flush=True)
+                        continue
+                    answered = result_text(await session.call_tool("hermes_approve", {
+                        "job_id": job_id, "approval_id": approval_id, "decision": decision}))
+                    print(answered.split("\n--- ", 1)[0], flush=True)
+                result = await session.call_tool("hermes_status", {"job_id": job_id, "wait_s": 30},
                                                  progress_callback=cast(Any, progress))
-                text = result_text(result)
-                if not text.startswith("STATUS: running"):
+                shown_before, text = text, result_text(result)
+                if not text.startswith("STATUS: running") and text.split("\n", 1)[0] != shown_before.split("\n", 1)[0]:
                     print(text, flush=True)
     return text.startswith("STATUS: ok")
+
+
+async def answer_on_terminal(waits_s: int) -> str | None:
+    """y or n from the terminal, asked until Hermes stops waiting; None when the time ran out first."""
+    import anyio
+
+    print(f"Allow it? [y/N] (Hermes decides by itself in {waits_s} s) ", end="", flush=True)
+    with anyio.move_on_after(max(1, waits_s - 1)):
+        reply = await anyio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+        return "allow" if reply.strip().lower() in ("y", "yes") else "deny"
+    print("\n(no answer in time: Hermes decides by itself)", flush=True)
+    return None
 
 
 def parse_command_line(argv: list[str]) -> Any:

@@ -21,6 +21,7 @@ except ImportError:  # Python 3.10
 import server
 from conftest import require_component
 from harness import (
+    IN_CI,
     MCPB,
     REPO,
     SERVER,
@@ -29,6 +30,7 @@ from harness import (
     make_fake_hermes,
     nothing_started,
     refused,
+    wait_until,
 )
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script")
@@ -743,3 +745,49 @@ def test_the_start_up_line_says_when_there_is_no_config_file_and_where_it_looked
         client.call("hermes_health")
         line = next(line for line in client.stderr().splitlines() if line.startswith("claude-hermes-bridge "))
     assert "no config file (looked in: HERMES_BRIDGE_CONFIG (not set); beside server.py" in line, line
+
+
+# ------------------------------------------------------------------ --try gets past a question (issue 28)
+def require_tmux() -> str:
+    found = shutil.which("tmux")
+    if found:
+        return found
+    message = "tmux is not installed; tests/install_e2e.sh installs it"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def test_try_on_a_terminal_asks_the_question_itself_and_relays_the_answer(bridge):
+    tmux = require_tmux()
+    bridge.configure(approvals="ask", approval_timeout_s=120)
+    socket = str(bridge.tmp / "tmux.sock")
+    env = dict(bridge.env, FAKE_HERMES_ACP="1")
+    log = bridge.tmp / "try.out"
+    command = f"{sys.executable} {SERVER} --try '!ask=touch+tried.txt' > >(tee {log}) 2>&1; echo EXIT=$? >> {log}"
+    subprocess.run([tmux, "-S", socket, "new-session", "-d", "-x", "200", "-y", "50", "env", "-i",
+                    *(f"{key}={value}" for key, value in env.items()), "bash", "-c", command], check=True)
+    try:
+        def screen() -> str:
+            return subprocess.run([tmux, "-S", socket, "capture-pane", "-p", "-t", "0"], capture_output=True,
+                                  text=True).stdout
+        asking = wait_until(lambda: s if "Allow it? [y/N]" in (s := screen()) else None, 60, "the question")
+        subprocess.run([tmux, "-S", socket, "send-keys", "-t", "0", "y", "Enter"], check=True)
+        wait_until(lambda: "EXIT=" in log.read_text() if log.exists() else None, 60, "--try to end")
+    finally:
+        subprocess.run([tmux, "-S", socket, "kill-server"], check=False)
+    out = log.read_text()
+    assert "Hermes asks to run `touch tried.txt` (dangerous)" in asking and "Hermes denies this by itself at" in asking
+    assert "allow by the planner (hermes_approve), applied" in out and "STATUS: ok" in out and "EXIT=0" in out, out
+    assert (bridge.root / "tried.txt").exists()
+
+
+def test_try_without_a_terminal_says_how_to_answer_and_still_waits_for_the_end(bridge):
+    bridge.configure(approvals="ask", approval_timeout_s=5)
+    done = subprocess.run([sys.executable, str(SERVER), "--try", "!ask=touch+untried.txt"],
+                          env=dict(bridge.env, FAKE_HERMES_ACP="1"), capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "To answer, call hermes_approve(job_id=\"" in done.stdout and 'decision="allow" or "deny"' in done.stdout
+    assert done.stdout.count("QUESTION ") == 1 and "STATUS: ok" in done.stdout
+    assert "-> deny by Hermes itself" in done.stdout and not (bridge.root / "untried.txt").exists()
