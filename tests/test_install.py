@@ -182,25 +182,43 @@ def desktop_command(folder: Path, user_config: dict[str, Any]) -> dict[str, Any]
     return cast(dict[str, Any], config)
 
 
+def readme_block(heading: str) -> list[str]:
+    """The shell lines of the first code block under a README heading, comments dropped."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = text.split(f"### {heading}\n", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
 @pytest.mark.uv_environment
-def test_the_wheel_runs_through_uvx(tmp_path):
+def test_the_readmes_uvx_route_runs_as_written_and_its_check_ends_ok(tmp_path):
+    """Issue 28: the README's own commands, in a copy of the clone, with its example paths replaced: `uv build`
+    puts the wheel in dist/ under the name the README gives, and the check with the settings ends CHECK: OK."""
     uv = require_component(UV, "uv")
-    built = subprocess.run([str(uv), "build", "--wheel", "--out-dir", str(tmp_path / "dist"), str(REPO)],
-                           capture_output=True, text=True, timeout=600, env=dict(os.environ, **user_dirs(tmp_path)))
-    assert built.returncode == 0, built.stderr
-    wheel = next((tmp_path / "dist").glob("claude_hermes_bridge-*.whl"))
-    assert "claude_hermes_bridge_server.py" in zipfile.ZipFile(wheel).namelist()
+    clone = tmp_path / "clone"
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    for name in files:
+        (clone / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, clone / name)
     root = tmp_path / "root"
     root.mkdir()
+    hermes = make_fake_hermes(tmp_path / "hermes-venv")
     env = dict(os.environ, **user_dirs(tmp_path), UV_PYTHON_DOWNLOADS="never")
     env.pop("HERMES_BRIDGE_CONFIG", None)
-    hermes = make_fake_hermes(tmp_path / "hermes-venv")
-    done = subprocess.run([str(uv.parent / "uvx"), "--from", str(wheel), "claude-hermes-bridge", "--allowed-roots",
-                           str(root), "--hermes-exe", str(hermes), "--check"], capture_output=True, text=True,
+    lines = readme_block("uvx")
+    assert lines[0] == "python3 -m pip install uv" and lines[1] == "uv build", lines
+    built = subprocess.run([str(uv), "build"], cwd=clone, capture_output=True, text=True, timeout=600, env=env)
+    assert built.returncode == 0, built.stderr
+    check = lines[2].replace("/home/me/claude-work", str(root)).replace("/path/to/hermes-venv/bin/hermes", str(hermes))
+    words = check.split()
+    assert words[0] == "uvx" and words[-1] == "--check", words
+    assert (clone / words[2]).is_file(), f"{words[2]} is not what uv build made: {os.listdir(clone / 'dist')}"
+    assert "claude_hermes_bridge_server.py" in zipfile.ZipFile(clone / words[2]).namelist()
+    done = subprocess.run([str(uv.parent / "uvx"), *words[1:]], cwd=clone, capture_output=True, text=True,
                           timeout=600, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "CHECK: OK" in done.stdout and f"ALLOWED_ROOTS: {root}" in done.stdout
     assert "HERMES_RUNS: yes: Hermes Agent v0.19.0 (fake)" in done.stdout
+    assert lines[3].startswith(f"python3 register_with_claude.py --uvx-from {words[2]} --allowed-roots")
 
 
 @pytest.mark.uv_environment
