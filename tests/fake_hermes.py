@@ -34,6 +34,9 @@ import sys
 import time
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run_path (the Windows launcher) adds no folder
+import fake_acp  # noqa: E402  (beside this file: its ACP side, and the managed policy both sides trace)
+
 CHILD_CODE = """
 import os, signal, subprocess, sys, time
 trace, seconds, ignore, depth = sys.argv[1], float(sys.argv[2]), sys.argv[3] == '1', int(sys.argv[4])
@@ -181,21 +184,12 @@ def read_task(args: argparse.Namespace) -> str | None:
     return args.query
 
 
-def managed_policy() -> str:
-    """The managed scope's config.yaml the bridge gave this run, as text ("" without one)."""
-    folder = os.environ.get("HERMES_MANAGED_DIR")
-    try:
-        return open(os.path.join(folder, "config.yaml")).read() if folder else ""
-    except OSError:
-        return ""
-
-
 def trace_run(trace: str, argv: list[str], task: str) -> None:
     if trace:
         with open(os.path.join(trace, f".{os.getpid()}.tmp"), "w") as handle:
             json.dump({"argv": argv, "cwd": os.getcwd(), "task": task, "pid": os.getpid(),
                        "hermes_home": os.environ.get("HERMES_HOME"), "marker": os.environ.get("HERMES_BRIDGE_JOB"),
-                       "policy": managed_policy()}, handle)
+                       "policy": fake_acp.managed_policy()}, handle)
         os.replace(os.path.join(trace, f".{os.getpid()}.tmp"), os.path.join(trace, f"{os.getpid()}.json"))
 
 
@@ -275,8 +269,6 @@ def main() -> int:
         print("Hermes Agent v0.19.0 (fake)")
         return 0
     if argv[:1] == ["acp"]:
-        import fake_acp
-
         return fake_acp.main(argv, AcpStore(), trace)
     if argv[:1] != ["chat"]:
         print("usage: hermes chat ...", file=sys.stderr)
