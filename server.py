@@ -2914,6 +2914,13 @@ class StopReport:
         return text
 
 
+def proc_status(proc: "psutil.Process") -> str:
+    try:
+        return cast(str, proc.status())
+    except psutil.Error:
+        return psutil.STATUS_DEAD
+
+
 def is_alive(proc: "psutil.Process") -> bool:
     """Running, not a zombie waiting for its reaper (a zombie is already stopped: it is not counted)."""
     try:
@@ -3541,6 +3548,10 @@ class Supervisor:
         for proc in paused:
             with contextlib.suppress(psutil.Error):
                 proc.suspend()
+        stopping_by = time.monotonic() + 2  # a stop lands once a write in progress (10 MB at once?) has ended
+        while any(is_alive(proc) and proc_status(proc) != psutil.STATUS_STOPPED for proc in paused) and (
+                time.monotonic() < stopping_by):
+            time.sleep(0.005)
         try:
             head, tail = cap // 4, cap // 2
             size = os.fstat(2).st_size
