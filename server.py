@@ -569,6 +569,16 @@ class Config:
     max_timeout_s: float = setting(14400, *SECONDS, "the most timeout_s a call may ask", low=1)
     default_max_turns: int | None = setting(None, "a whole number or null", (int, type(None)),
                                             "max_turns when the call gives none (null: Hermes' own)", low=1)
+    default_max_tokens: int | None = setting(None, "a whole number or null", (int, type(None)),
+                                             "a job's token budget when the call gives none (null: none)", low=1)
+    max_tokens_limit: int | None = setting(None, "a whole number or null", (int, type(None)),
+                                           "the most max_tokens a call may ask (null: no ceiling)", low=1)
+    default_max_cost_usd: float | None = setting(None, "a number of dollars or null", (int, float, type(None)),
+                                                 "a job's cost budget when the call gives none (null: none)",
+                                                 low=0.000001)
+    max_cost_usd_limit: float | None = setting(None, "a number of dollars or null", (int, float, type(None)),
+                                               "the most max_cost_usd a call may ask (null: no ceiling)",
+                                               low=0.000001)
     max_wait_s: float = setting(45, *SECONDS, "the longest a tool call waits; hosts cut calls off at about 60 s",
                                 low=1, high=MAX_WAIT_CEILING_S)
     max_output_chars: int = setting(8000, *WHOLE, "how much of Hermes' output a final block quotes", low=200)
@@ -1028,12 +1038,13 @@ class JobState(str, enum.Enum):
     ERROR = "error"
     TIMEOUT = "timeout"
     CANCELLED = "cancelled"
+    OVER_BUDGET = "over_budget"
     ORPHANED = "orphaned"
 
 
-FINAL_STATES = frozenset({JobState.OK, JobState.ERROR, JobState.TIMEOUT, JobState.CANCELLED})
+FINAL_STATES = frozenset({JobState.OK, JobState.ERROR, JobState.TIMEOUT, JobState.CANCELLED, JobState.OVER_BUDGET})
 LIVE_STATES = frozenset({JobState.STARTING, JobState.RUNNING})
-PART_DONE_STATES = frozenset({JobState.TIMEOUT, JobState.CANCELLED, JobState.ORPHANED})
+PART_DONE_STATES = frozenset({JobState.TIMEOUT, JobState.CANCELLED, JobState.OVER_BUDGET, JobState.ORPHANED})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1119,6 +1130,10 @@ RECORD_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
     "decided": lambda v: isinstance(v, dict) and all(isinstance(k, str) and is_whole_number(n) for k, n in v.items()),
     "usage": lambda v: isinstance(v, dict) and all(is_number(count) for count in v.values()),
     "created_clock": is_number, "started_clock": is_number, "heartbeat": is_number, "duration_s": is_number,
+    "max_tokens": is_whole_number, "max_cost_usd": is_number,
+    "spend": lambda v: isinstance(v, dict) and all(isinstance(k, str) and (isinstance(x, str) or is_number(x))
+                                                   for k, x in v.items()),
+    "spend_base": lambda v: isinstance(v, dict) and all(is_number(x) for x in v.values()),
     **{name: (lambda v: isinstance(v, str)) for name in ("cwd", "session_requested", "dedupe_key", "session_id",
                                                           "reason", "log", "cwd_note", "session_source",
                                                           "session_note", "outcome_note", "swept")},
@@ -1177,6 +1192,10 @@ class JobRecord:
     outcome_note: str | None = None  # what delayed writing the outcome (a full or read-only disk)
     swept: str | None = None  # what the supervisor stopped after Hermes had exited
     late_answers: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # refused: the question was decided
+    max_tokens: int | None = None  # the job's budgets, enforced by its supervisor for both drivers
+    max_cost_usd: float | None = None
+    spend: dict[str, Any] | None = None  # what this job spent, read from Hermes' store (see session_spend)
+    spend_base: dict[str, Any] | None = None  # a resumed session's counters when the job started
 
     def add_decision(self, decision: dict[str, Any]) -> None:
         """A question decided: counted, and kept among the newest DECISIONS_KEPT."""
@@ -2057,6 +2076,34 @@ def session_usage(db: Any, session_id: str) -> Usage | None:
     row = db.execute("SELECT api_call_count, tool_call_count, input_tokens, output_tokens FROM sessions "
                      "WHERE id = ?", (session_id,)).fetchone()
     return Usage(*(store_counter(value) for value in row)) if row else None
+
+
+def session_spend(db: Any, session_id: str) -> dict[str, Any] | None:
+    """What a session and the child sessions it started have spent, as Hermes counts it after every API call:
+    API calls, tokens in and out, its cost estimate, and whether it could price every call (cost_status
+    'unknown' is no price, not a zero cost). Columns a Hermes does not have count as absent."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
+    ids = [session_id]
+    if "parent_session_id" in columns:
+        ids += [row[0] for row in db.execute("SELECT id FROM sessions WHERE parent_session_id = ? LIMIT 100",
+                                             (session_id,)) if isinstance(row[0], str)]
+    cost = "estimated_cost_usd, cost_status" if {"estimated_cost_usd", "cost_status"} <= columns else "NULL, NULL"
+    rows = db.execute(f"SELECT api_call_count, input_tokens, output_tokens, {cost}, model FROM sessions WHERE id IN "
+                      f"({','.join('?' * len(ids))})", ids).fetchall()
+    if not rows:
+        return None
+    spend: dict[str, Any] = {"api_calls": 0, "tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0, "priced": 1}
+    for calls, tokens_in, tokens_out, cost_usd, status, model in rows:
+        spend["api_calls"] += store_counter(calls)
+        spend["tokens_in"] += store_counter(tokens_in)
+        spend["tokens_out"] += store_counter(tokens_out)
+        if is_number(cost_usd) and status not in (None, "unknown"):
+            spend["cost_usd"] += float(cost_usd)
+        elif store_counter(calls):
+            spend["priced"] = 0
+        if isinstance(model, str) and "model" not in spend:
+            spend["model"] = model[:100]
+    return spend
 
 
 def describe_tool_call(raw: Any) -> str | None:
@@ -3358,6 +3405,7 @@ class Supervisor:
         self.snapshot_thread: threading.Thread | None = None
         self.unsaved = False
         self.next_heartbeat = 0.0
+        self.next_spend_read = 0.0
 
     def note(self, text: str) -> None:
         self.write_log(f"[bridge] {text}\n")
@@ -3460,6 +3508,10 @@ class Supervisor:
         record, cfg = self.record, self.cfg
         self._start_snapshot(plan.folder)
         record.argv = plan.shown_argv
+        if record.session_requested and self.watches_spend:  # a resumed session's earlier spend is not this job's
+            with contextlib.suppress(StoreUnavailable):
+                base = read_store(cfg, lambda db: session_spend(db, cast(str, record.session_requested)))
+                record.spend_base = {key: value for key, value in (base or {}).items() if is_number(value)}
         proc = run.start(plan, hermes_env(cfg, record.marker))
         if IS_WINDOWS:
             self.windows_job = self._job_object_for(proc)
@@ -3485,6 +3537,9 @@ class Supervisor:
             return Outcome(stopping[0], exit_code, f"{stopping[1]}; {report.describe()}")
         if sweep.stopped or sweep.survivors:
             self.record.swept = f"after Hermes exited, tool processes it left running: {sweep.describe()}"
+        # a cap that ended the turn, whatever Hermes printed (0.19/0.20 exit 0 at --max-turns, 0.22 exits 1)
+        if (self.watches_spend or self.record.max_turns) and (passed := self._over_budget(stop_at_turns=True)):
+            return Outcome(passed[0], exit_code, passed[1])
         return run.outcome(exit_code)
 
     def _wait(self, proc: subprocess.Popen[bytes], run: HermesRun, started: float
@@ -3579,6 +3634,54 @@ class Supervisor:
         if moved := self._moved_outside_roots():
             return JobState.ERROR, (f"Hermes moved to {shown(moved)}, outside the allowed roots (a resumed session "
                                     "runs in its recorded folder); the job was stopped at once")
+        if time.monotonic() >= self.next_spend_read and self.watches_spend:
+            self.next_spend_read = time.monotonic() + SPEND_EVERY_S
+            return self._over_budget(stop_at_turns=self.record.driver == "acp")
+        return None
+
+    @property
+    def watches_spend(self) -> bool:
+        """Whether this job has a budget the bridge enforces: tokens, cost, or max_turns under ACP (which
+        ignores Hermes' own agent.max_turns; the CLI enforces its --max-turns itself)."""
+        record = self.record
+        return bool(record.max_tokens or record.max_cost_usd or (record.max_turns and record.driver == "acp"))
+
+    def _spend(self) -> dict[str, Any] | None:
+        """This job's spend so far (a resumed session's earlier counters taken off), kept in the record."""
+        record = self.record
+        session = record.session_id or record.session_requested
+        started = record.started_at
+        try:
+            if not session and record.cwd and started is not None:
+                session, _ = read_store(self.cfg, lambda db: matched_session(db, cast(str, record.cwd), started))
+            if not session:
+                return None
+            named: str = session
+            found = read_store(self.cfg, lambda db: session_spend(db, named))
+        except StoreUnavailable:
+            return None
+        if found is None:
+            return None
+        base = record.spend_base or {}
+        for key in ("api_calls", "tokens_in", "tokens_out", "cost_usd"):
+            found[key] = max(0, found[key] - base.get(key, 0))
+        record.spend = found
+        return found
+
+    def _over_budget(self, stop_at_turns: bool) -> tuple[JobState, str] | None:
+        """The budget this job has passed, read from Hermes' store, or None."""
+        record = self.record
+        spend = self._spend()
+        if spend is None:
+            return None
+        tokens = spend["tokens_in"] + spend["tokens_out"]
+        if record.max_tokens and tokens > record.max_tokens:
+            return JobState.OVER_BUDGET, f"passed max_tokens: {tokens:,} tokens of {record.max_tokens:,}"
+        if record.max_cost_usd and spend["priced"] and spend["cost_usd"] > record.max_cost_usd:
+            return JobState.OVER_BUDGET, (f"passed max_cost_usd: ${spend['cost_usd']:.4f} of "
+                                          f"${record.max_cost_usd:g} (Hermes' estimate)")
+        if stop_at_turns and record.max_turns and spend["api_calls"] >= record.max_turns:
+            return JobState.OVER_BUDGET, f"reached max_turns ({record.max_turns}): {spend['api_calls']} API calls"
         return None
 
     def _start_snapshot(self, folder: str) -> None:
@@ -3715,6 +3818,7 @@ class Supervisor:
             wait_s = min(wait_s * 2, OUTCOME_RETRY_MAX_WAIT_S)
 
 
+SPEND_EVERY_S = 0.5  # how often a supervisor with a budget reads the spend from Hermes' store
 OUTCOME_RETRY_S = 1800.0
 OUTCOME_RETRY_FIRST_S = 0.25
 OUTCOME_RETRY_MAX_WAIT_S = 5.0
@@ -3763,6 +3867,8 @@ class JobRequest:
     cwd_note: str | None = None
     driver: str = "cli"
     approval_mode: str = "deny"
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
 
     def dedupe_key(self) -> str:
         import hashlib  # here, not at the top: it maps OpenSSL (3 MB) into every supervisor, which needs none
@@ -3776,7 +3882,8 @@ class JobRequest:
                          task_preview=" ".join(self.task.split())[:120], cwd=self.cwd,
                          session_requested=self.session_requested, skills=self.skills, toolsets=self.toolsets,
                          max_turns=self.max_turns, timeout_s=self.timeout_s, dedupe_key=self.dedupe_key(), log=log,
-                         cwd_note=self.cwd_note, driver=self.driver, approval_mode=self.approval_mode)
+                         cwd_note=self.cwd_note, driver=self.driver, approval_mode=self.approval_mode,
+                         max_tokens=self.max_tokens, max_cost_usd=self.max_cost_usd)
 
 
 def launch_job(cfg: Config, request: JobRequest) -> tuple[JobRecord, str | None]:
@@ -4090,6 +4197,27 @@ def clock_words(at: Any) -> str:
     return f" at {time.strftime('%H:%M:%S', time.localtime(at))}" if is_number(at) else ""
 
 
+def spend_line(record: JobRecord) -> list[str]:
+    """The job's spend against its budgets, as Hermes' store counted it (a price Hermes does not know is said,
+    never shown as zero)."""
+    spend = record.spend
+    if not spend:
+        return []
+    tokens = int(spend.get("tokens_in", 0)) + int(spend.get("tokens_out", 0))
+    parts = [f"{plural(int(spend.get('api_calls', 0)), 'API call')}"
+             + (f" (max_turns {record.max_turns})" if record.max_turns else ""),
+             f"tokens {tokens:,}" + (f" of {record.max_tokens:,}" if record.max_tokens else "")]
+    if spend.get("priced"):
+        parts.append(f"cost ${float(spend.get('cost_usd', 0)):.4f}" + (f" of ${record.max_cost_usd:g}"
+                                                                       if record.max_cost_usd else "")
+                     + " (Hermes' estimate)")
+    else:
+        parts.append(f"cost not priced by Hermes ({shown(spend.get('model') or 'its model', 100)})"
+                     + ("; max_cost_usd cannot be enforced, the token and turn caps still hold"
+                        if record.max_cost_usd else ""))
+    return ["SPEND: " + "; ".join(parts)]
+
+
 def late_answer_lines(record: JobRecord) -> list[str]:
     """Answers that came after their question was decided (a dialog left open past Hermes' deadline): refused
     when they came, listed so nobody takes them for decisions."""
@@ -4144,6 +4272,7 @@ def running_lines(view: JobView, log: Path, details: JobDetails | None) -> tuple
              f"TIMEOUT_S: {record.timeout_s:g} (hard cap we enforce)", f"FULL_LOG: {shown(str(log))}"]
     if view.condition:
         lines.append(f"CONDITION: {shown(view.condition, 600)}")
+    lines += spend_line(record)
     if details:
         lines.append(f"ACTIVITY: {shown(details.activity, 400)}")
         if details.current_tool:
@@ -4183,6 +4312,7 @@ def final_lines(view: JobView, cfg: Config, log: Path, details: JobDetails | Non
         after.append("Work may be part-done: inspect the files with hermes_read before re-running.")
     if details:
         after.append(f"USAGE: {shown(details.usage, 400)}")
+    after += spend_line(record)
     after += changes_lines(record)
     if details:
         after += ["--- HERMES ANSWER ---", *quoted_answer(details.answer or "", cfg.max_output_chars)]
@@ -4295,6 +4425,21 @@ class LaunchArguments:
     timeout_s: Any = None
     skills: Any = None
     toolsets: Any = None
+    max_tokens: Any = None
+    max_cost_usd: Any = None
+
+
+def budget(name: str, value: Any, default: float | None, ceiling: float | None, whole: bool) -> Noted[float | None]:
+    """A budget argument: positive (a whole number for tokens), the config's default when not given, clamped to
+    the config's ceiling with a note, as timeout_s is."""
+    if value is None:
+        value = default
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and not isinstance(value, int)) \
+            or not math.isfinite(value) or value <= 0:
+        raise Refused(f"{name} must be a positive {'whole number' if whole else 'number'}, got {shown(value)}")
+    if value is None or ceiling is None or value <= ceiling:
+        return Noted(value)
+    return Noted(ceiling, (f"{name}={value:g} was clamped to {ceiling:g} (the config's ceiling)",))
 
 
 def job_request(cfg: Config, kind: str, arguments: LaunchArguments, session: str | None = None,
@@ -4311,14 +4456,18 @@ def job_request(cfg: Config, kind: str, arguments: LaunchArguments, session: str
                                   or timeout_s <= 0):
         raise Refused(f"timeout_s must be a positive number of seconds, got {shown(timeout_s)}")
     timeout = clamp_number("timeout_s", timeout_s, cfg.default_timeout_s, 1, cfg.max_timeout_s)
+    tokens = budget("max_tokens", arguments.max_tokens, cfg.default_max_tokens, cfg.max_tokens_limit, whole=True)
+    cost = budget("max_cost_usd", arguments.max_cost_usd, cfg.default_max_cost_usd, cfg.max_cost_usd_limit,
+                  whole=False)
     exe = usable_hermes(cfg)
     driver, _ = choose_driver(cfg, exe, session)
     request = JobRequest(kind=kind, task=task, cwd=resolved_cwd, max_turns=max_turns or cfg.default_max_turns,
                          timeout_s=timeout.value, skills=names_argument("skills", arguments.skills),
                          toolsets=names_argument("toolsets", arguments.toolsets), session_requested=session,
-                         cwd_note=cwd_note, driver=driver, approval_mode=cfg.approval_mode)
+                         cwd_note=cwd_note, driver=driver, approval_mode=cfg.approval_mode,
+                         max_tokens=int(tokens.value) if tokens.value is not None else None, max_cost_usd=cost.value)
     check_launch(cfg, exe, request)
-    return Noted(request, timeout.notes)
+    return Noted(request, timeout.notes + tokens.notes + cost.notes)
 
 
 def check_session_id(session_id: Any) -> str:
@@ -4568,6 +4717,8 @@ def list_jobs(cfg: Config, limit: int | None, state: str | None) -> str:
         usage = record.usage
         tokens = (f"  tokens {usage.get('tokens_in', 0):,}/{usage.get('tokens_out', 0):,}"
                   if usage and not view.running else "")
+        spent = record.spend or {}
+        tokens += f"  cost ${float(spent.get('cost_usd', 0)):.4f}" if spent.get("priced") else ""
         rows.append(f"{job_id}  {view.shown_state:17} {elapsed_s(record, view.running):>5}s  {shown(record.cwd)}  "
                     f"\"{shown(record.task_preview, 60)}\"{tokens}")
     header = [f"JOBS: {len(ids)} on disk; showing {len(rows)}, newest first"
@@ -5031,7 +5182,8 @@ def server_instructions(cfg: Config) -> str:
         "hermes_status(job_id); it waits up to wait_s for you, so do not call it in a tight loop.\n"
         "- Never re-run a job that is running: that starts the same work twice. STATUS: running is not a "
         "failure.\n"
-        "- timeout, cancelled or orphaned mean part-done work: inspect the files before re-running.\n"
+        "- timeout, cancelled, over_budget or orphaned mean part-done work: inspect the files before re-running. "
+        "over_budget: the job passed its max_tokens, max_cost_usd or max_turns (REASON says which).\n"
         "- Do not trust STATUS: ok alone: verify the artifacts with hermes_read.\n"
         "- hermes_resume(session_id) continues a Hermes session (\"latest\" = the newest one captured).\n"
         "- hermes_cancel(job_id) stops a job and its whole process tree.\n"
@@ -5205,7 +5357,7 @@ TASKS_PROTOCOL = "2026-07-28"
 TASK_TOOLS = ("hermes_run", "hermes_resume")
 TASK_POLL_MS = 2000
 TASK_MESSAGE_CHARS = 150
-TASK_FAILED_STATES = frozenset({JobState.ERROR, JobState.TIMEOUT, JobState.ORPHANED})
+TASK_FAILED_STATES = frozenset({JobState.ERROR, JobState.TIMEOUT, JobState.OVER_BUDGET, JobState.ORPHANED})
 TERMINAL_TASKS_KEPT = 10000
 APPROVAL_FORM = {"type": "object", "required": ["allow"],
                  "properties": {"allow": {"type": "boolean", "title": "Allow",
@@ -5490,25 +5642,27 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
     @tool(launches, "Run a task with Hermes")
     async def hermes_run(task: str, ctx: Any, cwd: str | None = None, max_turns: int | None = None,
                          timeout_s: float | None = None, wait_s: float | None = None,
-                         skills: list[str] | str | None = None,
-                         toolsets: list[str] | str | None = None) -> CallToolResult:
+                         skills: list[str] | str | None = None, toolsets: list[str] | str | None = None,
+                         max_tokens: int | None = None, max_cost_usd: float | None = None) -> CallToolResult:
         """Start a fresh Hermes job in cwd (an absolute folder inside the allowed roots). Returns the result
         if it ends within wait_s (default 5 s), else STATUS: running and a JOB_ID to pass to hermes_status.
-        The task must be self-contained: absolute paths and a definition of done."""
+        The task must be self-contained: absolute paths and a definition of done. max_tokens and
+        max_cost_usd (Hermes' estimate) are budgets: past one the job is stopped and ends over_budget."""
         wait, ask = 0 if tasks.as_task() else wait_s, user_asker(ctx, tasks)
-        arguments = LaunchArguments(task, cwd, max_turns, timeout_s, skills, toolsets)
+        arguments = LaunchArguments(task, cwd, max_turns, timeout_s, skills, toolsets, max_tokens, max_cost_usd)
         return await respond("hermes_run", lambda cfg: run_tool(cfg, arguments, wait, ctx.report_progress, ask), task)
 
     @tool(launches, "Continue a Hermes session")
     async def hermes_resume(session_id: str, task: str, ctx: Any, cwd: str | None = None,
                             max_turns: int | None = None, timeout_s: float | None = None,
-                            wait_s: float | None = None) -> CallToolResult:
+                            wait_s: float | None = None, max_tokens: int | None = None,
+                            max_cost_usd: float | None = None) -> CallToolResult:
         """Continue a Hermes session with a new task (session_id from a SESSION_ID line, or "latest" for the
         newest session a job of this bridge captured). Hermes resumes a session in the folder recorded for
         it, so the job runs there (it must be inside the allowed roots); cwd is only checked against it.
         Same waiting rules as hermes_run."""
         wait, ask = 0 if tasks.as_task() else wait_s, user_asker(ctx, tasks)
-        arguments = LaunchArguments(task, cwd, max_turns, timeout_s)
+        arguments = LaunchArguments(task, cwd, max_turns, timeout_s, max_tokens=max_tokens, max_cost_usd=max_cost_usd)
         return await respond("hermes_resume",
                              lambda cfg: resume_tool(cfg, session_id, arguments, wait, ctx.report_progress, ask), task)
 
@@ -5522,7 +5676,7 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
     @tool(read_only, "List Hermes jobs")
     async def hermes_jobs(limit: int | None = None, state: str | None = None) -> CallToolResult:
         """Jobs on disk, newest first (default limit 50): id, state, duration, cwd, first words of the task.
-        state filters: running, ok, error, timeout, cancelled, orphaned, damaged."""
+        state filters: running, ok, error, timeout, cancelled, over_budget, orphaned, damaged."""
         return await respond("hermes_jobs", lambda cfg: listing_tool(list_jobs, cfg, limit, state))
 
     @tool(read_only, "Read a file or folder")

@@ -15,6 +15,7 @@ Hostile directives, for what a buggy or hostile `hermes acp` may send:
        each a dangerous command; the answer says how many were allowed
 !many-edits=N  N edit requests at once (write_file inside the folder; nothing is written)
 !big-answer=N  an answer of N non-ASCII characters
+!calls=N  N API calls, 0.3 s apart, recorded in the store (ACP ignores max_turns, as Hermes' ACP does)
 
 An unanswered question is denied after approvals.timeout from $HERMES_MANAGED_DIR/config.yaml (60 s by
 default), as Hermes 0.22 does. `hermes acp --check` passes only with FAKE_HERMES_ACP=1, like a Hermes with
@@ -218,6 +219,11 @@ class Agent:
             if allowed:
                 with open(os.path.join(self.cwd, path), "w") as handle:
                     handle.write(new_text)
+        for number in range(int(todo.get("calls") or 0)):  # ACP ignores agent.max_turns, as Hermes' does
+            if self.cancelled.is_set():
+                return {"stopReason": "cancelled"}
+            self.store.api_call(session, f"echo step {number + 1}")
+            time.sleep(0.3)
         if "tool-sleep" in todo:
             update(session, {"sessionUpdate": "tool_call", "toolCallId": "tc-2", "kind": "execute",
                              "title": "terminal", "content": text(f"$ sleep {todo['tool-sleep']}")})

@@ -95,7 +95,7 @@ SCHEMA = [
     "CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, model TEXT, "
     "started_at REAL NOT NULL, ended_at REAL, message_count INTEGER DEFAULT 0, tool_call_count INTEGER "
     "DEFAULT 0, api_call_count INTEGER DEFAULT 0, input_tokens INTEGER DEFAULT 0, output_tokens INTEGER "
-    "DEFAULT 0, cwd TEXT)",
+    "DEFAULT 0, cwd TEXT, parent_session_id TEXT, estimated_cost_usd REAL, cost_status TEXT)",
 ]
 
 
@@ -131,9 +131,11 @@ def record_turn(session: str, content: str | None = None, tool_command: str | No
                 "name": "terminal", "arguments": json.dumps({"command": tool_command})}}]) if tool_command else None
             db.execute("INSERT INTO messages (session_id, role, content, tool_calls, timestamp) VALUES "
                        "(?, 'assistant', ?, ?, ?)", (session, content, calls, time.time()))
+            priced = os.environ.get("FAKE_HERMES_PRICE")  # dollars per API call; unset: a model Hermes cannot price
             db.execute("UPDATE sessions SET api_call_count = api_call_count + 1, tool_call_count = tool_call_count "
-                       "+ ?, input_tokens = input_tokens + 1000, output_tokens = output_tokens + 100 WHERE id = ?",
-                       (1 if tool_command else 0, session))
+                       "+ ?, input_tokens = input_tokens + 1000, output_tokens = output_tokens + 100, "
+                       "estimated_cost_usd = coalesce(estimated_cost_usd, 0) + ?, cost_status = ? WHERE id = ?",
+                       (1 if tool_command else 0, float(priced or 0), "estimated" if priced else "unknown", session))
     db.close()
 
 
@@ -155,6 +157,9 @@ class AcpStore:
 
     def add_answer(self, session: str, answer: str) -> None:
         record_turn(session, content=answer)
+
+    def api_call(self, session: str, command: str) -> None:
+        record_turn(session, tool_command=command)
 
 
 def open_session(args: argparse.Namespace, todo: dict[str, str]) -> str | None:
@@ -233,8 +238,22 @@ def print_output(todo: dict[str, str], task: str) -> None:
     out.flush()
 
 
-def do_work(todo: dict[str, str], session: str, task: str) -> None:
+def api_calls(todo: dict[str, str], session: str, max_turns: int | None = None) -> bool:
+    """!calls=N: N API calls with a tool call each, 0.3 s apart (1,000 tokens in and 100 out each), stopping at
+    max_turns as the CLI does; False when the cap ended them (0.19 then says so and exits 0)."""
+    for number in range(int(todo.get("calls") or 0)):
+        if max_turns is not None and number >= max_turns:
+            sys.stdout.write("No reply: the maximum tool-iteration limit was reached\n")
+            return False
+        record_turn(session, tool_command=f"echo step {number + 1}")
+        time.sleep(0.3)
+    return True
+
+
+def do_work(todo: dict[str, str], session: str, task: str, max_turns: int | None = None) -> None:
     """Tool calls, file changes, the time it takes, the answer, and what it leaves in its store."""
+    if not api_calls(todo, session, max_turns):
+        return
     if "tool-sleep" in todo:  # a terminal tool call that runs for a while, saved as Hermes saves it
         record_turn(session, tool_command=f"sleep {todo['tool-sleep']}")
         time.sleep(float(todo["tool-sleep"]))
@@ -287,7 +306,7 @@ def main() -> int:
     trace_run(trace, argv, task)
     start_processes(todo, trace)
     print_output(todo, task)
-    do_work(todo, session, task)
+    do_work(todo, session, task, getattr(args, "max_turns", None))
     if version < "0.21":
         sys.stderr.write(f"session_id: {session}\n")
         sys.stderr.flush()

@@ -460,8 +460,10 @@ def make_store(home: Path, rows: Sequence[tuple[str, tuple[Any, ...]]] = ()) -> 
 
 # The tools as a host sees them: required and all arguments, and which are read-only.
 EXPECTED_ARGS = {
-    "hermes_run": ({"task"}, {"task", "cwd", "max_turns", "timeout_s", "wait_s", "skills", "toolsets"}),
-    "hermes_resume": ({"session_id", "task"}, {"session_id", "task", "cwd", "max_turns", "timeout_s", "wait_s"}),
+    "hermes_run": ({"task"}, {"task", "cwd", "max_turns", "timeout_s", "wait_s", "skills", "toolsets", "max_tokens",
+                              "max_cost_usd"}),
+    "hermes_resume": ({"session_id", "task"}, {"session_id", "task", "cwd", "max_turns", "timeout_s", "wait_s",
+                                               "max_tokens", "max_cost_usd"}),
     "hermes_status": ({"job_id"}, {"job_id", "wait_s"}),
     "hermes_jobs": (set(), {"limit", "state"}),
     "hermes_read": ({"path"}, {"path", "max_bytes", "offset"}),

@@ -1,0 +1,88 @@
+"""Bounded delegation (issue 29, sections 1 and 2): a job's token and cost budgets and its turn cap, enforced by
+the supervisor from Hermes' session store for both drivers, against the fake Hermes (1,000 tokens in and 100
+out per API call, `!calls=N` calls 0.3 s apart; FAKE_HERMES_PRICE dollars per call, unset: not priced)."""
+from typing import Any
+
+import pytest
+
+import server
+from harness import Bridge, BridgeClient, refused
+
+pytestmark = pytest.mark.posix("the fake hermes is a shell script")
+
+PER_CALL = 1100  # tokens the fake records per API call
+
+
+def client_of(bridge: Bridge, driver: str, **env: str) -> BridgeClient:
+    bridge.configure(hermes_driver=driver)
+    client = bridge.client()
+    client.params.env = dict(bridge.env, FAKE_HERMES_ACP="1" if driver == "acp" else "0", **env)
+    return client
+
+
+def final(client: BridgeClient, **arguments: Any) -> Any:
+    result = client.call("hermes_run", wait_s=40, **arguments)
+    return client.wait_final(result.field("JOB_ID")) if result.field("STATUS") == "running" else result
+
+
+@pytest.mark.parametrize("driver", ["cli", "acp"])
+def test_a_token_budget_stops_the_job_as_over_budget(bridge, driver):
+    with client_of(bridge, driver) as client:
+        result = final(client, task="work !calls=40", max_tokens=3000)
+    assert result.field("STATUS") == "over_budget", result.text
+    reason = result.field("REASON")
+    assert reason.startswith("passed max_tokens: ") and " of 3,000" in reason, reason
+    spent = bridge.record(result.field("JOB_ID")).spend or {}
+    assert 3000 < spent["tokens_in"] + spent["tokens_out"] <= 3000 + 3 * PER_CALL, spent
+    assert "SPEND: " in result.text and "of 3,000" in result.field("SPEND")
+    assert "Work may be part-done" in result.text
+
+
+@pytest.mark.parametrize("driver", ["cli", "acp"])
+def test_a_cost_budget_stops_a_priced_job_and_says_what_it_spent(bridge, driver):
+    with client_of(bridge, driver, FAKE_HERMES_PRICE="0.01") as client:
+        result = final(client, task="work !calls=40", max_cost_usd=0.025)
+    assert result.field("STATUS") == "over_budget", result.text
+    assert result.field("REASON").startswith("passed max_cost_usd: $0.0") and "of $0.025 (Hermes' estimate)" in (
+        result.field("REASON"))
+    assert "(Hermes' estimate)" in result.field("SPEND")
+
+
+def test_a_cost_budget_on_a_model_hermes_cannot_price_is_said_not_enforced_and_the_token_cap_holds(bridge):
+    with client_of(bridge, "acp") as client:
+        result = final(client, task="work !calls=4", max_cost_usd=0.001, max_tokens=100_000)
+    assert result.field("STATUS") == "ok", result.text
+    spend = result.field("SPEND")
+    assert "cost not priced by Hermes (fake)" in spend and "max_cost_usd cannot be enforced" in spend, spend
+    assert "tokens 4,400 of 100,000" in spend or "tokens 5,500 of 100,000" in spend, spend  # the answer is a call
+
+
+@pytest.mark.parametrize("driver", ["cli", "acp"])
+def test_max_turns_holds_for_both_drivers_and_the_reason_says_so(bridge, driver):
+    """ACP ignores agent.max_turns (the bridge stops it); the CLI stops at --max-turns by itself and exits 0:
+    either way the count says why the job ended."""
+    with client_of(bridge, driver) as client:
+        result = final(client, task="work !calls=40", max_turns=3)
+    assert result.field("STATUS") == "over_budget", result.text
+    assert result.field("REASON").startswith("reached max_turns (3)"), result.field("REASON")
+    calls = (bridge.record(result.field("JOB_ID")).spend or {})["api_calls"]
+    assert 3 <= calls <= 3 + 3, calls
+
+
+def test_budgets_are_checked_defaulted_and_clamped_to_the_configs_ceilings(bridge):
+    bridge.configure(default_max_tokens=50_000, max_tokens_limit=80_000, max_cost_usd_limit=1.5)
+    with client_of(bridge, "cli") as client:
+        refused(client.call("hermes_run", task="x", max_tokens=0, wait_s=0), "max_tokens must be a positive whole")
+        refused(client.call("hermes_run", task="x", max_cost_usd=-1, wait_s=0), "max_cost_usd must be a positive")
+        clamped = client.call("hermes_run", task="clamped", max_tokens=10**9, max_cost_usd=9, wait_s=20)
+        defaulted = client.call("hermes_run", task="defaulted", wait_s=20)
+    assert "max_tokens=1e+09 was clamped to 80000" in clamped.text
+    assert "max_cost_usd=9 was clamped to 1.5" in clamped.text
+    assert bridge.record(clamped.field("JOB_ID")).max_tokens == 80_000
+    assert bridge.record(defaulted.field("JOB_ID")).max_tokens == 50_000
+
+
+def test_over_budget_is_a_final_part_done_state_that_a_task_reports_as_an_error():
+    assert server.JobState.OVER_BUDGET in server.FINAL_STATES and server.JobState.OVER_BUDGET in (
+        server.PART_DONE_STATES)
+    assert server.JobState.OVER_BUDGET in server.TASK_FAILED_STATES
