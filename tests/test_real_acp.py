@@ -158,3 +158,21 @@ def test_edits_are_decided_from_where_hermes_really_writes(real_acp):
     assert "-> deny" in decided[2] and str(outside / "out.txt") in decided[2] and "outside" in decided[2]
     assert "-> deny" in decided[3] and "rel.txt is relative" in decided[3]
     assert not any("inside" in line for line in decided[1:])
+
+
+# ------------------------------------------------------------------ issue 29: budgets and the turn cap over ACP
+MANY_STEPS = "Count.\n" + "\n".join(f"RUN: echo step {n}" for n in range(1, 31))
+
+
+def test_the_token_budget_and_the_turn_cap_stop_hermes_over_acp(real_acp):
+    """ACP ignores agent.max_turns (0.19 stops at its own 90, 0.22 never): the bridge counts the API calls."""
+    bridge, model, version = real_acp
+    with bridge.client() as client:
+        tokens = final_of(client, client.call("hermes_run", task=MANY_STEPS, max_tokens=60, wait_s=0).field("JOB_ID"))
+        turns = final_of(client, client.call("hermes_run", task=MANY_STEPS, max_turns=3, wait_s=0).field("JOB_ID"))
+    assert tokens.field("STATUS") == "over_budget", tokens.text
+    assert tokens.field("REASON").startswith("passed max_tokens: ") and " of 60" in tokens.field("REASON")
+    assert turns.field("STATUS") == "over_budget", turns.text
+    assert turns.field("REASON").startswith("reached max_turns (3)"), turns.field("REASON")
+    calls = (bridge.record(turns.field("JOB_ID")).spend or {})["api_calls"]
+    assert 3 <= calls <= 6, calls

@@ -236,3 +236,13 @@ def test_a_dangerous_command_under_the_cli_driver_is_denied_at_once_and_listed(r
     assert took < 45, f"the denial took {took:.0f} s"
     assert (bridge.root / "build").is_dir()
     assert "- cli-1: run `rm -rf ./build` -> deny by Hermes itself: the CLI driver cannot ask anyone" in result.text
+
+
+def test_a_token_budget_stops_the_cli_as_over_budget(real):
+    """Issue 29: Hermes has no token cap of its own; the bridge reads the spend from the store and stops it."""
+    bridge, model, client = real
+    steps = "Count.\n" + "\n".join(f"RUN: echo step {n}" for n in range(1, 31))
+    result = finish(client, client.call("hermes_run", task=steps, max_tokens=60, wait_s=45), timeout=120)
+    assert result.field("STATUS") == "over_budget", result.text
+    assert result.field("REASON").startswith("passed max_tokens: ") and " of 60" in result.field("REASON")
+    assert "SPEND: " in result.text
