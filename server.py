@@ -1783,8 +1783,8 @@ def executable_problem(exe: str, windows: bool = IS_WINDOWS) -> str | None:
 def hermes_env(cfg: Config, marker: str | None = None) -> dict[str, str]:
     """Hermes inherits the server's environment; a job's processes also carry its marker, part of the proof
     that lets the bridge signal them (see Ownership)."""
-    env = {key: value for key, value in os.environ.items() if key != SETTINGS_ENV}
-    if cfg.approval_mode != "yolo":
+    env = {key: value for key, value in os.environ.items() if key not in (SETTINGS_ENV, "HERMES_KANBAN_TASK")}
+    if cfg.approval_mode != "yolo":  # HERMES_KANBAN_TASK above: it gives Hermes' exit codes other meanings
         env.pop("HERMES_YOLO_MODE", None)  # an approval bypass the user did not choose for the bridge
     if cfg.hermes_home:
         env["HERMES_HOME"] = str(cfg.hermes_home_path)
@@ -1889,6 +1889,43 @@ def describe_exit(code: int, turn_saved: bool = False, usage_error: bool = False
     if code == 130:
         return "Hermes exited 130: interrupted"
     return f"Hermes exited with code {code}"
+
+
+RATE_LIMITED_RE = re.compile(rb"(?i)\b429\b|rate.?limit|too many requests")
+UNREACHABLE_RE = re.compile(rb"(?i)connection error|connection refused|could not connect|failed to connect|"
+                            rb"name or service not known|timed out connecting")
+
+
+def model_trouble(log_tail: bytes) -> str | None:
+    """What the end of a failed job's log says about Hermes' model endpoint, in words a planner can act on."""
+    if RATE_LIMITED_RE.search(log_tail):
+        return "the model endpoint rate-limited Hermes (HTTP 429 in the log)"
+    if UNREACHABLE_RE.search(log_tail):
+        return "Hermes could not reach its model endpoint (connection errors in the log)"
+    return None
+
+
+def retry_advice(state: "JobState", reason: str) -> str | None:
+    """Whether running the task again as it is can help, for the final block's RETRY line."""
+    if state is JobState.OVER_BUDGET:
+        return "no: raise the cap the REASON names (max_tokens, max_cost_usd, max_turns) or split the task"
+    if state is JobState.TIMEOUT:
+        return "no: raise timeout_s or split the task; inspect the files first"
+    if state is JobState.CANCELLED:
+        return "only if you still want it done: inspect the files first"
+    if state is JobState.ORPHANED:
+        return "not yet: stop what is left (hermes_cancel) and inspect the files first"
+    if state is not JobState.ERROR:
+        return None
+    if "rate-limited" in reason:
+        return "yes, after a pause"
+    if "could not reach its model" in reason:
+        return "no: fix Hermes' model settings (`hermes chat -q hi` must work by hand)"
+    if "rejected its command line" in reason or "Nothing was run" in reason or "Hermes cannot be started" in reason:
+        return "no: fix what the REASON names (hermes_health shows the setup)"
+    if "crashed" in reason or "interrupted" in reason:
+        return "yes, once the files are checked (the turn may be part-done)"
+    return "maybe: read the log (FULL_LOG) for why Hermes failed"
 
 
 # Hermes 0.19-0.20 print these when a resumed session moves to its recorded folder (cli.py, hermes_cli/main.py).
@@ -3540,7 +3577,11 @@ class Supervisor:
         # a cap that ended the turn, whatever Hermes printed (0.19/0.20 exit 0 at --max-turns, 0.22 exits 1)
         if (self.watches_spend or self.record.max_turns) and (passed := self._over_budget(stop_at_turns=True)):
             return Outcome(passed[0], exit_code, passed[1])
-        return run.outcome(exit_code)
+        outcome = run.outcome(exit_code)
+        if outcome.state is JobState.ERROR and (trouble := model_trouble(read_tail(
+                self.store.log_path(self.job_id), 16384)[0])):
+            return Outcome(outcome.state, exit_code, f"{trouble}; {outcome.reason}")
+        return outcome
 
     def _wait(self, proc: subprocess.Popen[bytes], run: HermesRun, started: float
               ) -> tuple[int, tuple[JobState, str] | None, StopReport | None]:
@@ -4296,6 +4337,10 @@ def final_lines(view: JobView, cfg: Config, log: Path, details: JobDetails | Non
              f"FULL_LOG: {shown(str(log))}"]
     if view.reason and view.state is not JobState.OK:
         lines.append(f"REASON: {shown(view.reason, 2000)}")
+    elif view.state is JobState.OK:
+        lines.append("REASON: Hermes finished its turn" + (f" (exit {exit_code})" if exit_code is not None else ""))
+    if advice := retry_advice(view.state, view.reason or ""):
+        lines.append(f"RETRY: {advice}")
     if not session and record.session_source:
         lines.append(f"SESSION_NOTE: none captured: {shown(record.session_source, 1000)}")
     if record.session_note:

@@ -10,7 +10,8 @@ and a resume moves to the session's recorded folder whatever it was started in, 
 `↻ Working directory: DIR` on stderr.
 
 Directives (words in the task): !sleep=S  !exit=N  !print=BYTES  !longline=BYTES  !binary  !ansi
-!write=REL:TEXT  !delete=REL  !tool-sleep=S  !announce-move=DIR  !double-fork
+!write=REL:TEXT  !delete=REL  !tool-sleep=S  !announce-move=DIR  !double-fork  !rate-limited  !model-down
+!calls=N (N API calls, see api_calls)
 !grandchild=S (a tool process in its own session that starts one more of its own)
 !ignore-term (this process and its descendants ignore SIGTERM)  !session=ID  !fresh-session  !stdout-noise
 !escape (a tool that drops the job's environment and double-forks into a new session: `env -i sh -c
@@ -216,7 +217,12 @@ def start_processes(todo: dict[str, str], trace: str) -> None:
 
 
 def print_output(todo: dict[str, str], task: str) -> None:
-    """The directives that shape what Hermes prints."""
+    """The directives that shape what Hermes prints (!rate-limited and !model-down: what 0.19-0.22 print before
+    they exit 1)."""
+    if "rate-limited" in todo:
+        sys.stderr.write("API call failed: Error code: 429 - {'error': {'message': 'Rate limit exceeded'}}\n")
+    if "model-down" in todo:
+        sys.stderr.write("API call failed after 3 retries: Connection error.\n")
     if "stdout-noise" in todo:
         os.write(1, b"noise on fd 1 without a newline")
     out = sys.stdout

@@ -86,3 +86,34 @@ def test_over_budget_is_a_final_part_done_state_that_a_task_reports_as_an_error(
     assert server.JobState.OVER_BUDGET in server.FINAL_STATES and server.JobState.OVER_BUDGET in (
         server.PART_DONE_STATES)
     assert server.JobState.OVER_BUDGET in server.TASK_FAILED_STATES
+
+
+# ------------------------------------------------------------------ section 3: why a job ended, and whether to retry
+@pytest.mark.parametrize(("task", "status", "reason", "retry"), [
+    ("fine", "ok", "Hermes finished its turn (exit 0)", None),
+    ("limited !rate-limited !exit=1", "error", "the model endpoint rate-limited Hermes", "yes, after a pause"),
+    ("down !model-down !exit=1", "error", "Hermes could not reach its model endpoint", "no: fix Hermes' model"),
+    ("stopped !exit=130", "error", "Hermes exited 130: interrupted", "yes, once the files are checked"),
+    ("odd !exit=2", "error", "Hermes exited with code 2", "maybe: read the log"),
+], ids=["ok", "rate-limited", "model-down", "interrupted", "exit-2-without-usage"])
+def test_every_final_block_says_why_the_job_ended_and_whether_a_retry_can_help(bridge, task, status, reason, retry):
+    with client_of(bridge, "cli") as client:
+        result = final(client, task=task)
+    assert result.field("STATUS") == status, result.text
+    assert reason in result.field("REASON"), result.field("REASON")
+    if retry is None:
+        assert "RETRY:" not in result.text
+    else:
+        assert result.field("RETRY").startswith(retry), result.field("RETRY")
+
+
+def test_over_budget_and_timeout_say_a_retry_as_is_cannot_help():
+    assert server.retry_advice(server.JobState.OVER_BUDGET, "").startswith("no: raise the cap")
+    assert server.retry_advice(server.JobState.TIMEOUT, "").startswith("no: raise timeout_s")
+
+
+def test_hermes_kanban_task_is_kept_out_of_hermes_environment(tmp_path, monkeypatch):
+    """With HERMES_KANBAN_TASK set, Hermes exits 75 or 78 with meanings of its own."""
+    monkeypatch.setenv("HERMES_KANBAN_TASK", "card-1")
+    env = server.hermes_env(server.Config(path=tmp_path / "c.json"), "marker")
+    assert "HERMES_KANBAN_TASK" not in env and env[server.JOB_MARKER] == "marker"
