@@ -5329,11 +5329,44 @@ async def resume_tool(cfg: Config, session_id: Any, arguments: LaunchArguments, 
 
 
 async def status_tool(cfg: Config, job_id: Any, wait_s: Any, progress: Progress | None = None,
-                      ask_user: AskUser | None = None) -> ToolResult:
+                      ask_user: AskUser | None = None, job_ids: Any = None, until: Any = None) -> ToolResult:
+    if job_ids is not None:
+        return await status_of_many(cfg, job_ids, until, wait_s)
     view = await off_loop(job_view, cfg, job_id)
     wait = clamp_number("wait_s", wait_s, min(30.0, cfg.max_wait_s), 0, cfg.max_wait_s)
     final = await wait_for_end(cfg, view.record.id, wait.value, progress, ask_user)
     return await off_loop(status_result, final, cfg, list(wait.notes))
+
+
+JOB_IDS_MAX = 50
+
+
+async def status_of_many(cfg: Config, job_ids: Any, until: Any, wait_s: Any) -> ToolResult:
+    """hermes_status over several jobs (a planner that fanned out): wait up to wait_s until any (or all) of
+    them has ended, then the final block of each that ended and one line for each still running."""
+    import anyio
+
+    if not isinstance(job_ids, list) or not job_ids or len(job_ids) > JOB_IDS_MAX:
+        raise Refused(f"job_ids must be a list of 1 to {JOB_IDS_MAX} job ids, got {shown(job_ids, 100)}")
+    if until not in (None, "any", "all"):
+        raise Refused(f'until must be "any" or "all", got {shown(until, 40)}')
+    ids = list(dict.fromkeys(validate_job_id(job_id) for job_id in job_ids))
+    wait = clamp_number("wait_s", wait_s, min(30.0, cfg.max_wait_s), 0, cfg.max_wait_s)
+    deadline = time.monotonic() + wait.value
+    while True:
+        views = [await off_loop(job_view, cfg, job_id) for job_id in ids]
+        ended = [view for view in views if not view.running]
+        enough = len(ended) == len(views) if until == "all" else bool(ended)
+        if enough or time.monotonic() >= deadline or any(view.pending_questions for view in views):
+            break
+        await anyio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    lines = [f"JOBS: {len(ended)} of {len(views)} ended" + (f" (waited for {until})" if until else ""),
+             *(f"NOTE: {note}" for note in wait.notes)]
+    lines += [f"- {view.record.id}: {view.shown_state}, {elapsed_s(view.record, True)} s; "
+              f'hermes_status(job_id="{view.record.id}") shows it' for view in views if view.running]
+    for view in ended:
+        lines.append(f"\n=== {view.record.id} ===\n{(await off_loop(status_result, view, cfg)).text}")
+    return ToolResult("\n".join(lines), "ok" if ended else "running")
 
 
 async def approve_tool(cfg: Config, job_id: Any, approval_id: Any, decision: Any) -> ToolResult:
@@ -5712,11 +5745,13 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
                              lambda cfg: resume_tool(cfg, session_id, arguments, wait, ctx.report_progress, ask), task)
 
     @tool(read_only, "Wait for a Hermes job")
-    async def hermes_status(job_id: str, ctx: Any, wait_s: float | None = None) -> CallToolResult:
+    async def hermes_status(ctx: Any, job_id: str | None = None, wait_s: float | None = None,
+                            job_ids: list[str] | None = None, until: str | None = None) -> CallToolResult:
         """Wait up to wait_s (default 30) for a job to end, then return its final block, or STATUS: running
-        again. It waits for you: do not call it in a tight loop. Reads only the disk."""
+        again. It waits for you: do not call it in a tight loop. Reads only the disk. For several jobs give
+        job_ids (a list) instead, and until "any" (default: return once one has ended) or "all"."""
         return await respond("hermes_status", lambda cfg: status_tool(cfg, job_id, wait_s, ctx.report_progress,
-                                                                      user_asker(ctx, tasks)))
+                                                                      user_asker(ctx, tasks), job_ids, until))
 
     @tool(read_only, "List Hermes jobs")
     async def hermes_jobs(limit: int | None = None, state: str | None = None) -> CallToolResult:

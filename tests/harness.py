@@ -464,7 +464,7 @@ EXPECTED_ARGS = {
                               "max_cost_usd"}),
     "hermes_resume": ({"session_id", "task"}, {"session_id", "task", "cwd", "max_turns", "timeout_s", "wait_s",
                                                "max_tokens", "max_cost_usd"}),
-    "hermes_status": ({"job_id"}, {"job_id", "wait_s"}),
+    "hermes_status": (set(), {"job_id", "wait_s", "job_ids", "until"}),
     "hermes_jobs": (set(), {"limit", "state"}),
     "hermes_read": ({"path"}, {"path", "max_bytes", "offset"}),
     "hermes_capabilities": (set(), {"query", "category", "limit"}),

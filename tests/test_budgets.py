@@ -117,3 +117,20 @@ def test_hermes_kanban_task_is_kept_out_of_hermes_environment(tmp_path, monkeypa
     monkeypatch.setenv("HERMES_KANBAN_TASK", "card-1")
     env = server.hermes_env(server.Config(path=tmp_path / "c.json"), "marker")
     assert "HERMES_KANBAN_TASK" not in env and env[server.JOB_MARKER] == "marker"
+
+
+# ------------------------------------------------------------------ section 5: waiting on several jobs
+def test_status_of_several_jobs_waits_for_any_or_all_and_gives_each_ended_jobs_block(bridge):
+    with client_of(bridge, "cli") as client:
+        quick = client.call("hermes_run", task="quick !sleep=1", wait_s=0).field("JOB_ID")
+        slow = client.call("hermes_run", task="slow !sleep=8", wait_s=0).field("JOB_ID")
+        anyone = client.call("hermes_status", job_ids=[quick, slow], wait_s=30)
+        everyone = client.call("hermes_status", job_ids=[quick, slow], until="all", wait_s=30)
+        bad = client.call("hermes_status", job_ids=[quick], until="most")
+        single = client.call("hermes_status", job_id=quick, wait_s=0)
+    assert anyone.text.startswith("JOBS: 1 of 2 ended"), anyone.text
+    assert f"=== {quick} ===\nSTATUS: ok" in anyone.text and f"- {slow}: running" in anyone.text
+    assert everyone.text.startswith("JOBS: 2 of 2 ended (waited for all)"), everyone.text
+    assert f"=== {slow} ===\nSTATUS: ok" in everyone.text
+    refused(bad, 'until must be "any" or "all"')
+    assert single.field("STATUS") == "ok" and single.field("JOB_ID") == quick
