@@ -108,8 +108,8 @@ def test_every_final_block_says_why_the_job_ended_and_whether_a_retry_can_help(b
 
 
 def test_over_budget_and_timeout_say_a_retry_as_is_cannot_help():
-    assert server.retry_advice(server.JobState.OVER_BUDGET, "").startswith("no: raise the cap")
-    assert server.retry_advice(server.JobState.TIMEOUT, "").startswith("no: raise timeout_s")
+    assert (server.retry_advice(server.JobState.OVER_BUDGET, "") or "").startswith("no: raise the cap")
+    assert (server.retry_advice(server.JobState.TIMEOUT, "") or "").startswith("no: raise timeout_s")
 
 
 def test_hermes_kanban_task_is_kept_out_of_hermes_environment(tmp_path, monkeypatch):
