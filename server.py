@@ -3690,7 +3690,7 @@ class Supervisor:
     def _spend(self) -> dict[str, Any] | None:
         """This job's spend so far (a resumed session's earlier counters taken off), kept in the record."""
         record = self.record
-        session = record.session_id or record.session_requested
+        session = record.session_id or record.session_requested or session_id_from_log(self.store.log_path(self.job_id))
         started = record.started_at
         try:
             if not session and record.cwd and started is not None:
