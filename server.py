@@ -1064,6 +1064,9 @@ DECISIONS_KEPT = 100
 LATE_ANSWERS_KEPT = 20
 ANSWERS_MAX_BYTES = 1 << 20
 LATE_KEY = "late"  # the answers file's list of late answers, which the supervisor copies into the record
+# allow_for_job: this question, and the same command (the exact text) asked again in this job, are allowed
+ANSWER_DECISIONS = ("allow", "deny", "allow_for_job")
+SESSION_OPTION = "allow_session"  # Hermes' "allow for this session" option, by its id
 TREE_KEPT = 20_000
 TEXT_FIELD_MAX_BYTES = 256 << 10  # Hermes' answer as the record keeps it, JSON-encoded
 
@@ -1334,7 +1337,7 @@ class JobStore:
         if not isinstance(found, dict):
             return {}
         return {key: value for key, value in found.items() if isinstance(value, dict)
-                and value.get("decision") in ("allow", "deny") and isinstance(value.get("by"), str)}
+                and value.get("decision") in ANSWER_DECISIONS and isinstance(value.get("by"), str)}
 
     def late_answers(self, job_id: str) -> list[dict[str, Any]]:
         """The answers that came after their question was decided, kept in the answers file while the job runs."""
@@ -2470,7 +2473,8 @@ class AcpConversation:
         self.result: dict[str, Any] | None = None
         self.failure: str | None = None
         self.answer_chunks: list[str] = []
-        self.asked: dict[str, tuple[Any, dict[Any, Any]]] = {}  # approval id -> Hermes' request id, option ids
+        self.asked: dict[str, tuple[Any, dict[Any, Any], str]] = {}  # approval id -> request id, options, command
+        self.allowed_for_job: dict[str, tuple[float, str]] = {}  # command -> when and by whom it was allowed
         self.question_bytes: dict[str, int] = {}  # approval id -> its size in the record
         self.questions_asked = 0
         self.approval_timeout_s = cfg.approval_timeout_s
@@ -2679,8 +2683,10 @@ class AcpConversation:
         given = params.get("toolCall")
         tool: dict[str, Any] = given if isinstance(given, dict) else {}
         options = params.get("options")
-        by_kind = {o.get("kind"): o.get("optionId") for o in reversed(options if isinstance(options, list) else [])
-                   if isinstance(o, dict)}
+        offered = [o for o in (options if isinstance(options, list) else []) if isinstance(o, dict)]
+        by_kind = {o.get("kind"): o.get("optionId") for o in reversed(offered)}
+        if any(o.get("optionId") == SESSION_OPTION for o in offered):  # 0.19/0.22 give it the kind of "always"
+            by_kind[SESSION_OPTION] = SESSION_OPTION
         self.questions_asked += 1
         approval_id = f"{self.questions_asked}-{os.urandom(3).hex()}"
         if tool.get("kind") == "edit":
@@ -2704,6 +2710,11 @@ class AcpConversation:
             self._decide(request_id, by_kind, approval_id, what, "allow" if mode == "yolo" else "deny",
                          f"the bridge: approvals {mode}")
             return
+        if command in self.allowed_for_job:  # the exact text, allowed for this job by an earlier answer
+            self._decide(request_id, by_kind, approval_id, what, "allow", "the bridge: allowed for this job ("
+                         f"first allowed{clock_words(self.allowed_for_job[command][0])} by "
+                         f"{self.allowed_for_job[command][1]})")
+            return
         now = time.time()
         question = {"id": approval_id, "what": what, "asked_at": now, "expires_at": now + self.approval_timeout_s,
                     "expires_clock": machine_clock() + self.approval_timeout_s}
@@ -2713,7 +2724,7 @@ class AcpConversation:
             self._decide(request_id, by_kind, approval_id, what, "deny", f"the bridge: "
                          f"{len(self.record.questions):,} questions were already waiting for an answer")
             return
-        self.asked[approval_id] = (request_id, by_kind)
+        self.asked[approval_id] = (request_id, by_kind, command)
         self.question_bytes[approval_id] = size
         self.record.questions.append(question)
         self.changed = True
@@ -2721,7 +2732,10 @@ class AcpConversation:
 
     def _decide(self, request_id: Any, by_kind: dict[Any, Any], approval_id: str, what: str, decision: str,
                 by: str) -> None:
-        option = by_kind.get("allow_once" if decision == "allow" else "reject_once")
+        if decision == "allow_for_job":  # Hermes' "for this session" where offered, never "always" (it persists)
+            option = by_kind.get(SESSION_OPTION) or by_kind.get("allow_once")
+        else:
+            option = by_kind.get("allow_once" if decision == "allow" else "reject_once")
         outcome = {"outcome": "selected", "optionId": option} if isinstance(option, str) else {"outcome": "cancelled"}
         self._send({"id": request_id, "result": {"outcome": outcome}})
         self._record_decision(approval_id, what, decision, by)
@@ -2749,9 +2763,11 @@ class AcpConversation:
             given = answers.get(question["id"])
             if given is None or question["id"] not in self.asked:
                 continue
-            request_id, by_kind = self.asked.pop(question["id"])
+            request_id, by_kind, command = self.asked.pop(question["id"])
             self._forget(question)
             by = "the user (elicitation)" if given["by"] == "user" else "the planner (hermes_approve)"
+            if given["decision"] == "allow_for_job":
+                self.allowed_for_job[command] = (time.time(), by)
             self._decide(request_id, by_kind, question["id"], question["what"], given["decision"], by)
 
     def _expire(self, question: dict[str, Any], by: str) -> None:
@@ -4214,7 +4230,8 @@ def approval_lines(view: JobView) -> list[str]:
         lines.append(f"... and {len(pending) - QUESTIONS_SHOWN} more questions, shown once these are answered")
     if pending:
         lines.append("Ask the user, then answer with hermes_approve(job_id=\"" + job_id + "\", approval_id=<an "
-                     "APPROVAL_ID above>, decision=\"allow\" or \"deny\").")
+                     "APPROVAL_ID above>, decision=\"allow\" or \"deny\"; \"allow_for_job\" also allows this exact "
+                     "command when the job asks again).")
     return lines
 
 
@@ -4228,7 +4245,7 @@ def decision_lines(record: JobRecord) -> list[str]:
     by_kind = ", ".join(f"{count} {decision}" for decision, count in sorted(counts.items()))
     lines = [f"APPROVALS: {plural(total, 'question')} answered" + (f" ({by_kind})" if by_kind else "")
              + (f"; the newest {min(20, len(decisions))} listed" if total > 20 else "")]
-    lines += [f"- {shown(d['id'], 40)}: {shown(d['what'], 2400)} -> {shown(d['decision'], 10)} by {shown(d['by'], 400)}"
+    lines += [f"- {shown(d['id'], 40)}: {shown(d['what'], 2400)} -> {shown(d['decision'], 20)} by {shown(d['by'], 400)}"
               for d in decisions[-20:]]
     return lines
 
@@ -4269,9 +4286,9 @@ def late_answer_lines(record: JobRecord) -> list[str]:
     lines = [f"LATE_ANSWERS: {plural(len(late), 'answer')} came after the question was decided, and were not relayed"]
     for answer in late:
         earlier = decided.get(answer["id"])
-        before = (f" (it was decided: {shown(earlier['decision'], 10)} by {shown(earlier['by'], 200)}"
+        before = (f" (it was decided: {shown(earlier['decision'], 20)} by {shown(earlier['by'], 200)}"
                   f"{clock_words(earlier.get('at'))})" if earlier else "")
-        lines.append(f"- {shown(answer['id'], 40)}: {shown(answer['decision'], 10)} by {shown(answer['by'], 100)}"
+        lines.append(f"- {shown(answer['id'], 40)}: {shown(answer['decision'], 20)} by {shown(answer['by'], 100)}"
                      f"{clock_words(answer['at'])}{before}")
     return lines
 
@@ -4598,8 +4615,8 @@ def answer_approval(cfg: Config, job_id: Any, approval_id: Any, decision: Any, b
     """Relay an answer to a question a job waits on: claimed exclusively under the record's lock (the
     question must be pending, unexpired and not answered by anyone yet: a second answer is refused naming
     the first), then written where the job's supervisor reads it (any server process may answer)."""
-    if decision not in ("allow", "deny"):
-        raise Refused(f"decision must be \"allow\" or \"deny\", got {shown(decision, 40)}")
+    if decision not in ANSWER_DECISIONS:
+        raise Refused(f"decision must be \"allow\", \"allow_for_job\" or \"deny\", got {shown(decision, 40)}")
     if not isinstance(approval_id, str) or not APPROVAL_ID_RE.fullmatch(approval_id):
         raise Refused(f"approval_id {shown(approval_id, 40)} is not an approval id: take it from the APPROVAL_ID "
                       "line of hermes_status")
@@ -5439,7 +5456,10 @@ TASK_FAILED_STATES = frozenset({JobState.ERROR, JobState.TIMEOUT, JobState.OVER_
 TERMINAL_TASKS_KEPT = 10000
 APPROVAL_FORM = {"type": "object", "required": ["allow"],
                  "properties": {"allow": {"type": "boolean", "title": "Allow",
-                                          "description": "Allow it (true) or deny it (false)"}}}
+                                          "description": "Allow it (true) or deny it (false)"},
+                                "for_this_job": {"type": "boolean", "title": "For the rest of this job",
+                                                 "description": "Also allow this exact command when this job asks "
+                                                                "again", "default": False}}}
 
 
 def iso_time(seconds: float) -> str:
@@ -5461,7 +5481,9 @@ def elicited_decision(response: Any) -> str | None:
         return None
     content = response.get("content")
     if response.get("action") == "accept" and isinstance(content, dict) and isinstance(content.get("allow"), bool):
-        return "allow" if content["allow"] else "deny"
+        if not content["allow"]:
+            return "deny"
+        return "allow_for_job" if content.get("for_this_job") is True else "allow"
     return "deny" if response.get("action") == "decline" else None
 
 
@@ -5667,6 +5689,7 @@ def user_asker(ctx: Any, tasks: JobTasks) -> AskUser | None:
 
     class Answer(BaseModel):
         allow: bool = Field(description="Allow it (true) or deny it (false)")
+        for_this_job: bool = Field(default=False, description="Also allow this exact command when this job asks again")
 
     async def ask(job_id: str, question: dict[str, Any], wait_s: float) -> str | None:
         import anyio
@@ -5676,7 +5699,7 @@ def user_asker(ctx: Any, tasks: JobTasks) -> AskUser | None:
         with anyio.move_on_after(wait_s):
             result = await ctx.elicit(approval_question(job_id, question), Answer)
             if result.action == "accept" and result.data is not None:
-                return "allow" if result.data.allow else "deny"
+                return ("allow_for_job" if result.data.for_this_job else "allow") if result.data.allow else "deny"
             if result.action == "decline":
                 return "deny"
         return None
@@ -5783,7 +5806,8 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
     @tool(destructive, "Answer Hermes' question")
     async def hermes_approve(job_id: str, approval_id: str, decision: str) -> CallToolResult:
         """Answer the question a job waits on (STATUS: needs_approval): decision "allow" lets Hermes run what
-        its APPROVAL line says, "deny" blocks it. Ask the user first: this lets an agent run a command it
+        its APPROVAL line says, "deny" blocks it, "allow_for_job" also allows the same exact command when this
+        job asks again. Ask the user first: this lets an agent run a command it
         deems dangerous. An answer after Hermes stopped waiting is refused."""
         return await respond("hermes_approve", lambda cfg: approve_tool(cfg, job_id, approval_id, decision))
 

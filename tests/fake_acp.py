@@ -3,6 +3,7 @@
 events, session/request_permission), driven by directives in the prompt:
 
 !ask=CMD  a dangerous command: asks, then runs CMD with sh when allowed (reports BLOCKED when denied)
+!ask-twice=CMD  the same, asked twice in a row (the answer says which option was chosen each time)
 !edit=PATH:TEXT  a file edit (one per such word): asks (kind edit, a diff), then writes TEXT when allowed
 !tool-sleep=S  a terminal tool call running `sleep S` in its own session (session/cancel kills it)
 !refuse  answers the prompt with stopReason refusal
@@ -72,6 +73,7 @@ class Agent:
         self.replies: dict[int, queue.Queue[dict[str, Any]]] = {}
         self.next_request = 0
         self.cancelled = threading.Event()
+        self.chosen: list[str] = []  # the option the client chose for each question, told in the answer
         self.store = store
         self.trace = trace
         self.cwd = os.getcwd()
@@ -99,7 +101,8 @@ class Agent:
         except queue.Empty:
             return False  # Hermes denies by itself; the request is never withdrawn
         outcome = (reply.get("result") or {}).get("outcome") or {}
-        return outcome.get("outcome") == "selected" and outcome.get("optionId") == "allow_once"
+        self.chosen.append(str(outcome.get("optionId")))
+        return outcome.get("outcome") == "selected" and outcome.get("optionId") in ("allow_once", "allow_session")
 
     def ask_many(self, session: str, requests: list[tuple[Any, dict[str, Any]]]) -> int:
         """Several permission requests at once (ids as given, reused or null too); how many were allowed."""
@@ -194,8 +197,8 @@ class Agent:
                       {"optionId": "allow_session", "kind": "allow_always", "name": "Allow for session"},
                       {"optionId": "deny", "kind": "reject_once", "name": "Deny"},
                       {"optionId": "deny_always", "kind": "reject_always", "name": "Deny always"}]
-        if "ask" in todo:
-            command = todo["ask"].replace("+", " ")
+        for _ in range(2 if "ask-twice" in todo else 1 if "ask" in todo else 0):
+            command = (todo.get("ask") or todo["ask-twice"]).replace("+", " ")
             update(session, {"sessionUpdate": "tool_call", "toolCallId": "tc-1", "kind": "execute",
                              "title": "terminal: display.preview.shell", "content": text(f"$ {command}")})
             allowed = self.ask(session, {"toolCallId": "perm-check-1", "kind": "execute", "status": "pending",
@@ -237,7 +240,7 @@ class Agent:
                     return {"stopReason": "cancelled"}
             update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "tc-2", "status": "completed",
                              "content": text("slept")})
-        answer = f"FAKE ANSWER: {prompt[:60]}{extra}"
+        answer = f"FAKE ANSWER: {prompt[:60]}{extra}" + (f" chose={','.join(self.chosen)}" if self.chosen else "")
         for part in [answer[:10]] + [answer[i:i + 65536] for i in range(10, len(answer), 65536)]:
             update(session, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": part}})
         update(session, {"sessionUpdate": "usage_update", "used": 1234, "size": 256000})

@@ -127,7 +127,7 @@ def test_ask_relays_the_question_and_hermes_approve_answers_it(acp, decision):
         refused(client.call("hermes_approve", job_id=job_id, approval_id="9-abcdef", decision="allow"),
                 "not waiting for an answer")
         refused(client.call("hermes_approve", job_id=job_id, approval_id=approval_id, decision="maybe"),
-                'decision must be "allow" or "deny"')
+                'decision must be "allow", "allow_for_job" or "deny"')
         answered = client.call("hermes_approve", job_id=job_id, approval_id=approval_id, decision=decision)
         assert answered.field("STATUS") in ("running", "ok"), answered.text
         final = client.wait_final(job_id)
@@ -364,3 +364,27 @@ def test_a_huge_non_ascii_answer_keeps_the_record_within_what_the_store_reads(ac
     record_path = acp.jobs / f"{result.field('JOB_ID')}.json"
     assert record_path.stat().st_size <= server.RECORD_MAX_BYTES
     assert "| FAKE ANSWER: !big-answer=1048576 " + "\u0436" * 100 in result.text
+
+
+# ------------------------------------------------------------------ 7. allow for the rest of this job (issue 29)
+def test_allow_for_job_allows_the_same_command_again_without_asking_and_uses_the_session_option(acp):
+    acp.configure(approvals="ask", approval_timeout_s=60)
+    with client_of(acp) as client:
+        job_id = client.call("hermes_run", task="!ask-twice=touch+again.txt", wait_s=0).field("JOB_ID")
+        asking = wait_question(client, job_id)
+        answered = client.call("hermes_approve", job_id=job_id, approval_id=asking.field("APPROVAL_ID"),
+                               decision="allow_for_job")
+        final = client.wait_final(job_id)
+    assert final.field("STATUS") == "ok", final.text
+    assert "allow_for_job by the planner (hermes_approve), applied" in answered.text
+    decided = approvals_of(final.text)
+    assert len(decided) == 2 and decided[0].endswith("-> allow_for_job by the planner (hermes_approve)")
+    assert "-> allow by the bridge: allowed for this job (first allowed at " in decided[1]
+    assert "by the planner (hermes_approve))" in decided[1]
+    assert "chose=allow_session,allow_once" in final.text  # Hermes' "for this session", never "always"
+
+
+def test_an_elicited_answer_can_allow_for_the_rest_of_the_job():
+    assert server.elicited_decision({"action": "accept", "content": {"allow": True, "for_this_job": True}}) == (
+        "allow_for_job")
+    assert server.elicited_decision({"action": "accept", "content": {"allow": False, "for_this_job": True}}) == "deny"
