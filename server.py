@@ -195,6 +195,11 @@ def shown(value: Any, limit: int = 200) -> str:
     return escaped(text[:limit]) + (f"... ({len(value) if isinstance(value, str) else '?'} chars)" if cut else "")
 
 
+def clock_words(at: Any) -> str:
+    """' at 14:02:31' for a wall-clock time, for people; nothing for a value that is not one."""
+    return f" at {time.strftime('%H:%M:%S', time.localtime(at))}" if is_number(at) else ""
+
+
 def shown_whole(text: str, limit: int) -> str:
     """Text a person decides on (a command Hermes asks to run): every line of it, escaped, on one line. Too
     long to show whole, it keeps its head and its tail and says how much was cut between them, so what is
@@ -4250,11 +4255,6 @@ def decision_lines(record: JobRecord) -> list[str]:
     return lines
 
 
-def clock_words(at: Any) -> str:
-    """' at 14:02:31' for a wall-clock time, for people; nothing for a value that is not one."""
-    return f" at {time.strftime('%H:%M:%S', time.localtime(at))}" if is_number(at) else ""
-
-
 def spend_line(record: JobRecord) -> list[str]:
     """The job's spend against its budgets, as Hermes' store counted it (a price Hermes does not know is said,
     never shown as zero)."""
@@ -5456,10 +5456,7 @@ TASK_FAILED_STATES = frozenset({JobState.ERROR, JobState.TIMEOUT, JobState.OVER_
 TERMINAL_TASKS_KEPT = 10000
 APPROVAL_FORM = {"type": "object", "required": ["allow"],
                  "properties": {"allow": {"type": "boolean", "title": "Allow",
-                                          "description": "Allow it (true) or deny it (false)"},
-                                "for_this_job": {"type": "boolean", "title": "For the rest of this job",
-                                                 "description": "Also allow this exact command when this job asks "
-                                                                "again", "default": False}}}
+                                          "description": "Allow it (true) or deny it (false)"}}}
 
 
 def iso_time(seconds: float) -> str:
@@ -5689,7 +5686,6 @@ def user_asker(ctx: Any, tasks: JobTasks) -> AskUser | None:
 
     class Answer(BaseModel):
         allow: bool = Field(description="Allow it (true) or deny it (false)")
-        for_this_job: bool = Field(default=False, description="Also allow this exact command when this job asks again")
 
     async def ask(job_id: str, question: dict[str, Any], wait_s: float) -> str | None:
         import anyio
@@ -5699,7 +5695,7 @@ def user_asker(ctx: Any, tasks: JobTasks) -> AskUser | None:
         with anyio.move_on_after(wait_s):
             result = await ctx.elicit(approval_question(job_id, question), Answer)
             if result.action == "accept" and result.data is not None:
-                return ("allow_for_job" if result.data.for_this_job else "allow") if result.data.allow else "deny"
+                return "allow" if result.data.allow else "deny"
             if result.action == "decline":
                 return "deny"
         return None
