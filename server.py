@@ -177,14 +177,18 @@ HIDING_RE = re.compile(f"[{HIDING_CHARS}]")
 CONTROL_RE = re.compile(f"[\\x00-\\x1f\\x7f\\x85\\u2028\\u2029{HIDING_CHARS}]")
 
 
+def as_escape(match: re.Match[str]) -> str:
+    return match.group().encode("unicode_escape").decode("ascii")
+
+
 def unhidden(text: str) -> str:
     """The characters that reorder or hide text as their visible escapes; everything else as it is."""
-    return HIDING_RE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    return HIDING_RE.sub(as_escape, text)
 
 
 def escaped(text: str) -> str:
     """Every control, line-separating or text-hiding character as its visible escape (\\n, \\u202e)."""
-    return CONTROL_RE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    return CONTROL_RE.sub(as_escape, text)
 
 
 def shown(value: Any, limit: int = 200) -> str:
@@ -463,6 +467,19 @@ class ProcessId:
                 or not is_number(value[1]) or (len(value) == 3 and not is_whole_number(value[2]))):
             raise DamagedRecord("a tree entry is not a [pid, create_time, start_ticks] list")
         return cls(value[0], float(value[1]), value[2] if len(value) == 3 else None)
+
+
+def proc_status(proc: "psutil.Process") -> str:
+    """A process' status (psutil's words), "dead" once it is gone."""
+    try:
+        return cast(str, proc.status())
+    except psutil.Error:
+        return psutil.STATUS_DEAD
+
+
+def is_alive(proc: "psutil.Process") -> bool:
+    """Running, not a zombie waiting for its reaper (a zombie is already stopped: it is not counted)."""
+    return proc_status(proc) not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
 def running_process(process_id: ProcessId | None) -> "psutil.Process | None":
@@ -1072,6 +1089,7 @@ LATE_KEY = "late"  # the answers file's list of late answers, which the supervis
 # allow_for_job: this question, and the same command (the exact text) asked again in this job, are allowed
 ANSWER_DECISIONS = ("allow", "deny", "allow_for_job")
 SESSION_OPTION = "allow_session"  # Hermes' "allow for this session" option, by its id
+ANSWERERS = {"user": "the user (elicitation)", "planner": "the planner (hermes_approve)"}  # who answered, in words
 TREE_KEPT = 20_000
 TEXT_FIELD_MAX_BYTES = 256 << 10  # Hermes' answer as the record keeps it, JSON-encoded
 
@@ -1083,6 +1101,17 @@ def is_text_list(value: Any) -> bool:
 def is_text_fields(value: Any, names: tuple[str, ...]) -> bool:
     """A dict whose named fields are all text."""
     return isinstance(value, dict) and all(isinstance(value.get(name), str) for name in names)
+
+
+def is_flat_dict(value: Any) -> bool:
+    """A dict of text keys whose values are text or finite numbers (activity and spend as records keep them)."""
+    return isinstance(value, dict) and all(isinstance(k, str) and (isinstance(x, str) or is_number(x))
+                                           for k, x in value.items())
+
+
+def is_late_answer(value: Any) -> bool:
+    """An answer that came after its question was decided: its question's id, the decision, who, when."""
+    return is_text_fields(value, ("id", "decision", "by")) and is_number(value.get("at"))
 
 
 def is_question(value: Any) -> bool:
@@ -1128,19 +1157,17 @@ RECORD_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
     "nonce": lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{16,64}", v) is not None,
     "driver": lambda v: v in DRIVER_NAMES,
     "approval_mode": lambda v: v in APPROVAL_MODES,
-    "acp": lambda v: isinstance(v, dict) and all(isinstance(k, str) and (isinstance(x, str) or is_number(x))
-                                                 for k, x in v.items()),
+    "acp": is_flat_dict,
     "questions": lambda v: isinstance(v, list) and len(v) <= QUESTIONS_KEPT and all(is_question(q) for q in v),
     "decisions": lambda v: isinstance(v, list) and len(v) <= DECISIONS_KEPT
     and all(is_text_fields(d, ("id", "what", "decision", "by")) for d in v),
     "late_answers": lambda v: isinstance(v, list) and len(v) <= LATE_ANSWERS_KEPT
-    and all(is_text_fields(a, ("id", "decision", "by")) and is_number(a.get("at")) for a in v),
+    and all(is_late_answer(a) for a in v),
     "decided": lambda v: isinstance(v, dict) and all(isinstance(k, str) and is_whole_number(n) for k, n in v.items()),
     "usage": lambda v: isinstance(v, dict) and all(is_number(count) for count in v.values()),
     "created_clock": is_number, "started_clock": is_number, "heartbeat": is_number, "duration_s": is_number,
     "max_tokens": is_whole_number, "max_cost_usd": is_number,
-    "spend": lambda v: isinstance(v, dict) and all(isinstance(k, str) and (isinstance(x, str) or is_number(x))
-                                                   for k, x in v.items()),
+    "spend": is_flat_dict,
     "spend_base": lambda v: isinstance(v, dict) and all(is_number(x) for x in v.values()),
     **{name: (lambda v: isinstance(v, str)) for name in ("cwd", "session_requested", "dedupe_key", "session_id",
                                                           "reason", "log", "cwd_note", "session_source",
@@ -1336,20 +1363,16 @@ class JobStore:
         under the record's lock (claim_answer), and read by the job's supervisor."""
         return self.root / f"{job_id}.answers"
 
-    def answers(self, job_id: str) -> dict[str, dict[str, Any]]:
-        """The answers claimed for a job's questions, those of the right shape only (a job can write the file)."""
+    def answers_file(self, job_id: str) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+        """The answers file in one read: the answers claimed for a job's questions, and the answers that came
+        after their question was decided; entries of the right shape only (a job can write the file)."""
         found = read_json(self.answers_path(job_id), ANSWERS_MAX_BYTES)
         if not isinstance(found, dict):
-            return {}
-        return {key: value for key, value in found.items() if isinstance(value, dict)
-                and value.get("decision") in ANSWER_DECISIONS and isinstance(value.get("by"), str)}
-
-    def late_answers(self, job_id: str) -> list[dict[str, Any]]:
-        """The answers that came after their question was decided, kept in the answers file while the job runs."""
-        found = read_json(self.answers_path(job_id), ANSWERS_MAX_BYTES)
-        late = found.get(LATE_KEY) if isinstance(found, dict) else None
-        return [a for a in late if is_text_fields(a, ("id", "decision", "by")) and is_number(a.get("at"))][
-            -LATE_ANSWERS_KEPT:] if isinstance(late, list) else []
+            return {}, []
+        late = found.get(LATE_KEY)
+        return ({key: value for key, value in found.items() if isinstance(value, dict)
+                 and value.get("decision") in ANSWER_DECISIONS and isinstance(value.get("by"), str)},
+                [a for a in late if is_late_answer(a)][-LATE_ANSWERS_KEPT:] if isinstance(late, list) else [])
 
     @property
     def detach_path(self) -> Path:
@@ -1568,11 +1591,7 @@ def observe(record: JobRecord, jobs_folder: Path | None = None) -> JobView:
 def supervisor_condition(record: JobRecord, supervisor: "psutil.Process",
                          jobs_folder: Path | None) -> tuple[str | None, bool]:
     """What a live supervisor's job is doing beyond running, and whether the supervisor is frozen."""
-    try:
-        stopped = supervisor.status() == psutil.STATUS_STOPPED
-    except psutil.Error:
-        stopped = False
-    if stopped:
+    if proc_status(supervisor) == psutil.STATUS_STOPPED:
         return (f"the job's supervisor (pid {supervisor.pid}) is frozen (stopped by a signal): nothing watches the "
                 "job, enforces its timeout or writes its outcome. hermes_cancel ends it", True)
     disk = disk_problem(jobs_folder) if jobs_folder is not None else None
@@ -1744,7 +1763,7 @@ def probe_cli(cfg: Config, exe: str) -> HermesCli:
 
 
 UNKNOWN_OPTION_RE = re.compile(rb"unrecognized arguments|no such option|unknown option")
-USAGE_ERROR_RE = re.compile(rb"(?m)^usage: |unrecognized arguments|no such option|unknown option|invalid choice")
+USAGE_ERROR_RE = re.compile(rb"(?m)^usage: |invalid choice|" + UNKNOWN_OPTION_RE.pattern)
 
 
 def forget_probe(cfg: Config, exe: str, what: str = "") -> None:
@@ -2151,16 +2170,21 @@ def session_spend(db: Any, session_id: str) -> dict[str, Any] | None:
     return spend
 
 
+def call_parts(call: Any) -> tuple[str, Any]:
+    """One tool call of a tool_calls cell: the tool's name ("tool" when it has none) and its parsed arguments."""
+    function = call.get("function") if isinstance(call, dict) else None
+    function = function if isinstance(function, dict) else {}
+    name = function.get("name")
+    arguments = function.get("arguments")
+    return name if isinstance(name, str) else "tool", json_cell(arguments) if isinstance(arguments, str) else arguments
+
+
 def describe_tool_call(raw: Any) -> str | None:
     """'terminal: <command>' (or the tool's name and the start of its arguments) from a tool_calls cell."""
     calls = json_cell(raw)
     if not isinstance(calls, list) or not calls or not isinstance(calls[-1], dict):
         return None
-    function = calls[-1].get("function")
-    function = function if isinstance(function, dict) else {}
-    name = function.get("name") if isinstance(function.get("name"), str) else "tool"
-    arguments = function.get("arguments")
-    parsed = json_cell(arguments) if isinstance(arguments, str) else arguments
+    name, parsed = call_parts(calls[-1])
     shown_args = parsed.get("command") if isinstance(parsed, dict) and isinstance(parsed.get("command"), str) else (
         json.dumps(parsed, ensure_ascii=False)[:TOOL_ARGUMENT_CHARS * 2] if parsed is not None else "")
     shown_args = " ".join(str(shown_args).split())
@@ -2220,8 +2244,7 @@ def blocked_commands(db: Any, session_id: str, since: float) -> list[str]:
         calls = json_cell(row[0]) if row else None
         call = next((c for c in calls if isinstance(c, dict) and c.get("id") == call_id), None) if isinstance(
             calls, list) else None
-        function = call.get("function") if isinstance(call, dict) else None
-        arguments = json_cell(function.get("arguments")) if isinstance(function, dict) else None
+        arguments = call_parts(call)[1]
         command = arguments.get("command") if isinstance(arguments, dict) else None
         commands.append(command if isinstance(command, str) else "a command Hermes deemed dangerous")
     return commands
@@ -2764,13 +2787,13 @@ class AcpConversation:
                 self._expire(question, f"Hermes itself: no answer within {self.approval_timeout_s:g} s")
                 continue
             if answers is None:
-                answers = self.store.answers(self.record.id)
+                answers = self.store.answers_file(self.record.id)[0]
             given = answers.get(question["id"])
             if given is None or question["id"] not in self.asked:
                 continue
             request_id, by_kind, command = self.asked.pop(question["id"])
             self._forget(question)
-            by = "the user (elicitation)" if given["by"] == "user" else "the planner (hermes_approve)"
+            by = ANSWERERS.get(given["by"], ANSWERERS["planner"])
             if given["decision"] == "allow_for_job":
                 self.allowed_for_job[command] = (time.time(), by)
             self._decide(request_id, by_kind, question["id"], question["what"], given["decision"], by)
@@ -2798,8 +2821,6 @@ class AcpConversation:
             return Outcome(JobState.ERROR, exit_code, "Hermes refused the prompt (stopReason refusal); a session "
                            "made with the CLI cannot be continued over ACP")
         return Outcome(JobState.ERROR, exit_code, f"Hermes stopped with stopReason {shown(stop, 60)}")
-
-
 
 
 # ------------------------------------------------------------------------------------- process control [both]
@@ -3017,21 +3038,6 @@ class StopReport:
             text += (f"; pids {self.disowned[:20]} carry the job's marker but do not descend from the job, so they "
                      "were not signalled")
         return text
-
-
-def proc_status(proc: "psutil.Process") -> str:
-    try:
-        return cast(str, proc.status())
-    except psutil.Error:
-        return psutil.STATUS_DEAD
-
-
-def is_alive(proc: "psutil.Process") -> bool:
-    """Running, not a zombie waiting for its reaper (a zombie is already stopped: it is not counted)."""
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def stop_tree(owner: Ownership, root: "psutil.Process | None", seen: list[ProcessId], grace_s: float,
@@ -3464,6 +3470,7 @@ class Supervisor:
         self.unsaved = False
         self.next_heartbeat = 0.0
         self.next_spend_read = 0.0
+        self.spend_session: str | None = None
 
     def note(self, text: str) -> None:
         self.write_log(f"[bridge] {text}\n")
@@ -3711,7 +3718,8 @@ class Supervisor:
     def _spend(self) -> dict[str, Any] | None:
         """This job's spend so far (a resumed session's earlier counters taken off), kept in the record."""
         record = self.record
-        session = record.session_id or record.session_requested or session_id_from_log(self.store.log_path(self.job_id))
+        session = (record.session_id or record.session_requested or self.spend_session
+                   or session_id_from_log(self.store.log_path(self.job_id)))
         started = record.started_at
         try:
             if not session and record.cwd and started is not None:
@@ -3720,6 +3728,7 @@ class Supervisor:
                 return None
             named: str = session
             found = read_store(self.cfg, lambda db: session_spend(db, named))
+            self.spend_session = named  # found once, a CLI job's session is not looked for again
         except StoreUnavailable:
             return None
         if found is None:
@@ -3839,7 +3848,7 @@ class Supervisor:
                 self.note(f"could not tell the job's session: {exc}")
         record.change_state(outcome.state, outcome.reason, exit_code)
         record.session_id = session_id
-        record.late_answers = [*record.late_answers, *self.store.late_answers(self.job_id)][-LATE_ANSWERS_KEPT:]
+        record.late_answers = [*record.late_answers, *self.store.answers_file(self.job_id)[1]][-LATE_ANSWERS_KEPT:]
         try:
             record.changes = self._changes()
             self._usage(session_id)
@@ -4216,8 +4225,8 @@ def seconds_left(question: dict[str, Any]) -> int:
 def deadline_words(question: dict[str, Any]) -> str:
     """When Hermes stops waiting and denies a question by itself, as a person reads it: the clock time and
     how long from now."""
-    return (f"Hermes denies this by itself at {time.strftime('%H:%M:%S', time.localtime(question['expires_at']))} "
-            f"(in {seconds_left(question)} s) if nobody answers")
+    return (f"Hermes denies this by itself{clock_words(question['expires_at'])} (in {seconds_left(question)} s) if "
+            "nobody answers")
 
 
 def approval_lines(view: JobView) -> list[str]:
@@ -4608,7 +4617,6 @@ def job_view(cfg: Config, job_id: Any) -> JobView:
 
 
 APPROVAL_ID_RE = re.compile(r"\d{1,7}-[0-9a-f]{6}")
-ANSWERERS = {"user": "the user (elicitation)", "planner": "the planner (hermes_approve)"}
 
 
 def answer_approval(cfg: Config, job_id: Any, approval_id: Any, decision: Any, by: str) -> JobView:
@@ -4642,7 +4650,7 @@ def claim_answer(store: JobStore, view: JobView, approval_id: str, decision: str
     question stays answerable."""
     record = view.record
     decided = next((d for d in reversed(record.decisions) if d["id"] == approval_id), None)
-    claims = store.answers(record.id)
+    claims, late = store.answers_file(record.id)
     first = claims.get(approval_id)
     if decided or first:
         earlier = decided or {**cast(dict[str, Any], first), "by": ANSWERERS.get(cast(dict[str, Any], first)["by"],
@@ -4666,7 +4674,7 @@ def claim_answer(store: JobStore, view: JobView, approval_id: str, decision: str
     if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
         os.replace(path, path.with_name(f".{path.name}.not-an-answer-{os.urandom(4).hex()}"))
     claims[approval_id] = {"decision": decision, "by": by, "at": time.time()}
-    write_atomic(path, json.dumps({**claims, LATE_KEY: store.late_answers(record.id)}).encode())
+    write_atomic(path, json.dumps({**claims, LATE_KEY: late}).encode())
 
 
 def note_late_answer(store: JobStore, view: JobView, answer: dict[str, Any]) -> None:
@@ -4674,12 +4682,10 @@ def note_late_answer(store: JobStore, view: JobView, answer: dict[str, Any]) -> 
     while the job runs (its supervisor copies them into the record at the end), in the record once it ended."""
     record = view.record
     if view.running:
-        path = store.answers_path(record.id)
-        found = read_json(path, ANSWERS_MAX_BYTES)
-        ledger = found if isinstance(found, dict) and os.path.isfile(path) else {}
-        ledger[LATE_KEY] = [*store.late_answers(record.id), answer][-LATE_ANSWERS_KEPT:]
+        claims, late = store.answers_file(record.id)
         with contextlib.suppress(OSError):
-            write_atomic(path, json.dumps(ledger).encode())
+            write_atomic(store.answers_path(record.id), json.dumps(
+                {**claims, LATE_KEY: [*late, answer][-LATE_ANSWERS_KEPT:]}).encode())
         return
     record.late_answers = [*record.late_answers, answer][-LATE_ANSWERS_KEPT:]
     with contextlib.suppress(OSError, DamagedRecord):
@@ -5553,7 +5559,7 @@ class JobTasks:
             return
         record = view.record
         known = {q["id"] for q in record.questions} | {d["id"] for d in record.decisions} | set(
-            JobStore.of(cfg).answers(record.id))
+            JobStore.of(cfg).answers_file(record.id)[0])
         refusals = []
         for approval_id, response in responses.items():
             decision = elicited_decision(response)
