@@ -416,14 +416,12 @@ def test_a_cancel_stops_only_its_own_job_when_another_jobs_folder_has_the_same_i
     tasks = ["keeps running !sleep=4", "is cancelled !sleep=60 !grandchild=60"]
     requests = [server.job_request(cfg, "run", server.LaunchArguments(task)).value
                 for cfg, task in zip(cfgs, tasks, strict=True)]
-    for _ in range(5):  # the ids match when both launches fall in one second
-        records = [server.launch_job(cfg, request)[0] for cfg, request in zip(cfgs, requests, strict=True)]
-        if records[0].id == records[1].id:
-            break
-        for cfg, record in zip(cfgs, records, strict=True):
-            server.request_cancel(cfg, record.id)
-    else:
-        pytest.fail("five tries never gave both jobs folders the same id")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() + 3600))
+    for cfg in cfgs:  # ids never sort before the newest on disk, so both folders claim the same next one
+        server.JobStore(cfg.jobs_path).ensure()
+        (cfg.jobs_path / f"{stamp}-1.json").write_text("{}")
+    records = [server.launch_job(cfg, request)[0] for cfg, request in zip(cfgs, requests, strict=True)]
+    assert records[0].id == records[1].id == f"{stamp}-2"
     try:
         stores = [server.JobStore(cfg.jobs_path) for cfg in cfgs]
         job_id = records[0].id
