@@ -1993,6 +1993,18 @@ def check_store_files(path: Path) -> None:
             raise StoreUnavailable(f"{side} is not a regular file")
 
 
+def store_fingerprint(path: Path) -> tuple[tuple[int, int] | None, ...]:
+    """The size and change time of the store and its write-ahead log: Hermes' every write changes one of them,
+    so a reader that polls may skip a read while they stay the same."""
+    def one(side: Path) -> tuple[int, int] | None:
+        try:
+            info = os.stat(side)
+        except OSError:
+            return None
+        return info.st_size, info.st_mtime_ns
+    return one(path), one(Path(f"{path}-wal"))
+
+
 def read_store(cfg: Config, query: Callable[[Any], T], deadline_s: float = STORE_DEADLINE_S) -> T:
     """query(connection) on Hermes' SQLite store, read-only, answered within deadline_s or not at all.
 
@@ -3471,6 +3483,7 @@ class Supervisor:
         self.next_heartbeat = 0.0
         self.next_spend_read = 0.0
         self.spend_session: str | None = None
+        self.spend_fingerprint: tuple[tuple[int, int] | None, ...] = ()
 
     def note(self, text: str) -> None:
         self.write_log(f"[bridge] {text}\n")
@@ -3602,8 +3615,9 @@ class Supervisor:
             return Outcome(stopping[0], exit_code, f"{stopping[1]}; {report.describe()}")
         if sweep.stopped or sweep.survivors:
             self.record.swept = f"after Hermes exited, tool processes it left running: {sweep.describe()}"
-        # a cap that ended the turn, whatever Hermes printed (0.19/0.20 exit 0 at --max-turns, 0.22 exits 1)
-        if (self.watches_spend or self.record.max_turns) and (passed := self._over_budget(stop_at_turns=True)):
+        # a cap that ended the turn, whatever Hermes printed (0.19/0.20 exit 0 at --max-turns, 0.22 exits 1); every
+        # job's spend is read here once, so its final block and hermes_jobs say what it cost
+        if passed := self._over_budget(stop_at_turns=True, fresh=True):
             return Outcome(passed[0], exit_code, passed[1])
         outcome = run.outcome(exit_code)
         if outcome.state is JobState.ERROR and (trouble := model_trouble(read_tail(
@@ -3705,7 +3719,7 @@ class Supervisor:
                                     "runs in its recorded folder); the job was stopped at once")
         if time.monotonic() >= self.next_spend_read and self.watches_spend:
             self.next_spend_read = time.monotonic() + SPEND_EVERY_S
-            return self._over_budget(stop_at_turns=self.record.driver == "acp")
+            return self._over_budget(stop_at_turns=self.record.driver == "acp", fresh=False)
         return None
 
     @property
@@ -3715,9 +3729,14 @@ class Supervisor:
         record = self.record
         return bool(record.max_tokens or record.max_cost_usd or (record.max_turns and record.driver == "acp"))
 
-    def _spend(self) -> dict[str, Any] | None:
-        """This job's spend so far (a resumed session's earlier counters taken off), kept in the record."""
+    def _spend(self, fresh: bool) -> dict[str, Any] | None:
+        """This job's spend so far (a resumed session's earlier counters taken off), kept in the record. While
+        the job runs (not `fresh`), a store that has not changed since the last read is not read again: a poll
+        costs a stat. A write the change times cannot tell apart (same size, same tick) is read at the next."""
         record = self.record
+        fingerprint = store_fingerprint(session_store_path(self.cfg))
+        if not fresh and self.spend_session and record.spend and fingerprint == self.spend_fingerprint:
+            return record.spend
         session = (record.session_id or record.session_requested or self.spend_session
                    or session_id_from_log(self.store.log_path(self.job_id)))
         started = record.started_at
@@ -3729,6 +3748,7 @@ class Supervisor:
             named: str = session
             found = read_store(self.cfg, lambda db: session_spend(db, named))
             self.spend_session = named  # found once, a CLI job's session is not looked for again
+            self.spend_fingerprint = fingerprint
         except StoreUnavailable:
             return None
         if found is None:
@@ -3739,10 +3759,10 @@ class Supervisor:
         record.spend = found
         return found
 
-    def _over_budget(self, stop_at_turns: bool) -> tuple[JobState, str] | None:
+    def _over_budget(self, stop_at_turns: bool, fresh: bool) -> tuple[JobState, str] | None:
         """The budget this job has passed, read from Hermes' store, or None."""
         record = self.record
-        spend = self._spend()
+        spend = self._spend(fresh)
         if spend is None:
             return None
         tokens = spend["tokens_in"] + spend["tokens_out"]

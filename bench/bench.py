@@ -115,6 +115,34 @@ def run_until_pid(bridge: Bridge, client: BridgeClient, runs: int) -> tuple[Row,
                 f"{median_rss:.1f} MB {'PASS' if median_rss <= 25 else 'MISS'}", "<= 25 MB"))
 
 
+def spend_reading(bridge: Bridge, client: BridgeClient, seconds: float) -> Row:
+    """Issue 29: a supervisor with a budget looks at Hermes' store five times a second, and reads it when it has
+    changed. Two jobs run side by side, each making an API call every 0.3 s (a worst case: a real model takes
+    seconds); one has budgets it never reaches, the other none (its spend is read once, at the end). Each figure
+    is a supervisor's CPU time per minute over the same stretch of both runs."""
+    calls = int(seconds / 0.3) + 10
+    budgeted = client.call("hermes_run", task=f"bench budget !calls={calls}", max_tokens=10**9, max_cost_usd=1000,
+                           wait_s=0).field("JOB_ID")
+    plain = client.call("hermes_run", task=f"bench no budget !calls={calls}", wait_s=0).field("JOB_ID")
+    supervisors = {job_id: psutil.Process(wait_for_hermes(bridge, job_id).supervisor.pid)  # type: ignore[union-attr]
+                   for job_id in (budgeted, plain)}
+    per_minute: dict[str, list[float]] = {budgeted: [], plain: []}
+    for _ in range(4):  # CPU time is counted in 10 ms ticks: windows of seconds, not of one
+        before = {job_id: sum(proc.cpu_times()[:2]) for job_id, proc in supervisors.items()}
+        started = time.perf_counter()
+        time.sleep(seconds / 4)
+        elapsed = time.perf_counter() - started
+        for job_id, proc in supervisors.items():
+            per_minute[job_id].append((sum(proc.cpu_times()[:2]) - before[job_id]) / elapsed * 60 * 1000)
+    for job_id in (budgeted, plain):
+        client.call("hermes_cancel", job_id=job_id)
+        client.wait_final(job_id)
+    spent = statistics.median(per_minute[budgeted]) - statistics.median(per_minute[plain])
+    return Row("supervisor CPU per minute with a token and a cost budget (floor: the same job without)",
+               per_minute[budgeted], per_minute[plain], "ms/min",
+               f"extra {spent:.0f} ms/min {'PASS' if spent <= 300 else 'MISS'}", "extra <= 300 ms/min (0.5% of a core)")
+
+
 def status_of_big_log(bridge: Bridge, ours: BridgeClient, floor: BridgeClient, log_mb: int, calls: int) -> Row:
     job_id = "20261201-000000-1"
     log = bridge.jobs / f"{job_id}.log"
@@ -331,6 +359,7 @@ def main(argv: list[str]) -> int:
             with BridgeClient(bridge.env) as ours, BridgeClient(bridge.env, command=MINIMAL) as floor:
                 rows.append(warm_calls(ours, floor, calls))
                 rows += run_until_pid(bridge, ours, runs)
+                rows.append(spend_reading(bridge, ours, 4 if args.tiny else 40))
                 rows.append(status_of_big_log(bridge, ours, floor, log_mb, calls))
                 rows += activity_rows(bridge, ours, files, messages, runs, calls)
             rows.append(capabilities(bridge, skills, max(3, runs)))

@@ -3,7 +3,8 @@
 The task text is the script. Each line `RUN: <command>` (a `terminal` call with that command) or `CALL: <tool>
 <JSON arguments>` (any tool) in the latest user message is one step: the model makes the first step's call,
 then the next once a tool result is back, and after the last, answers `SCRIPTED DONE: <first line of the last
-tool output>`. Without such lines the answer is `SCRIPTED ANSWER`.
+tool output>`. Without such lines the answer is `SCRIPTED ANSWER`. A line `PACE: <seconds>` makes every reply
+take that long, as a real model's does.
 Every request is appended to requests.jsonl, so tests can assert on what Hermes sent (the earlier
 conversation on resume, the skill text in the system prompt).
 
@@ -18,6 +19,10 @@ from pathlib import Path
 from typing import Any
 
 MODEL = "scripted"
+# OpenRouter-style prices in USD per token, so Hermes estimates a cost: $10 per million input and $20 per million
+# output tokens, 10 + 5 tokens a call, $0.0002 a call. /api/v1/models is 404, or Hermes takes the endpoint for an
+# LM Studio server, which it prices at nothing.
+PRICING = {"prompt": "0.00001", "completion": "0.00002"}
 
 
 def text_of(message: dict[str, Any]) -> str:
@@ -63,8 +68,10 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
-        if self.path.rstrip("/").endswith("/models"):
-            self._json(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "tests"}]})
+        path = self.path.rstrip("/")
+        if path.endswith("/models") and not path.endswith("/api/v1/models"):
+            self._json(200, {"object": "list", "data": [
+                {"id": MODEL, "object": "model", "owned_by": "tests", "pricing": PRICING}]})
         else:
             self._json(404, {"error": {"message": "not found"}})
 
@@ -75,6 +82,9 @@ class Handler(BaseHTTPRequestHandler):
         if not self.path.rstrip("/").endswith("/chat/completions"):
             self._json(404, {"error": {"message": "not found"}})
             return
+        pace = [line[5:].strip() for message in request.get("messages", []) if message.get("role") == "user"
+                for line in text_of(message).splitlines() if line.startswith("PACE:")]
+        time.sleep(float(pace[-1]) if pace else 0)
         step: dict[str, Any] = (next_step(request.get("messages", [])) if request.get("tools")
                                 else {"content": "scripted title"})
         if step.get("tool_call"):
@@ -123,6 +133,10 @@ class ScriptedModel(ThreadingHTTPServer):
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # Hermes stopped mid-reply by a cap or a cancel
+            super().handle_error(request, client_address)
 
     def record(self, path: str, request: dict[str, Any]) -> None:
         with self._lock, open(self.log_path, "a") as handle:

@@ -10,6 +10,7 @@ pytestmark = pytest.mark.posix("the benchmark drives the fake hermes, a shell sc
 
 ROWS = ["cold start: spawn, initialize, tools/list", "server RSS after start", "one hermes_health call, warm",
         "hermes_run(wait_s=0) until the record shows Hermes' pid", "supervisor RSS",
+        "supervisor CPU per minute with a token and a cost budget",
         "hermes_status of a job with a 8 MiB log", "start listing of a folder of 2,000 files",
         "hermes_run(wait_s=0) until Hermes runs, folder of 2,000 files",
         "hermes_status of a running job with activity, store of 2,000 messages",

@@ -48,6 +48,17 @@ def test_a_cost_budget_stops_a_priced_job_and_says_what_it_spent(bridge, driver)
     assert "(Hermes' estimate)" in result.field("SPEND")
 
 
+@pytest.mark.parametrize("driver", ["cli", "acp"])
+def test_a_job_without_budgets_says_what_it_spent_and_hermes_jobs_lists_its_cost(bridge, driver):
+    with client_of(bridge, driver, FAKE_HERMES_PRICE="0.01") as client:
+        result = final(client, task="work !calls=2")
+        listing = client.call("hermes_jobs").text
+    assert result.field("STATUS") == "ok", result.text
+    assert result.field("SPEND") == "3 API calls; tokens 3,300; cost $0.0300 (Hermes' estimate)"  # 2 calls, the answer
+    row = next(line for line in listing.splitlines() if line.startswith(result.field("JOB_ID")))
+    assert "  cost $0.0" in row, listing
+
+
 def test_a_cost_budget_on_a_model_hermes_cannot_price_is_said_not_enforced_and_the_token_cap_holds(bridge):
     with client_of(bridge, "acp") as client:
         result = final(client, task="work !calls=4", max_cost_usd=0.001, max_tokens=100_000)

@@ -246,3 +246,16 @@ def test_a_token_budget_stops_the_cli_as_over_budget(real):
     assert result.field("STATUS") == "over_budget", result.text
     assert result.field("REASON").startswith("passed max_tokens: ") and " of 60" in result.field("REASON")
     assert "SPEND: " in result.text
+
+
+def test_a_cost_budget_stops_the_cli_with_hermes_own_estimate(real):
+    """The scripted model prices itself as OpenRouter does ($0.0002 a call) and answers in a second, as a real one
+    might: Hermes estimates the cost, the bridge stops the job once the estimate passes max_cost_usd, with at most
+    one call past it (the third call passes $0.0005)."""
+    bridge, model, client = real
+    steps = "Count.\nPACE: 1\n" + "\n".join(f"RUN: echo step {n}" for n in range(1, 31))
+    result = finish(client, client.call("hermes_run", task=steps, max_cost_usd=0.0005, wait_s=45), timeout=120)
+    assert result.field("STATUS") == "over_budget", result.text
+    assert re.match(r"passed max_cost_usd: \$0\.000[68] of \$0\.0005 ", result.field("REASON")), result.field("REASON")
+    assert "of $0.0005 (Hermes' estimate)" in result.field("SPEND")
+    assert len(model.requests()) < 30
