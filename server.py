@@ -25,6 +25,8 @@ or [both] section uses a [server] one (tests/test_layout.py holds both promises)
   audit log .......... [both] one line per tool call and job state change
   job store .......... [both] JobRecord (every field checked, every list bounded), JobStore (the jobs folder),
                        JobView (observe: orphaned, frozen, waiting for the disk: disk_problem)
+  git worktrees ...... [both] a worktree job's repository, its worktree made and removed, its work saved as a
+                       commit and a patch (git: no hooks, none of the caller's git environment)
   Hermes CLI ......... [both] locating Hermes, the options it declares (probe_cli), its command line and
                        environment, its exit codes in words (describe_exit)
   Hermes session store  [both] Hermes' state.db read with a deadline: activity, usage, current tool, answer
@@ -121,7 +123,7 @@ SERVER_DIR = SERVER_FILE.parent
 IS_WINDOWS = os.name == "nt"
 TOOL_NAMES = (
     "hermes_run", "hermes_resume", "hermes_status", "hermes_jobs",
-    "hermes_read", "hermes_capabilities", "hermes_health", "hermes_cancel", "hermes_approve",
+    "hermes_read", "hermes_capabilities", "hermes_health", "hermes_cancel", "hermes_approve", "hermes_land",
 )
 
 
@@ -538,6 +540,7 @@ def within_any(resolved: str, roots: list[str]) -> bool:
 MAX_WAIT_CEILING_S = 50.0
 APPROVAL_MODES = ("deny", "ask", "yolo")
 DRIVER_NAMES = ("acp", "cli")  # the ways to drive Hermes; DRIVERS (Hermes drivers) holds their classes
+ISOLATIONS = ("none", "worktree")  # where a job works: in its folder, or in a git worktree of its own
 START_GRACE_S = 30.0  # a launched job whose supervisor has not reported by then is orphaned
 
 
@@ -616,6 +619,8 @@ class Config:
                                    "the CLI's options (auto: as `hermes chat --help` declares them)",
                                    choices=("auto", "query-file", "query-arg"))
     extra_args: list[str] = setting([], "a list of strings", (list,), "more options for `hermes chat`")
+    default_isolation: str = setting("none", "", (str,), "where a job given no isolation works: in its folder "
+                                     "(none) or in a git worktree of its own (worktree)", choices=ISOLATIONS)
     jobs_dir: str | None = setting(None, *FOLDER_OR_NULL, "the jobs folder (else the per-user state folder)")
     logs_dir: str | None = setting(None, *FOLDER_OR_NULL, "the audit log's folder (else the per-user one)")
     read_anywhere: bool = setting(False, *FLAG, "let hermes_read read outside the allowed roots")
@@ -1091,6 +1096,7 @@ ANSWER_DECISIONS = ("allow", "deny", "allow_for_job")
 SESSION_OPTION = "allow_session"  # Hermes' "allow for this session" option, by its id
 ANSWERERS = {"user": "the user (elicitation)", "planner": "the planner (hermes_approve)"}  # who answered, in words
 TREE_KEPT = 20_000
+CHANGED_LINES = 50
 TEXT_FIELD_MAX_BYTES = 256 << 10  # Hermes' answer as the record keeps it, JSON-encoded
 
 
@@ -1169,6 +1175,11 @@ RECORD_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
     "max_tokens": is_whole_number, "max_cost_usd": is_number,
     "spend": is_flat_dict,
     "spend_base": lambda v: isinstance(v, dict) and all(is_number(x) for x in v.values()),
+    "worktree": lambda v: is_flat_dict(v) and is_text_fields(v, ("repo", "path", "branch", "base")),
+    "diff": lambda v: is_flat_dict(v) and all(is_whole_number(v.get(n)) for n in ("files", "insertions", "deletions",
+                                                                                  "patch_bytes"))
+    and isinstance(v.get("patch"), str),
+    "landed": lambda v: is_flat_dict(v) and is_text_fields(v, ("action", "how")),
     **{name: (lambda v: isinstance(v, str)) for name in ("cwd", "session_requested", "dedupe_key", "session_id",
                                                           "reason", "log", "cwd_note", "session_source",
                                                           "session_note", "outcome_note", "swept")},
@@ -1231,6 +1242,9 @@ class JobRecord:
     max_cost_usd: float | None = None
     spend: dict[str, Any] | None = None  # what this job spent, read from Hermes' store (see session_spend)
     spend_base: dict[str, Any] | None = None  # a resumed session's counters when the job started
+    worktree: dict[str, Any] | None = None  # a worktree job's: repo, path, branch, base (see git worktrees)
+    diff: dict[str, Any] | None = None  # a worktree job's work against its base: counts and the patch file
+    landed: dict[str, Any] | None = None  # what hermes_land did with a worktree job's work: action, how, at
 
     def add_decision(self, decision: dict[str, Any]) -> None:
         """A question decided: counted, and kept among the newest DECISIONS_KEPT."""
@@ -1358,6 +1372,14 @@ class JobStore:
     def cancel_path(self, job_id: str) -> Path:
         return self.root / f"{job_id}.cancel"
 
+    def patch_path(self, job_id: str) -> Path:
+        """A worktree job's whole change against its base, as a binary patch."""
+        return self.root / f"{job_id}.patch"
+
+    def worktree_path(self, job_id: str) -> Path:
+        """Where a worktree job's worktree is made: in the jobs folder, outside every repository."""
+        return self.root / "worktrees" / job_id
+
     def answers_path(self, job_id: str) -> Path:
         """The answers to the questions a job waits on, {approval id: {decision, by, at}}: each claimed once,
         under the record's lock (claim_answer), and read by the job's supervisor."""
@@ -1435,16 +1457,17 @@ class JobStore:
             write_atomic(self.record_path(record.id), record.encoded())
             return True
 
-    def update(self, job_id: str, change: Callable[[JobRecord], None]) -> JobRecord | None:
+    def update(self, job_id: str, change: Callable[[JobRecord], None], final_too: bool = False) -> JobRecord | None:
         """Read, change and write a record under its lock, so a write from another process in between is
         never lost (a launcher noting its supervisor while that supervisor writes). None when the record holds
-        an outcome already, or is damaged: it is then left as it is."""
+        an outcome already (unless final_too: what became of a finished job's worktree), or is damaged: it is
+        then left as it is."""
         with self.record_lock(job_id):
             try:
                 record = self.read(job_id)
             except DamagedRecord:
                 return None
-            if record.state in FINAL_STATES:
+            if record.state in FINAL_STATES and not final_too:
                 return None
             change(record)
             write_atomic(self.record_path(job_id), record.encoded())
@@ -1488,7 +1511,8 @@ class JobStore:
         """The record goes last: a log still held open (Windows) leaves the job listed, to be pruned later,
         instead of a log without a record left behind for ever."""
         for path in (self.log_path(job_id), self.task_path(job_id), self.cancel_path(job_id),
-                     self.answers_path(job_id), self.locks / f"{job_id}.lock", self.record_path(job_id)):
+                     self.answers_path(job_id), self.patch_path(job_id), self.locks / f"{job_id}.lock",
+                     self.record_path(job_id)):
             path.unlink(missing_ok=True)
 
     def captured_sessions(self, scan_limit: int = 5000) -> Iterator[str]:
@@ -1606,6 +1630,222 @@ def supervisor_condition(record: JobRecord, supervisor: "psutil.Process",
         return (f"the job's supervisor (pid {supervisor.pid}) has not stamped its record for {int(silent)} s: it may "
                 "be stuck. hermes_cancel ends it", False)
     return None, False
+
+
+# --------------------------------------------------------------------------------------- git worktrees [both]
+# A job with isolation "worktree" runs in a git worktree of its own, made and owned by the bridge (Hermes'
+# own --worktree is unfit: DESIGN.md section 13), in the jobs folder: outside the repository, so the main
+# tree's `git status`, `git clean` and `grep -r` never see it, and readable by hermes_read like a job's log.
+# The job's work (its commits and what it left uncommitted) is kept as one commit under
+# refs/hermes-bridge/<id> and as a binary patch beside the record; hermes_land merges or discards it.
+WORKTREE_BRANCH_PREFIX = "hermes-bridge/"
+WORKTREE_REF_PREFIX = "refs/hermes-bridge/"
+ISOLATION_BASES = ("head", "working-tree")
+GIT_TIMEOUT_S = 60.0  # one git command; a worktree's checkout and its submodules get GIT_CHECKOUT_TIMEOUT_S
+GIT_CHECKOUT_TIMEOUT_S = 600.0
+REPO_LOCK_S = 30.0
+BRIDGE_IDENTITY = {"GIT_AUTHOR_NAME": "claude-hermes-bridge", "GIT_AUTHOR_EMAIL": "hermes-bridge@localhost",
+                   "GIT_COMMITTER_NAME": "claude-hermes-bridge", "GIT_COMMITTER_EMAIL": "hermes-bridge@localhost"}
+
+
+class GitFailed(Exception):
+    """A git command that failed, in words: the command and the last line git printed."""
+
+
+def git(folder: str, *args: str, env: dict[str, str] | None = None, timeout_s: float = GIT_TIMEOUT_S,
+        stdout: Any = None, check: bool = True, given: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    """git in folder, with nothing of the caller's git environment, no hooks and no fsmonitor (a repository's
+    config could name a program for either, and the bridge's own git calls run no program of the job's),
+    no prompt, and messages in English. stdout: a file to stream into (a patch can be large); given: its
+    input."""
+    import shutil
+
+    exe = shutil.which("git")
+    if exe is None:
+        raise GitFailed("git is not installed or not on PATH")
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("GIT_")}
+    environment.update(GIT_TERMINAL_PROMPT="0", LC_ALL="C", LANGUAGE="C", **(env or {}))
+    argv = [exe, "-c", f"core.hooksPath={os.devnull}", "-c", "core.fsmonitor=false", "-C", folder, *args]
+    try:
+        done = subprocess.run(argv, input=given, stdin=None if given is not None else subprocess.DEVNULL,
+                              stdout=stdout or subprocess.PIPE, stderr=subprocess.PIPE, env=environment,
+                              timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise GitFailed(f"git {args[0]} took more than {timeout_s:g} s") from None
+    except OSError as exc:
+        raise GitFailed(f"git could not run: {exc.strerror or exc}") from None
+    if check and done.returncode != 0:
+        said = [line for line in done.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
+        last = said[-1] if said else f"exit {done.returncode}"
+        raise GitFailed(f"git {' '.join(args[:2])} failed: {shown(last, 300)}")
+    return done
+
+
+def git_text(folder: str, *args: str, env: dict[str, str] | None = None) -> str:
+    return git(folder, *args, env=env).stdout.decode("utf-8", "replace").strip()
+
+
+@dataclasses.dataclass(frozen=True)
+class Repository:
+    """The repository a worktree job's cwd is in, as the launch found it."""
+
+    top: str
+    head: str
+    branch: str | None  # the branch HEAD is on; None when detached
+    subdir: str  # cwd below top, with / ('' for the top itself)
+    uncommitted: int  # paths with uncommitted or untracked changes
+    submodules: bool
+
+
+def repository_of(cwd: str) -> Repository:
+    """The repository around cwd, or Refused naming why a worktree cannot be made from it."""
+    try:
+        top = os.path.realpath(git_text(cwd, "rev-parse", "--show-toplevel"))
+    except GitFailed as exc:
+        raise Refused(f"isolation \"worktree\" needs cwd inside a git repository, and {shown(cwd)} is not in one "
+                      f"({exc}). Run `git init` and commit, or use isolation \"none\"") from None
+    try:
+        head = git_text(top, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
+    except GitFailed:
+        raise Refused(f"isolation \"worktree\" needs a repository with at least one commit, and {shown(top)} has "
+                      "none yet: commit first, or use isolation \"none\"") from None
+    branch = git(top, "symbolic-ref", "--quiet", "--short", "HEAD", check=False).stdout.decode().strip() or None
+    status = git(top, "status", "--porcelain", "-z", "--untracked-files=all", "--no-renames").stdout
+    subdir = Path(os.path.relpath(cwd, top)).as_posix()
+    return Repository(top, head, branch, "" if subdir == "." else subdir, len([e for e in status.split(b"\0") if e]),
+                      os.path.isfile(os.path.join(top, ".gitmodules")))
+
+
+def job_roots(cfg: Config, record: "JobRecord") -> list[str]:
+    """Where a job may work and edit: the allowed roots, or, for a worktree job, only its own worktree."""
+    return [os.path.realpath(record.worktree["path"])] if record.worktree else cfg.roots
+
+
+def repo_lock(store: "JobStore", top: str) -> Any:
+    """One lock per repository (by its folder) around the bridge's changes to it: worktrees made and removed,
+    merges, so two jobs or a job and a landing never interleave them."""
+    import hashlib
+
+    return locked(store.locks / f"repo-{hashlib.sha256(top.encode()).hexdigest()[:24]}.lock", REPO_LOCK_S)
+
+
+def tree_commit(folder: str, parent: str, index: Path, message: str, git_dir: list[str] | None = None) -> str:
+    """A commit of everything in folder's working tree (untracked files too, ignored ones not) on parent,
+    made through a throwaway index: the folder's own index, stash and branches are untouched. parent itself
+    when nothing differs from it."""
+    env = {"GIT_INDEX_FILE": str(index), **BRIDGE_IDENTITY}
+    where = git_dir or []
+    index.unlink(missing_ok=True)
+    try:
+        git(folder, *where, "read-tree", parent, env=env)
+        git(folder, *where, "add", "-A", "--", ".", env=env, timeout_s=GIT_CHECKOUT_TIMEOUT_S)
+        tree = git_text(folder, *where, "write-tree", env=env)
+    finally:
+        index.unlink(missing_ok=True)
+    if tree == git_text(folder, *where, "rev-parse", f"{parent}^{{tree}}"):
+        return parent
+    return git_text(folder, *where, "commit-tree", tree, "-p", parent, "-m", message, env=env)
+
+
+def worktree_git(worktree: dict[str, Any]) -> list[str]:
+    """The options that pin a git command to the job's own worktree: its administrative folder as recorded
+    when it was made, so a `.git` file the job rewrote cannot point the bridge at another repository."""
+    return [f"--git-dir={worktree['admin']}", f"--work-tree={worktree['path']}"]
+
+
+def add_worktree(store: "JobStore", job_id: str, worktree: dict[str, Any]) -> list[str]:
+    """Make the job's worktree (recorded in worktree: repo, path, branch, base; admin is set here): on a new
+    branch at base, or from its branch when a resume finds it removed; locked with the job's id as the reason.
+    A failed add leaves no branch behind. Returns notes for the log (submodules)."""
+    top, path, branch = worktree["repo"], worktree["path"], worktree["branch"]
+    reason = f"claude-hermes-bridge job {job_id}"
+    fresh = "admin" not in worktree  # else a resumed job's worktree, made again from its branch
+    notes = []
+    with repo_lock(store, top):
+        def branch_exists() -> bool:
+            return git(top, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False).returncode == 0
+        existed = branch_exists()
+        if fresh and existed:
+            raise GitFailed(f"the repository already has a branch {branch} (another bridge's job of the same id?)")
+        if fresh and worktree.get("from") == "working-tree":
+            worktree["base"] = tree_commit(top, worktree["head"], store.locks / f"{job_id}.index",
+                                           f"claude-hermes-bridge: the working tree as job {job_id} started")
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            where = ["-b", branch, path, worktree["base"]] if fresh else [path, branch]
+            git(top, "worktree", "add", "--lock", "--reason", reason, *where, timeout_s=GIT_CHECKOUT_TIMEOUT_S)
+        except GitFailed:
+            if not existed and branch_exists():  # git makes the branch first, and leaves it when the add fails
+                git(top, "branch", "-D", branch, check=False)
+            raise
+        worktree["admin"] = os.path.realpath(os.path.join(path, git_text(path, "rev-parse", "--git-dir")))
+    if worktree.get("submodules") == "present":
+        try:
+            git(path, "submodule", "update", "--init", "--recursive", timeout_s=GIT_CHECKOUT_TIMEOUT_S)
+            worktree["submodules"] = "initialised"
+        except GitFailed as exc:
+            worktree["submodules"] = f"not initialised ({exc}): empty in the worktree"
+        notes.append(f"submodules {worktree['submodules']}")
+    return notes
+
+
+def save_worktree_work(store: "JobStore", record: "JobRecord") -> None:
+    """The job's work as one commit (its own commits, plus what it left uncommitted), kept reachable under
+    refs/hermes-bridge/<id>, with the patch against the base beside the record and its stat and file list in
+    the record. Called when the job ends, and for a job whose supervisor died, at the next server start."""
+    worktree = cast(dict[str, Any], record.worktree)
+    path, top = worktree["path"], worktree["repo"]
+    if not os.path.isdir(path) or "admin" not in worktree:
+        return
+    pinned = worktree_git(worktree)
+    head = git_text(path, *pinned, "rev-parse", "--verify", "HEAD^{commit}")
+    work = tree_commit(path, head, store.locks / f"{record.id}.index",
+                       f"claude-hermes-bridge: the work of job {record.id} (committed and not)", pinned)
+    git(top, "update-ref", f"{WORKTREE_REF_PREFIX}{record.id}", work)
+    base = worktree["base"]
+    patch = store.patch_path(record.id)
+    partial = patch.with_name(patch.name + ".partial")
+    partial.unlink(missing_ok=True)
+    with open(partial, "xb") as handle:
+        git(top, "diff", "--binary", "--no-color", "--no-ext-diff", base, work, stdout=handle)
+    os.replace(partial, patch)
+    files = insertions = deletions = 0
+    for line in git(top, "diff", "--numstat", "-z", "--no-renames", base, work).stdout.split(b"\0"):
+        fields = line.split(b"\t", 2)
+        if len(fields) == 3:
+            files += 1
+            insertions += int(fields[0]) if fields[0].isdigit() else 0
+            deletions += int(fields[1]) if fields[1].isdigit() else 0
+    worktree["work"] = work
+    record.diff = {"files": files, "insertions": insertions, "deletions": deletions, "patch": str(patch),
+                   "patch_bytes": patch.stat().st_size}
+    record.changes = worktree_changes(top, base, work)
+
+
+def worktree_changes(top: str, base: str, work: str) -> dict[str, Any]:
+    """CHANGED_FILES of a worktree job: what its work changed against the base, as git sees it."""
+    names = git(top, "diff", "--name-status", "-z", "--no-renames", base, work).stdout.decode("utf-8", "replace")
+    fields = names.split("\0")
+    pairs = list(zip(fields[0::2], fields[1::2], strict=False))  # the list ends with an empty field
+    kinds = {"A": "+", "M": "~", "T": "~", "D": "-"}
+    marked = [(kinds.get(status[:1], "~"), name) for status, name in pairs if status]
+    lines = [f"{mark} {name}" for order in "+~-" for mark, name in marked if mark == order]  # as compare_snapshots
+    count = {mark: sum(1 for found, _ in marked if found == mark) for mark in "+~-"}
+    return {"created": count["+"], "modified": count["~"], "deleted": count["-"], "lines": lines[:CHANGED_LINES],
+            "more": max(0, len(lines) - CHANGED_LINES)}
+
+
+def remove_worktree(store: "JobStore", worktree: dict[str, Any], branch_too: bool, job_id: str) -> None:
+    """The worktree gone (locked or not, with what it held: its work is kept under the job's ref and in the
+    patch); with branch_too, its branch and the job's ref as well."""
+    top = worktree["repo"]
+    with repo_lock(store, top):
+        if os.path.isdir(worktree["path"]):
+            git(top, "worktree", "remove", "--force", "--force", worktree["path"], timeout_s=GIT_CHECKOUT_TIMEOUT_S)
+        git(top, "worktree", "prune", check=False)
+        if branch_too:
+            git(top, "branch", "-D", worktree["branch"], check=False)
+            git(top, "update-ref", "-d", f"{WORKTREE_REF_PREFIX}{job_id}", check=False)
 
 
 # ------------------------------------------------------------------------------------------ Hermes CLI [both]
@@ -2731,7 +2971,8 @@ class AcpConversation:
         approval_id = f"{self.questions_asked}-{os.urandom(3).hex()}"
         if tool.get("kind") == "edit":
             paths = edit_targets(tool)
-            decision, why = edit_decision(paths, self.record.cwd or "", self.folder_may_have_moved, self.cfg.roots)
+            decision, why = edit_decision(paths, self.record.cwd or "", self.folder_may_have_moved,
+                                        job_roots(self.cfg, self.record))
             what = "edit " + (", ".join(shown(path, 300) for path in paths[:20]) if paths else "(no path Hermes "
                               "states in its arguments)")
             self._decide(request_id, by_kind, approval_id, what, decision, f"the bridge: {why}")
@@ -2875,6 +3116,22 @@ def interrupt(proc: "psutil.Process") -> bool:
             proc.terminate()
         return True
     except (psutil.Error, OSError):
+        return False
+
+
+def interrupt_group(pid: int) -> bool:
+    """Ctrl-C for a Hermes that leads its own process group (it was started in a new session): SIGINT to the
+    group, so Hermes ends its turn and saves its session as at a terminal, and the tools in its group get
+    the same; CTRL_BREAK on Windows, where a new process group ignores CTRL_C. False when not sent."""
+    try:
+        if IS_WINDOWS:
+            os.kill(pid, signal.CTRL_BREAK_EVENT)  # type: ignore[attr-defined]
+        elif os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGINT)
+        else:
+            return False
+        return True
+    except OSError:
         return False
 
 
@@ -3149,6 +3406,7 @@ class HermesRun:
     deadline, the tree stop, the outcome written) stays in Supervisor."""
 
     stop_grace_s = 0.0  # how long Hermes gets to stop by itself after ask_to_stop, before the tree stop
+    stop_request = "nothing asked"  # what ask_to_stop sends, in words
     exit_grace_s = 0.0  # how long Hermes gets to exit by itself after close, before the tree stop
 
     def __init__(self, cfg: Config, store: JobStore, record: JobRecord, exe: str, log: LogWriter,
@@ -3214,10 +3472,17 @@ class HermesRun:
             shutil.rmtree(self.policy_dir, ignore_errors=True)
 
 
+CLI_INTERRUPT_GRACE_S = 3.0  # how long a CLI Hermes gets to end its turn after Ctrl-C, before the tree stop
+
+
 class CliRun(HermesRun):
     """`hermes chat` answering one task and exiting: the task on its command line or on stdin, its output
     straight into the job's log, its exit code the outcome, its session id from its last `session_id:` line
-    (or from the session store, for a Hermes that prints none)."""
+    (or from the session store, for a Hermes that prints none). A stop is Ctrl-C first, as at a terminal."""
+
+    stop_grace_s = CLI_INTERRUPT_GRACE_S
+    stop_request = "Ctrl-C: SIGINT to its process group"
+    popen: subprocess.Popen[bytes] | None = None
 
     @classmethod
     def plan(cls, cfg: Config, exe: str, record: JobRecord, task: str, folder: str, task_path: Path | None,
@@ -3243,7 +3508,12 @@ class CliRun(HermesRun):
         if (self.record.approval_mode or self.cfg.approval_mode) != "yolo":
             env = self.with_policy(env, 0)
         with open_regular(plan.stdin_path) if plan.stdin_path else open(os.devnull, "rb") as stdin:
-            return self.start_process(plan.argv, plan.folder, stdin, env)
+            self.popen = self.start_process(plan.argv, plan.folder, stdin, env)
+            return self.popen
+
+    def ask_to_stop(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            interrupt_group(self.popen.pid)
 
     def report(self, session_id: str | None) -> None:
         """The commands Hermes denied by itself (nobody can answer the CLI), read from its session store."""
@@ -3286,6 +3556,7 @@ class AcpRun(HermesRun):
     Each job has its own managed policy folder (approval_policy_dir), removed at the end."""
 
     stop_grace_s = ACP_CANCEL_GRACE_S
+    stop_request = "session/cancel"
     exit_grace_s = ACP_EXIT_GRACE_S
 
     def __init__(self, cfg: Config, store: JobStore, record: JobRecord, exe: str, log: LogWriter,
@@ -3361,7 +3632,6 @@ def plan_launch(cfg: Config, exe: str, record: JobRecord, task: str, folder: str
 # ------------------------------------------------------------------------------------ supervisor [supervisor]
 # `server.py --supervise <id>`: one detached process per job that owns it from start to outcome.
 POLL_S = 0.2
-CHANGED_LINES = 50
 
 
 @dataclasses.dataclass
@@ -3550,9 +3820,13 @@ class Supervisor:
         if not folder:
             return None
         real = os.path.realpath(folder)
-        if real != folder or not within_any(real, self.cfg.roots) or not os.path.isdir(real):
+        if real != folder or not within_any(real, self.roots) or not os.path.isdir(real):
             return None
         return real
+
+    @property
+    def roots(self) -> list[str]:
+        return job_roots(self.cfg, self.record)
 
     def _run_hermes(self) -> Outcome:
         plan = self._plan()
@@ -3570,6 +3844,8 @@ class Supervisor:
             return Outcome(JobState.CANCELLED, None, "cancelled before Hermes started")
         try:
             exe = usable_hermes(cfg)
+            if record.worktree and not os.path.isdir(record.worktree["path"]):
+                self._make_worktree(record.worktree)
             folder = self._confined_folder()
             if folder is None:
                 return Outcome(JobState.ERROR, None, f"the job's folder {shown(record.cwd)} no longer resolves to "
@@ -3580,11 +3856,23 @@ class Supervisor:
             return cast(LaunchPlan, plan_launch(cfg, exe, record, task, folder, task_path))  # probe_cli never None
         except Refused as exc:
             return Outcome(JobState.ERROR, None, f"{exc}. Nothing was run")
+        except GitFailed as exc:
+            return Outcome(JobState.ERROR, None, f"the job's worktree could not be made ({exc}); nothing was left "
+                           "behind and Hermes was not started")
+
+    def _make_worktree(self, worktree: dict[str, Any]) -> None:
+        """The job's worktree, made before Hermes starts (a fresh one on its branch, or a resumed job's again
+        from its branch), recorded with where git keeps it."""
+        for note in add_worktree(self.store, self.job_id, worktree):
+            self.note(note)
+        self.note(f"worktree {worktree['path']} on branch {worktree['branch']} at {worktree['base'][:12]}")
+        self.save()
 
     def _start(self, plan: "LaunchPlan", run: HermesRun) -> subprocess.Popen[bytes]:
         """Start Hermes as planned, after the folder listing has begun, and record who it is."""
         record, cfg = self.record, self.cfg
-        self._start_snapshot(plan.folder)
+        if not record.worktree:  # a worktree job's changes are git's to tell
+            self._start_snapshot(plan.folder)
         record.argv = plan.shown_argv
         if record.session_requested and self.watches_spend:  # a resumed session's earlier spend is not this job's
             with contextlib.suppress(StoreUnavailable):
@@ -3611,8 +3899,9 @@ class Supervisor:
         sweep = stop_tree(self.owner, None, self.record.tree, 0, complete=self.subreaper)
         self._keep_log_bounded()
         if stopping:
+            asked = "" if report else f"Hermes stopped when asked ({run.stop_request}); "
             report = report.merged(sweep) if report else sweep
-            return Outcome(stopping[0], exit_code, f"{stopping[1]}; {report.describe()}")
+            return Outcome(stopping[0], exit_code, f"{stopping[1]}; {asked}{report.describe()}")
         if sweep.stopped or sweep.survivors:
             self.record.swept = f"after Hermes exited, tool processes it left running: {sweep.describe()}"
         # a cap that ended the turn, whatever Hermes printed (0.19/0.20 exit 0 at --max-turns, 0.22 exits 1); every
@@ -3830,7 +4119,7 @@ class Supervisor:
         cut = data.rfind(b"\n") + 1  # a line still being written is read on the next poll
         self.log_offset += cut
         for folder in FOLDER_MOVE_RE.findall(clean_text(data[:cut])):
-            if not within_any(os.path.realpath(folder), self.cfg.roots):
+            if not within_any(os.path.realpath(folder), self.roots):
                 return str(folder)
         return None
 
@@ -3870,10 +4159,13 @@ class Supervisor:
         record.session_id = session_id
         record.late_answers = [*record.late_answers, *self.store.answers_file(self.job_id)[1]][-LATE_ANSWERS_KEPT:]
         try:
-            record.changes = self._changes()
+            if record.worktree:
+                save_worktree_work(self.store, record)
+            else:
+                record.changes = self._changes()
             self._usage(session_id)
         except Exception as exc:  # a report of the job, never a reason to lose its outcome
-            self.note(f"could not list the changes or read the usage: {exc}")
+            self.note(f"could not list the changes, save the worktree's work or read the usage: {exc}")
         requested = record.session_requested
         if requested and session_id and session_id != requested:
             record.session_note = (f"asked to resume session {requested}, but Hermes reported session {session_id}: "
@@ -3960,11 +4252,13 @@ class JobRequest:
     approval_mode: str = "deny"
     max_tokens: int | None = None
     max_cost_usd: float | None = None
+    worktree: dict[str, Any] | None = None  # isolation "worktree": the repository and base, as the launch found them
 
     def dedupe_key(self) -> str:
         import hashlib  # here, not at the top: it maps OpenSSL (3 MB) into every supervisor, which needs none
 
-        identity = [self.kind, self.task, self.cwd, self.session_requested, self.skills, self.toolsets]
+        identity = [self.kind, self.task, self.cwd, self.session_requested, self.skills, self.toolsets,
+                    *([self.worktree.get("from")] if self.worktree else [])]
         return hashlib.sha256(json.dumps(identity).encode()).hexdigest()
 
     def record(self, job_id: str, log: str | None = None) -> JobRecord:
@@ -3974,7 +4268,8 @@ class JobRequest:
                          session_requested=self.session_requested, skills=self.skills, toolsets=self.toolsets,
                          max_turns=self.max_turns, timeout_s=self.timeout_s, dedupe_key=self.dedupe_key(), log=log,
                          cwd_note=self.cwd_note, driver=self.driver, approval_mode=self.approval_mode,
-                         max_tokens=self.max_tokens, max_cost_usd=self.max_cost_usd)
+                         max_tokens=self.max_tokens, max_cost_usd=self.max_cost_usd,
+                         worktree=dict(self.worktree) if self.worktree else None)
 
 
 def launch_job(cfg: Config, request: JobRequest) -> tuple[JobRecord, str | None]:
@@ -4020,6 +4315,10 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
         raise Refused(f"cannot write to the jobs folder {store.root} ({disk_error(exc)}); nothing started") from None
     record = request.record(job_id, str(store.log_path(job_id)))
     record.nonce = secrets.token_hex(16)
+    if record.worktree and "path" not in record.worktree:  # a fresh worktree: its place follows from the id
+        path = str(store.worktree_path(job_id))
+        record.worktree.update(path=path, branch=WORKTREE_BRANCH_PREFIX + job_id)
+        record.cwd = os.path.join(path, *record.worktree["subdir"].split("/")) if record.worktree["subdir"] else path
     try:
         store.write(record)
         store.mark_active(job_id)
@@ -4076,6 +4375,66 @@ def record_detach_mode(store: JobStore, survives_host: bool) -> None:
         write_atomic(store.detach_path, json.dumps({"survives_host": survives_host}).encode())
 
 
+def drop_worktree(store: JobStore, job_id: str) -> None:
+    """Retention of a worktree job: its worktree, branch and ref go with it (best effort: a repository that
+    is gone or busy leaves its branch; the folder in the jobs folder goes regardless)."""
+    import shutil
+
+    try:
+        worktree = store.read(job_id).worktree
+    except (Refused, DamagedRecord):
+        worktree = None
+    if worktree:
+        with contextlib.suppress(GitFailed, LockTimeout, OSError):
+            remove_worktree(store, worktree, branch_too=True, job_id=job_id)
+    shutil.rmtree(store.worktree_path(job_id), ignore_errors=True)
+
+
+def worktree_count(store: JobStore) -> str:
+    """hermes_health's count of the worktrees the bridge keeps, and where."""
+    folder = store.root / "worktrees"
+    try:
+        count = sum(1 for entry in os.scandir(folder) if entry.is_dir(follow_symlinks=False))
+    except OSError:
+        count = 0
+    return (f"{count} kept in {shown(str(folder))} (each until hermes_land merges or discards it, or retention "
+            "removes its job)")
+
+
+def recover_worktrees(cfg: Config) -> int:
+    """At a server's start: a worktree whose job ended without saving its work (its supervisor died) has it
+    saved now, as the patch, the ref and the record's DIFF, then is unlocked (retention or hermes_land removes
+    it); nothing of a job still running is touched. Returns how many were saved."""
+    store = JobStore.of(cfg)
+    try:
+        job_ids = [entry.name for entry in os.scandir(store.root / "worktrees") if JOB_ID_RE.fullmatch(entry.name)]
+    except OSError:
+        return 0
+    saved = 0
+    for job_id in job_ids:
+        try:
+            view = observe(store.read(job_id), store.root)
+        except (Refused, DamagedRecord):
+            continue
+        record = view.record
+        if (not record.worktree or "work" in record.worktree or view.running
+                or running_process(record.hermes) is not None):
+            continue
+        try:
+            save_worktree_work(store, record)
+            git(record.worktree["repo"], "worktree", "unlock", record.worktree["path"], check=False)
+        except (GitFailed, OSError) as exc:
+            audit(cfg, event="worktree", job_id=job_id, problem=f"its work could not be saved: {exc}")
+            continue
+
+        def keep(stored: JobRecord, found: JobRecord = record) -> None:
+            stored.worktree, stored.diff, stored.changes = found.worktree, found.diff, found.changes
+        store.update(job_id, keep, final_too=True)
+        audit(cfg, event="worktree", job_id=job_id, saved=record.diff)
+        saved += 1
+    return saved
+
+
 def prune_jobs(store: JobStore, cfg: Config) -> int:
     """Remove finished jobs past retention_days or beyond retention_max_jobs; never a running one. An
     orphaned job (its supervisor and its Hermes gone) counts as finished.
@@ -4096,6 +4455,7 @@ def prune_jobs(store: JobStore, cfg: Config) -> int:
     removed = 0
     for job_id in doomed:
         try:
+            drop_worktree(store, job_id)
             store.clear_active(job_id)
             store.remove(job_id)
             removed += 1
@@ -4228,7 +4588,8 @@ def changes_lines(record: JobRecord) -> list[str]:
     if "note" in changes:
         return [f"CHANGED_FILES: {shown(changes['note'])}"]
     lines = [f"CHANGED_FILES: {changes['created']} created, {changes['modified']} modified, "
-             f"{changes['deleted']} deleted (under CWD, since the job started)"]
+             f"{changes['deleted']} deleted " + ("(in the worktree, against its base, paths from the repository's top)"
+                                                 if record.worktree else "(under CWD, since the job started)")]
     lines += [shown(line, 400) for line in changes["lines"][:CHANGED_LINES]]
     if changes["more"] > 0:
         lines.append(f"... and {changes['more']} more")
@@ -4337,6 +4698,33 @@ def quoted_answer(answer: str, max_chars: int) -> list[str]:
     return lines
 
 
+def worktree_lines(record: "JobRecord") -> list[str]:
+    """WORKTREE, DIFF, PATCH and LANDED lines of a worktree job."""
+    worktree = record.worktree
+    if not worktree:
+        return []
+    origin = "the working tree at launch" if worktree.get("from") == "working-tree" else "HEAD at launch"
+    submodules = worktree.get("submodules")
+    lines = [f"WORKTREE: {shown(worktree['path'])} (branch {shown(worktree['branch'])}, base "
+             f"{shown(worktree['base'])[:12]}, {origin}, in repository {shown(worktree['repo'])}"
+             + (f"; submodules {shown(str(submodules), 300)}" if submodules not in (None, "none", "present") else "")
+             + ")"]
+    diff = record.diff
+    if diff:
+        lines.append(f"DIFF: {plural(int(diff['files']), 'file')} changed, +{int(diff['insertions'])} "
+                     f"-{int(diff['deletions'])} against the base (the job's commits and its uncommitted changes)")
+        lines.append(f"PATCH: {shown(str(diff['patch']))} ({human_size(int(diff['patch_bytes']))}; read it with "
+                     "hermes_read, page by page)")
+    landed = record.landed
+    if landed:
+        lines.append(f"LANDED: {shown(str(landed['action']))}{clock_words(landed.get('at'))}: "
+                     f"{shown(str(landed['how']), 600)}")
+    elif record.state in FINAL_STATES and diff:
+        lines.append(f'LAND: not yet. hermes_land(job_id="{record.id}", action="merge") applies it to '
+                     f"{shown(worktree['repo'])}; \"discard\" drops it; \"keep\" leaves it for retention")
+    return lines
+
+
 def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
                   details: JobDetails | None = None) -> str:
     """The status block. The log shown is always the job's own <id>.log in the store, never a path taken
@@ -4359,7 +4747,7 @@ def running_lines(view: JobView, log: Path, details: JobDetails | None) -> tuple
              f"TIMEOUT_S: {record.timeout_s:g} (hard cap we enforce)", f"FULL_LOG: {shown(str(log))}"]
     if view.condition:
         lines.append(f"CONDITION: {shown(view.condition, 600)}")
-    lines += spend_line(record)
+    lines += spend_line(record) + worktree_lines(record)
     if details:
         lines.append(f"ACTIVITY: {shown(details.activity, 400)}")
         if details.current_tool:
@@ -4404,7 +4792,7 @@ def final_lines(view: JobView, cfg: Config, log: Path, details: JobDetails | Non
     if details:
         after.append(f"USAGE: {shown(details.usage, 400)}")
     after += spend_line(record)
-    after += changes_lines(record)
+    after += changes_lines(record) + worktree_lines(record)
     if details:
         after += ["--- HERMES ANSWER ---", *quoted_answer(details.answer or "", cfg.max_output_chars)]
     return lines, after + ["--- HERMES OUTPUT ---", log_excerpt(log, cfg.max_output_chars)]
@@ -4518,6 +4906,8 @@ class LaunchArguments:
     toolsets: Any = None
     max_tokens: Any = None
     max_cost_usd: Any = None
+    isolation: Any = None
+    isolation_base: Any = None
 
 
 def budget(name: str, value: Any, default: float | None, ceiling: float | None, whole: bool) -> Noted[float | None]:
@@ -4534,11 +4924,12 @@ def budget(name: str, value: Any, default: float | None, ceiling: float | None, 
 
 
 def job_request(cfg: Config, kind: str, arguments: LaunchArguments, session: str | None = None,
-                cwd_note: str | None = None) -> Noted[JobRequest]:
+                cwd_note: str | None = None, resumed: dict[str, Any] | None = None) -> Noted[JobRequest]:
     """Validate everything about a launch before anything touches the disk or starts a process: the
-    request, with what to tell about it (a clamped timeout)."""
+    request, with what to tell about it (a clamped timeout). resumed: the worktree a resumed session runs in
+    (its folder, in the jobs folder, is confined to that worktree instead of the roots)."""
     task = check_task(arguments.task)
-    resolved_cwd = confine_cwd(cfg, arguments.cwd)
+    resolved_cwd = os.path.realpath(arguments.cwd) if resumed else confine_cwd(cfg, arguments.cwd)
     max_turns, timeout_s = arguments.max_turns, arguments.timeout_s
     if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int)
                                   or not 1 <= max_turns <= 1000):
@@ -4552,13 +4943,44 @@ def job_request(cfg: Config, kind: str, arguments: LaunchArguments, session: str
                   whole=False)
     exe = usable_hermes(cfg)
     driver, _ = choose_driver(cfg, exe, session)
+    isolation = (Noted(resumed) if resumed else
+                 isolation_of(cfg, arguments.isolation, arguments.isolation_base, resolved_cwd))
     request = JobRequest(kind=kind, task=task, cwd=resolved_cwd, max_turns=max_turns or cfg.default_max_turns,
                          timeout_s=timeout.value, skills=names_argument("skills", arguments.skills),
                          toolsets=names_argument("toolsets", arguments.toolsets), session_requested=session,
                          cwd_note=cwd_note, driver=driver, approval_mode=cfg.approval_mode,
-                         max_tokens=int(tokens.value) if tokens.value is not None else None, max_cost_usd=cost.value)
+                         max_tokens=int(tokens.value) if tokens.value is not None else None, max_cost_usd=cost.value,
+                         worktree=isolation.value)
     check_launch(cfg, exe, request)
-    return Noted(request, timeout.notes + tokens.notes + cost.notes)
+    return Noted(request, timeout.notes + tokens.notes + cost.notes + isolation.notes)
+
+
+def isolation_of(cfg: Config, isolation: Any, base: Any, cwd: str) -> Noted[dict[str, Any] | None]:
+    """isolation and isolation_base checked: None for a job in its folder; for a worktree job, its repository
+    and base as they are now, with what the user should know (uncommitted work the worktree will not have)."""
+    isolation = cfg.default_isolation if isolation is None else isolation
+    if isolation not in ISOLATIONS:
+        raise Refused(f'isolation must be "none" or "worktree", got {shown(isolation, 40)}')
+    if base is not None and base not in ISOLATION_BASES:
+        raise Refused(f'isolation_base must be "head" or "working-tree", got {shown(base, 40)}')
+    if isolation == "none":
+        if base is not None:
+            raise Refused('isolation_base applies to isolation "worktree" only')
+        return Noted(None)
+    repo = repository_of(cwd)
+    if not within_any(repo.top, cfg.roots):
+        raise Refused(f"cwd {shown(cwd)} is in the repository {shown(repo.top)}, whose top is outside the allowed "
+                      f"roots ({', '.join(cfg.roots)}): its worktree, and a merge of its work, would reach files "
+                      "outside them. Allow the repository's folder, or use isolation \"none\"")
+    notes = []
+    if repo.uncommitted and base != "working-tree":
+        notes.append(f"the repository has {plural(repo.uncommitted, 'path')} with uncommitted or untracked changes, "
+                     "which the worktree (based on HEAD) does not have; isolation_base 'working-tree' carries them")
+    notes.append("a worktree holds what git tracks: ignored files (.env, node_modules, build output) and nested "
+                 "repositories are not in it" + ("; its submodules are initialised in it" if repo.submodules else ""))
+    planned = {"repo": repo.top, "base": repo.head, "head": repo.head, "base_branch": repo.branch or "",
+               "subdir": repo.subdir, "from": base or "head", "submodules": "present" if repo.submodules else "none"}
+    return Noted(planned, tuple(notes))
 
 
 def check_session_id(session_id: Any) -> str:
@@ -4586,7 +5008,8 @@ def session_home(cfg: Config, store: JobStore, session_id: str) -> tuple[str, st
                         "that captured this session")
 
 
-def resolve_resume(cfg: Config, session_id: Any, cwd: str | None) -> Noted[tuple[str, str]]:
+def resolve_resume(cfg: Config, session_id: Any, cwd: str | None
+                   ) -> Noted[tuple[str, str, dict[str, Any] | None]]:
     """The session to resume and the folder it will really run in, confined, with what to tell about that
     folder; refused when it is outside today's roots. "latest" is the newest captured session whose folder
     is inside them."""
@@ -4608,6 +5031,11 @@ def resolve_resume(cfg: Config, session_id: Any, cwd: str | None) -> Noted[tuple
         session = check_session_id(session_id)
         folder, note = session_home(cfg, store, session)
     real = os.path.realpath(folder)
+    worktree = resumed_worktree(cfg, store, real)
+    if worktree is not None:
+        notes = [note] if note else []
+        return Noted((session, real, worktree), (*notes, f"the session is worktree job {worktree['job']}'s: this job "
+                                                 f"runs in its worktree, on branch {worktree['branch']}"))
     if not within_any(real, cfg.roots):
         raise Refused(f"session {session} is recorded in {shown(folder)}, outside the allowed roots "
                       f"({', '.join(cfg.roots)}). Hermes always resumes a session in its recorded folder, so this "
@@ -4619,7 +5047,34 @@ def resolve_resume(cfg: Config, session_id: Any, cwd: str | None) -> Noted[tuple
     if cwd not in (None, "") and not (isinstance(cwd, str) and same_folder(os.path.expanduser(cwd), real)):
         notes.append(f"Hermes resumes a session in the folder recorded for it, so this job runs in {shown(real)}, "
                      f"not in the cwd asked for ({shown(cwd)})")
-    return Noted((session, real), tuple(notes))
+    return Noted((session, real, None), tuple(notes))
+
+
+def resumed_worktree(cfg: Config, store: JobStore, folder: str) -> dict[str, Any] | None:
+    """The worktree a session recorded in a worktree job's folder runs in again (remade from its branch when
+    it was removed), or None for a folder outside the bridge's worktrees. Refused when its work was discarded,
+    or its repository is no longer inside the allowed roots."""
+    worktrees = os.path.realpath(store.root / "worktrees")
+    if not within_any(folder, [worktrees]) or folder == worktrees:
+        return None
+    job_id = Path(os.path.relpath(folder, worktrees)).parts[0]
+    try:
+        owner = store.read(validate_job_id(job_id))
+    except (Refused, DamagedRecord) as exc:
+        raise Refused(f"the session is recorded in {shown(folder)}, the worktree of job {shown(job_id)}, whose "
+                      f"record cannot be read ({exc}); start a fresh hermes_run") from None
+    worktree = owner.worktree
+    if not worktree or os.path.realpath(worktree["path"]) != os.path.join(worktrees, job_id):
+        raise Refused(f"the session is recorded in {shown(folder)}, which job {job_id}'s record does not name as its "
+                      "worktree; start a fresh hermes_run")
+    if not within_any(worktree["repo"], cfg.roots):
+        raise Refused(f"job {job_id}'s repository {shown(worktree['repo'])} is outside today's allowed roots; the "
+                      "session cannot be resumed through the bridge")
+    if not os.path.isdir(worktree["path"]) and git(worktree["repo"], "rev-parse", "--verify", "--quiet",
+                                                   f"refs/heads/{worktree['branch']}", check=False).returncode:
+        raise Refused(f"job {job_id}'s worktree and its branch {worktree['branch']} were discarded: the session's "
+                      "work is gone from the repository (its patch may remain); start a fresh hermes_run")
+    return {key: value for key, value in worktree.items() if key != "work"} | {"job": job_id}
 
 
 # -------------------------------------- tool logic: one job (view, approve, cancel) and the job list [server]
@@ -4781,6 +5236,108 @@ def request_cancel(cfg: Config, job_id: Any) -> tuple[JobView, str]:
         raise Refused(f"the cancel could not be written: the jobs folder refuses writes ({disk_error(exc)}). The job "
                       "goes on; free space on its disk or make it writable, then cancel again") from None
     return view, "cancel requested; the supervisor stops the whole process tree"
+
+
+LAND_ACTIONS = ("merge", "discard", "keep")
+
+
+def land_job(cfg: Config, job_id: Any, action: Any) -> tuple[JobView, str]:
+    """hermes_land: what becomes of a finished worktree job's work. merge applies it to the repository's main
+    tree (a merge of its work when that tree is clean and on the base's branch, else its patch applied
+    three-way to the working tree), refusing on a conflict with the tree left as it was; discard drops the
+    worktree and its branch; keep leaves both to retention. The same action again answers what was done;
+    another after merge or discard is refused. Returns the job and what was done."""
+    if action not in LAND_ACTIONS:
+        raise Refused(f'action must be "merge", "discard" or "keep", got {shown(action, 40)}')
+    view = job_view(cfg, job_id)
+    record, store = view.record, JobStore.of(cfg)
+    worktree = record.worktree
+    if not worktree:
+        raise Refused(f"job {record.id} ran in its folder (isolation \"none\"): its changes are already there, "
+                      "there is nothing to land")
+    if view.running or (view.state is JobState.ORPHANED and running_process(record.hermes) is not None):
+        raise Refused(f"job {record.id} is still running: wait for it (hermes_status) or cancel it (hermes_cancel), "
+                      "then land it")
+    if record.landed:
+        if record.landed["action"] == action:
+            return view, f"already done{clock_words(record.landed.get('at'))}: {record.landed['how']}"
+        if record.landed["action"] != "keep":
+            raise Refused(f"job {record.id}'s work was already {record.landed['action']}d"
+                          f"{clock_words(record.landed.get('at'))} ({record.landed['how']}); nothing was changed")
+    if "work" not in worktree:  # its supervisor died before saving it
+        save_worktree_work(store, record)
+    if "work" not in worktree and action == "merge":
+        raise Refused(f"job {record.id}'s worktree {worktree['path']} is gone and its work was never saved: "
+                      "there is nothing to merge")
+    try:
+        if action == "merge":
+            how = merge_work(store, record)
+        elif action == "discard":
+            how = discard_work(store, record)
+        else:
+            how = (f"left as it is; retention removes the worktree and its branch {cfg.retention_days:g} days after "
+                   "the job (the patch file goes with the job)")
+    except GitFailed as exc:
+        raise Refused(f"git refused: {exc}; the main tree was left as it was") from None
+    except LockTimeout:
+        raise Refused("another job or landing is changing this repository; try again in a moment") from None
+    landed = {"action": action, "how": how, "at": time.time()}
+
+    def note(stored: JobRecord) -> None:
+        stored.landed = landed
+        stored.worktree = worktree
+        stored.diff = stored.diff or record.diff
+        stored.changes = stored.changes or record.changes
+    store.update(record.id, note, final_too=True)
+    audit(cfg, event="land", job_id=record.id, action=action, how=how)
+    return observe(store.read(record.id), store.root), how
+
+
+def merge_work(store: JobStore, record: JobRecord) -> str:
+    """The job's work into the main tree, or Refused naming the conflicting paths with the tree untouched."""
+    worktree = cast(dict[str, Any], record.worktree)
+    top, work = worktree["repo"], worktree["work"]
+    with repo_lock(store, top):
+        clean = not git(top, "status", "--porcelain", "-z", "--untracked-files=all").stdout
+        branch = git(top, "symbolic-ref", "--quiet", "--short", "HEAD", check=False).stdout.decode().strip()
+        on_base = clean and branch and branch == worktree.get("base_branch")
+        ours = "HEAD" if on_base else tree_commit(top, "HEAD", store.locks / f"{record.id}.index",
+                                                  f"claude-hermes-bridge: the working tree before landing {record.id}")
+        merged = git(top, "merge-tree", "--write-tree", "-z", "--name-only", "--no-messages", ours, work, check=False)
+        if merged.returncode not in (0, 1):
+            raise GitFailed(f"git merge-tree failed (exit {merged.returncode}; it needs git 2.38 or later): "
+                            f"{shown(merged.stderr.decode('utf-8', 'replace').strip(), 300)}")
+        fields = merged.stdout.decode("utf-8", "replace").split("\0")
+        if merged.returncode == 1:
+            conflicts = sorted({name for name in fields[1:] if name})
+            raise Refused(f"the job's work conflicts with the main tree in {plural(len(conflicts), 'path')}: "
+                          f"{', '.join(shown(name, 200) for name in conflicts[:50])}. Nothing was changed; resolve "
+                          f"it by hand from the patch ({record.diff['patch'] if record.diff else 'none'}) or resume "
+                          "the job to rework it")
+        if on_base:
+            git(top, "merge", "--no-edit", "-m", f"Merge {worktree['branch']} (claude-hermes-bridge job {record.id})",
+                work, env=BRIDGE_IDENTITY if not git_identity(top) else None)
+            how = f"merged into {branch} ({git_text(top, 'rev-parse', '--short', 'HEAD')})"
+        else:
+            patch = git(top, "diff", "--binary", "--no-color", "--no-ext-diff", ours, fields[0]).stdout
+            git(top, "apply", "--whitespace=nowarn", "-", given=patch)
+            where = "had uncommitted changes" if not clean else f"was on {branch or 'a detached HEAD'}, not on " \
+                f"{worktree.get('base_branch') or 'the base'}"
+            how = (f"applied three-way to the working tree of {top}, not committed (the main tree {where}); "
+                   "review and commit it there")
+    remove_worktree(store, worktree, branch_too=False, job_id=record.id)
+    return how + f"; the worktree was removed, branch {worktree['branch']} stays until retention"
+
+
+def git_identity(top: str) -> bool:
+    """Whether the repository (or the user) names a committer, as a merge commit needs."""
+    return git(top, "config", "user.email", check=False).returncode == 0
+
+
+def discard_work(store: JobStore, record: JobRecord) -> str:
+    worktree = cast(dict[str, Any], record.worktree)
+    remove_worktree(store, worktree, branch_too=True, job_id=record.id)
+    return f"the worktree and branch {worktree['branch']} were removed (the patch file stays with the job)"
 
 
 def list_jobs(cfg: Config, limit: int | None, state: str | None) -> str:
@@ -5239,6 +5796,7 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
         "JOBS_SURVIVE_HOST: " + ("yes" if survives else "NO: the host's job object forbids breakaway, so jobs "
                                  "die when the host closes"),
         f"JOBS: {job_counts(store)}",
+        f"WORKTREES: {worktree_count(store)}",
         f"CONFIG: {shown(str(cfg.path))} ({plural(len(cfg.problems), 'problem')})",
     ]
     if at_start is not None and cfg.file_stamp != at_start.file_stamp:
@@ -5365,9 +5923,9 @@ async def resume_tool(cfg: Config, session_id: Any, arguments: LaunchArguments, 
     """A resume runs where Hermes recorded the session: that folder is confined, and reported (the record
     keeps the note, so every later status says it)."""
     target = await off_loop(resolve_resume, cfg, session_id, arguments.cwd)
-    session, folder = target.value
+    session, folder, worktree = target.value
     launch = await off_loop(job_request, cfg, "resume", dataclasses.replace(arguments, cwd=folder), session,
-                            "; ".join(target.notes) or None)
+                            "; ".join(target.notes) or None, worktree)
     return await launch_and_wait(cfg, launch, wait_s, progress, ask_user)
 
 
@@ -5431,6 +5989,11 @@ async def cancel_tool(cfg: Config, job_id: Any, progress: Progress | None = None
         view = await wait_for_end(cfg, view.record.id, min(cfg.kill_grace_s + 5, cfg.max_wait_s), progress,
                                   questions_end_wait=False)
     return await off_loop(status_result, view, cfg, [note])
+
+
+async def land_tool(cfg: Config, job_id: Any, action: Any) -> ToolResult:
+    view, how = await off_loop(land_job, cfg, job_id, action)
+    return await off_loop(status_result, view, cfg, [f"{action}: {how}"])
 
 
 async def listing_tool(fn: Callable[..., str], cfg: Config, *args: Any) -> ToolResult:
@@ -5728,8 +6291,16 @@ def user_asker(ctx: Any, tasks: JobTasks) -> AskUser | None:
     return ask
 
 
+def hints(read_only: bool, destructive: bool, idempotent: bool, open_world: bool) -> Any:
+    """A tool's annotations by the protocol's (camelCase) names, which both lines validate."""
+    from mcp.types import ToolAnnotations
+
+    return ToolAnnotations.model_validate({"readOnlyHint": read_only, "destructiveHint": destructive,
+                                           "idempotentHint": idempotent, "openWorldHint": open_world})
+
+
 def build_server(cfg: Config, edge: McpEdge) -> Any:
-    """The MCP server: the nine registrations over the bodies above. The only place tools meet MCP."""
+    """The MCP server: the ten registrations over the bodies above. The only place tools meet MCP."""
     import inspect
 
     from mcp.types import CallToolResult, ToolAnnotations
@@ -5738,10 +6309,6 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
     skill_index = SkillIndex()
     mcp = edge.new_server(server_instructions(cfg), tasks)
 
-    def hints(read_only: bool, destructive: bool, idempotent: bool, open_world: bool) -> ToolAnnotations:
-        """By the protocol's (camelCase) names, which both lines validate."""
-        return ToolAnnotations.model_validate({"readOnlyHint": read_only, "destructiveHint": destructive,
-                                               "idempotentHint": idempotent, "openWorldHint": open_world})
     read_only = hints(read_only=True, destructive=False, idempotent=True, open_world=False)
     launches = hints(read_only=False, destructive=False, idempotent=False, open_world=True)
     destructive = hints(read_only=False, destructive=True, idempotent=True, open_world=False)
@@ -5766,13 +6333,18 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
     async def hermes_run(task: str, ctx: Any, cwd: str | None = None, max_turns: int | None = None,
                          timeout_s: float | None = None, wait_s: float | None = None,
                          skills: list[str] | str | None = None, toolsets: list[str] | str | None = None,
-                         max_tokens: int | None = None, max_cost_usd: float | None = None) -> CallToolResult:
+                         max_tokens: int | None = None, max_cost_usd: float | None = None,
+                         isolation: str | None = None, isolation_base: str | None = None) -> CallToolResult:
         """Start a fresh Hermes job in cwd (an absolute folder inside the allowed roots). Returns the result
         if it ends within wait_s (default 5 s), else STATUS: running and a JOB_ID to pass to hermes_status.
         The task must be self-contained: absolute paths and a definition of done. max_tokens and
-        max_cost_usd (Hermes' estimate) are budgets: past one the job is stopped and ends over_budget."""
+        max_cost_usd (Hermes' estimate) are budgets: past one the job is stopped and ends over_budget.
+        isolation "worktree" runs the job in a git worktree of its own (cwd must be in a repository): its
+        work lands only through hermes_land; isolation_base "working-tree" starts it from the user's
+        uncommitted files too (default: HEAD)."""
         wait, ask = 0 if tasks.as_task() else wait_s, user_asker(ctx, tasks)
-        arguments = LaunchArguments(task, cwd, max_turns, timeout_s, skills, toolsets, max_tokens, max_cost_usd)
+        arguments = LaunchArguments(task, cwd, max_turns, timeout_s, skills, toolsets, max_tokens, max_cost_usd,
+                                    isolation, isolation_base)
         return await respond("hermes_run", lambda cfg: run_tool(cfg, arguments, wait, ctx.report_progress, ask), task)
 
     @tool(launches, "Continue a Hermes session")
@@ -5838,6 +6410,14 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
         """Stop a running job and its whole process tree; the job ends as cancelled. Work may be part-done."""
         return await respond("hermes_cancel", lambda cfg: cancel_tool(cfg, job_id, ctx.report_progress))
 
+    @tool(destructive, "Land a worktree job's work")
+    async def hermes_land(job_id: str, action: str) -> CallToolResult:
+        """What becomes of a finished worktree job's work (its WORKTREE, DIFF and PATCH lines): "merge"
+        applies it to the repository's main tree (refused on a conflict, naming the paths, with the tree left
+        as it was), "discard" removes the worktree and its branch, "keep" leaves them for retention. Show the
+        user the DIFF and ask first."""
+        return await respond("hermes_land", lambda cfg: land_tool(cfg, job_id, action))
+
     return mcp
 
 
@@ -5901,6 +6481,7 @@ async def serve(protocol_fds: tuple[int, int]) -> None:
     sys.stderr.flush()
     edge = McpEdge()
     server = build_server(cfg, edge)
+    threading.Thread(target=recover_worktrees, args=(cfg,), name="recover worktrees", daemon=True).start()
     release_freed_memory()
     lines = ProtocolLines(TextIOWrapper(os.fdopen(protocol_fds[0], "rb"), encoding="utf-8", errors="replace"))
     stdin = anyio.wrap_file(cast(Any, lines))

@@ -240,12 +240,34 @@ class Agent:
                     return {"stopReason": "cancelled"}
             update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "tc-2", "status": "completed",
                              "content": text("slept")})
+        file_work(todo, self.cwd)
         answer = f"FAKE ANSWER: {prompt[:60]}{extra}" + (f" chose={','.join(self.chosen)}" if self.chosen else "")
         for part in [answer[:10]] + [answer[i:i + 65536] for i in range(10, len(answer), 65536)]:
             update(session, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": part}})
         update(session, {"sessionUpdate": "usage_update", "used": 1234, "size": 256000})
         self.store.add_answer(session, answer)
         return {"stopReason": "end_turn", "usage": {"inputTokens": 20, "outputTokens": 10, "totalTokens": 30}}
+
+
+def file_work(todo: dict[str, str], folder: str) -> None:
+    """What both forms do to files, in folder: !write=REL:TEXT (\\n in TEXT for a line break: directives are
+    words), !delete=REL, !commit=MSG (git add -A and commit, as Hermes' shell would), !uncommitted=REL:TEXT
+    (written after that commit)."""
+    def write(value: str) -> None:
+        rel, _, content = value.partition(":")
+        with open(os.path.join(folder, rel), "w") as handle:
+            handle.write(content.replace("\\n", "\n"))
+    if "write" in todo:
+        write(todo["write"])
+    if "delete" in todo:
+        os.remove(os.path.join(folder, todo["delete"]))
+    if "commit" in todo:
+        identity = {"GIT_AUTHOR_NAME": "hermes", "GIT_AUTHOR_EMAIL": "hermes@test", "GIT_COMMITTER_NAME": "hermes",
+                    "GIT_COMMITTER_EMAIL": "hermes@test"}
+        for command in (["git", "add", "-A"], ["git", "commit", "-q", "-m", todo["commit"] or "hermes' work"]):
+            subprocess.run(command, cwd=folder, check=True, env={**os.environ, **identity})
+    if "uncommitted" in todo:
+        write(todo["uncommitted"])
 
 
 def main(argv: list[str], store: Any, trace: str) -> int:

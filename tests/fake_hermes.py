@@ -10,10 +10,11 @@ and a resume moves to the session's recorded folder whatever it was started in, 
 `↻ Working directory: DIR` on stderr.
 
 Directives (words in the task): !sleep=S  !exit=N  !print=BYTES  !longline=BYTES  !binary  !ansi
-!write=REL:TEXT  !delete=REL  !tool-sleep=S  !announce-move=DIR  !double-fork  !rate-limited  !model-down
+!write=REL:TEXT (\\n: a line break)  !delete=REL  !commit=MSG (git add -A, commit)  !uncommitted=REL:TEXT (after it)
+!tool-sleep=S  !announce-move=DIR  !double-fork  !rate-limited  !model-down
 !calls=N (N API calls, see api_calls)
 !grandchild=S (a tool process in its own session that starts one more of its own)
-!ignore-term (this process and its descendants ignore SIGTERM)  !session=ID  !fresh-session  !stdout-noise
+!ignore-term (this process and its descendants ignore SIGTERM and SIGINT)  !session=ID  !fresh-session  !stdout-noise
 !escape (a tool that drops the job's environment and double-forks into a new session: `env -i sh -c
 '(setsid sleep 300 &)'`; its pid is traced)  !store-fifo=SUFFIX (after its last row, makes state.db+SUFFIX a
 FIFO, as a hostile job could: -journal, -wal, or "" for the database itself)
@@ -43,6 +44,7 @@ import os, signal, subprocess, sys, time
 trace, seconds, ignore, depth = sys.argv[1], float(sys.argv[2]), sys.argv[3] == '1', int(sys.argv[4])
 if ignore:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 if trace:
     open(os.path.join(trace, f'{os.getpid()}.child'), 'w').write(str(depth))
 if depth < 2:
@@ -199,12 +201,15 @@ def trace_run(trace: str, argv: list[str], task: str) -> None:
         os.replace(os.path.join(trace, f".{os.getpid()}.tmp"), os.path.join(trace, f"{os.getpid()}.json"))
 
 
+def stopped_by(signum: int, _frame: object) -> None:
+    print(f"fake hermes: stopped by {signal.Signals(signum).name}", flush=True)
+    sys.exit(130)
+
+
 def start_processes(todo: dict[str, str], trace: str) -> None:
     """The directives that leave processes behind, or announce a move, before any work."""
-    if "ignore-term" in todo:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    else:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(130))
+    for polite in (signal.SIGTERM, signal.SIGINT):  # the real CLI exits 130 on either, after its session line
+        signal.signal(polite, signal.SIG_IGN if "ignore-term" in todo else stopped_by)
     if "announce-move" in todo:  # what a resume that restores another folder prints
         print(f"↻ Working directory: {todo['announce-move']}", file=sys.stderr, flush=True)
     if "double-fork" in todo:  # a tool whose child outlives it, re-parented away from Hermes
@@ -264,12 +269,7 @@ def do_work(todo: dict[str, str], session: str, task: str, max_turns: int | None
         record_turn(session, tool_command=f"sleep {todo['tool-sleep']}")
         time.sleep(float(todo["tool-sleep"]))
         record_turn(session, tool_result_for="call_1")
-    if "write" in todo:
-        rel, _, text = todo["write"].partition(":")
-        with open(rel, "w") as handle:
-            handle.write(text)
-    if "delete" in todo:
-        os.remove(todo["delete"])
+    fake_acp.file_work(todo, os.getcwd())
     deadline = time.time() + float(todo.get("sleep") or 0)
     while time.time() < deadline:
         time.sleep(min(0.1, max(0.0, deadline - time.time())))

@@ -36,6 +36,11 @@ def test_a_token_budget_stops_the_job_as_over_budget(bridge, driver):
     assert 3000 < spent["tokens_in"] + spent["tokens_out"] <= 3000 + 3 * PER_CALL, spent
     assert "SPEND: " in result.text and "of 3,000" in result.field("SPEND")
     assert "Work may be part-done" in result.text
+    if driver == "cli":  # stopped as at a terminal first: Ctrl-C, and Hermes ends its turn by itself
+        log = bridge.jobs / f"{result.field('JOB_ID')}.log"
+        assert "fake hermes: stopped by SIGINT" in log.read_text(), log.read_text()[-2000:]
+        assert result.field("EXIT_CODE") == "130"
+        assert "Hermes stopped when asked (Ctrl-C: SIGINT to its process group)" in reason, reason
 
 
 @pytest.mark.parametrize("driver", ["cli", "acp"])

@@ -650,7 +650,7 @@ def test_check_passes_on_a_good_install(bridge):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "CHECK: OK" in done.stdout
-    assert "tools: 9 (exactly the declared tools)" in done.stdout
+    assert "tools: 10 (exactly the declared tools)" in done.stdout
 
 
 @pytest.mark.posix("the fake hermes is a shell script")

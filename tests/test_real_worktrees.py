@@ -1,0 +1,82 @@
+"""Issue 30 against the real Hermes 0.19.0, 0.20.1 and 0.22.2 over the CLI, and 0.19.0 and 0.22.2 over ACP,
+driven by the scripted model: a job that edits and commits in its worktree, a resume that goes on there, a
+merge, a conflict refused, a discard. Hermes' terminal runs the git commands the model asks for, as a real
+model would."""
+from typing import Any
+
+import pytest
+from test_real_hermes import write_hermes_home
+from test_worktrees import git, make_repo, state_of
+
+from conftest import require_component
+from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, BridgeClient, refused, wait_until
+from scripted_model import ScriptedModel
+
+pytestmark = pytest.mark.posix("the e2e install (tests/install_e2e.sh) is a bash script with POSIX venv paths")
+
+COMMIT = "git -c user.name=hermes -c user.email=hermes@test commit -qam"
+WAYS = [(version, "cli") for version in sorted(REAL_HERMES_VERSIONS)] + [(version, "acp")
+                                                                         for version in REAL_ACP_VERSIONS]
+
+
+@pytest.fixture(params=WAYS, ids=lambda way: f"hermes-{way[0]}-{way[1]}")
+def real_git(bridge, request):
+    version, driver = request.param
+    exe = require_component(REAL_HERMES_VERSIONS[version], f"the real Hermes CLI {version}")
+    home = bridge.tmp / "real-home"
+    with ScriptedModel(bridge.tmp) as model:
+        write_hermes_home(home, model.base_url)
+        bridge.configure(hermes_exe=str(exe), hermes_home=str(home), kill_grace_s=5, hermes_driver=driver)
+        with bridge.client() as client:
+            yield bridge, make_repo(bridge.root / "repo"), client
+
+
+def final_of(client: BridgeClient, result: Any, timeout: float = 150) -> Any:
+    job_id = result.field("JOB_ID")
+    return wait_until(lambda: r if (r := client.call("hermes_status", job_id=job_id, wait_s=10)).field("STATUS")
+                      != "running" else None, timeout, f"job {job_id} to end")
+
+
+def test_hermes_edits_and_commits_in_its_worktree_a_resume_goes_on_there_and_a_merge_lands_it(real_git):
+    bridge, repo, client = real_git
+    before = state_of(repo)
+    steps = ("Edit and commit.\nRUN: printf 'one\\ntwo\\nTHREE\\n' > a.txt && git add -A && "
+             f"{COMMIT} 'three in capitals' && echo committed\nRUN: echo bee > b.txt && echo left")
+    first = final_of(client, client.call("hermes_run", task=steps, cwd=str(repo), isolation="worktree", wait_s=45))
+    assert first.field("STATUS") == "ok", first.text
+    worktree = bridge.jobs / "worktrees" / first.field("JOB_ID")
+    assert first.field("CWD") == str(worktree)
+    assert git(worktree, "log", "-1", "--format=%s") == "three in capitals"
+    assert first.field("DIFF").startswith("2 files changed, +2 -1"), first.field("DIFF")
+    assert state_of(repo) == before and not (repo / "b.txt").exists()
+
+    resumed = final_of(client, client.call("hermes_resume", session_id=first.field("SESSION_ID"), wait_s=45,
+                                           task="More.\nRUN: echo sea > c.txt && echo more"))
+    assert resumed.field("STATUS") == "ok", resumed.text
+    assert resumed.field("CWD") == str(worktree), resumed.text
+    assert (worktree / "c.txt").read_text() == "sea\n" and not (repo / "c.txt").exists()
+    assert resumed.field("DIFF").startswith("3 files changed"), resumed.field("DIFF")
+
+    merged = client.call("hermes_land", job_id=resumed.field("JOB_ID"), action="merge")
+    assert merged.field("STATUS") == "ok" and "merged into main" in merged.field("LANDED"), merged.text
+    assert (repo / "a.txt").read_text() == "one\ntwo\nTHREE\n"
+    assert (repo / "b.txt").read_text() == "bee\n" and (repo / "c.txt").read_text() == "sea\n"
+    assert git(repo, "status", "--porcelain") == "" and not worktree.exists()
+
+
+def test_a_conflicting_job_is_refused_and_then_discarded(real_git):
+    bridge, repo, client = real_git
+    steps = f"Change a.\nRUN: echo hermes > a.txt && {COMMIT} 'hermes version' && echo done"
+    job = final_of(client, client.call("hermes_run", task=steps, cwd=str(repo), isolation="worktree", wait_s=45))
+    assert job.field("STATUS") == "ok", job.text
+    (repo / "a.txt").write_text("the user's\n")
+    git(repo, "commit", "-qam", "the user's version")
+    before = state_of(repo)
+    conflict = client.call("hermes_land", job_id=job.field("JOB_ID"), action="merge")
+    assert refused(conflict) and "conflicts with the main tree in 1 path: a.txt" in conflict.text, conflict.text
+    assert state_of(repo) == before
+    discarded = client.call("hermes_land", job_id=job.field("JOB_ID"), action="discard")
+    assert discarded.field("STATUS") == "ok", discarded.text
+    assert not (bridge.jobs / "worktrees" / job.field("JOB_ID")).exists()
+    assert git(repo, "branch", "--list", "hermes-bridge/*") == ""
+    assert (repo / "a.txt").read_text() == "the user's\n"
