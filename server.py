@@ -4201,7 +4201,7 @@ class Supervisor:
             wait_s = min(wait_s * 2, OUTCOME_RETRY_MAX_WAIT_S)
 
 
-SPEND_EVERY_S = 0.2  # how often a supervisor with a budget reads the spend from Hermes' store: every poll
+SPEND_EVERY_S = 0.5  # how often a supervisor with a budget looks at Hermes' store: a model call takes longer
 OUTCOME_RETRY_S = 1800.0
 OUTCOME_RETRY_FIRST_S = 0.25
 OUTCOME_RETRY_MAX_WAIT_S = 5.0

@@ -116,7 +116,7 @@ def run_until_pid(bridge: Bridge, client: BridgeClient, runs: int) -> tuple[Row,
 
 
 def spend_reading(bridge: Bridge, client: BridgeClient, seconds: float) -> Row:
-    """Issue 29: a supervisor with a budget looks at Hermes' store five times a second, and reads it when it has
+    """Issue 29: a supervisor with a budget looks at Hermes' store twice a second, and reads it when it has
     changed. Two jobs run side by side, each making an API call every 0.3 s (a worst case: a real model takes
     seconds); one has budgets it never reaches, the other none (its spend is read once, at the end). Each figure
     is a supervisor's CPU time per minute over the same stretch of both runs."""
