@@ -6045,7 +6045,10 @@ TASK_FAILED_STATES = frozenset({JobState.ERROR, JobState.TIMEOUT, JobState.OVER_
 TERMINAL_TASKS_KEPT = 10000
 APPROVAL_FORM = {"type": "object", "required": ["allow"],
                  "properties": {"allow": {"type": "boolean", "title": "Allow",
-                                          "description": "Allow it (true) or deny it (false)"}}}
+                                          "description": "Allow it (true) or deny it (false)"},
+                                "for_this_job": {"type": "boolean", "title": "Allow for the rest of this job",
+                                                 "description": "With Allow: the same exact command, asked again "
+                                                                "in this job, is allowed too", "default": False}}}
 
 
 def iso_time(seconds: float) -> str:

@@ -117,17 +117,22 @@ def test_a_run_becomes_a_background_task_and_the_model_receives_its_completion(b
     assert "hermes_status" not in audit  # Claude Code polled the task itself; the model never called status
 
 
-def test_a_question_from_hermes_is_claude_codes_own_dialog_and_the_users_answer_reaches_hermes(bridge):
+@pytest.mark.parametrize(("keys", "task", "decided"), [
+    (("Space", "Down", "Down", "Enter"), "!ask=touch+asked.txt", ["allow"]),  # tick Allow, pass the second box
+    (("Space", "Down", "Space", "Down", "Enter"), "!ask-twice=touch+asked.txt", ["allow_for_job", "allow"]),
+], ids=["allow", "allow-for-the-rest-of-the-job"])
+def test_a_question_from_hermes_is_claude_codes_own_dialog_and_the_users_answer_reaches_hermes(bridge, keys, task,
+                                                                                              decided):
     claude = require_component(CLAUDE_CODE, f"Claude Code {CLAUDE_CODE_VERSION}")
     bridge.configure(approvals="ask", approval_timeout_s=120)
     with FakeAnthropic(bridge.tmp) as api:
         session = ClaudeInTmux(bridge, claude, api.base_url, FAKE_HERMES_ACP="1")
         try:
-            ask_for_a_run(session, api, "!ask=touch+asked.txt")
+            ask_for_a_run(session, api, task)
             dialog = wait_until(lambda: s if "requests your input" in (s := session.screen()) else None, 60,
                                 "Claude Code's dialog for the task's input request")
             assert not (bridge.root / "asked.txt").exists()
-            for key in ("Space", "Down", "Enter"):  # tick "Allow", move to Accept, press it
+            for key in keys:
                 session.tmux("send-keys", "-t", "0", key)
                 time.sleep(0.5)
             notification = wait_until(lambda: notification_of(api.requests()), 60, "the task's notification")
@@ -135,9 +140,13 @@ def test_a_question_from_hermes_is_claude_codes_own_dialog_and_the_users_answer_
             session.close()
     job_id = notification.split("<summary>MCP task ", 1)[1].split(" ", 1)[0]
     assert f"Hermes (job {job_id}) asks to run `touch asked.txt` (dangerous)" in dialog
+    assert "Allow for the rest of this job" in dialog
     assert "Hermes denies this by itself at" in dialog  # the deadline, in Claude Code's own dialog (issue 28)
     record = bridge.record(job_id)
     assert record.state.value == "ok" and (bridge.root / "asked.txt").exists()
-    assert [(d["decision"], d["by"]) for d in record.decisions] == [("allow", "the user (elicitation)")]
+    assert [d["decision"] for d in record.decisions] == decided
+    assert record.decisions[0]["by"] == "the user (elicitation)"
+    if len(decided) == 2:  # the same command asked again: allowed by the bridge, for the user's first answer
+        assert record.decisions[1]["by"].startswith("the bridge: allowed for this job (first allowed at ")
     assert "STATUS: ok" in notification  # Claude Code escapes the result for its XML-like wrapper
-    assert "-> allow by the user (elicitation)" in html.unescape(notification)
+    assert f"-> {decided[0]} by the user (elicitation)" in html.unescape(notification)
