@@ -2397,23 +2397,35 @@ def session_usage(db: Any, session_id: str) -> Usage | None:
 def session_spend(db: Any, session_id: str) -> dict[str, Any] | None:
     """What a session and the child sessions it started have spent, as Hermes counts it after every API call:
     API calls, tokens in and out, its cost estimate, and whether it could price every call (cost_status
-    'unknown' is no price, not a zero cost). Columns a Hermes does not have count as absent."""
+    'unknown' is no price, not a zero cost). Where Hermes keeps session_model_usage (0.22), a session's rows
+    there count, for they hold its side calls too (title generation, compression) that its sessions row
+    leaves out; elsewhere its sessions row. Columns a Hermes does not have count as absent."""
     columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
     ids = [session_id]
     if "parent_session_id" in columns:
         ids += [row[0] for row in db.execute("SELECT id FROM sessions WHERE parent_session_id = ? LIMIT 100",
                                              (session_id,)) if isinstance(row[0], str)]
+    marks = ",".join("?" * len(ids))
     cost = "estimated_cost_usd, cost_status" if {"estimated_cost_usd", "cost_status"} <= columns else "NULL, NULL"
-    rows = db.execute(f"SELECT api_call_count, input_tokens, output_tokens, {cost}, model FROM sessions WHERE id IN "
-                      f"({','.join('?' * len(ids))})", ids).fetchall()
+    rows = db.execute(f"SELECT id, api_call_count, input_tokens, output_tokens, {cost}, model FROM sessions WHERE id "
+                      f"IN ({marks})", ids).fetchall()
     if not rows:
         return None
+    by_model: list[tuple[Any, ...]] = []
+    if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'session_model_usage'").fetchone():
+        by_model = db.execute("SELECT session_id, api_call_count, input_tokens, output_tokens, estimated_cost_usd, "
+                              f"cost_status, model FROM session_model_usage WHERE session_id IN ({marks}) LIMIT 10000",
+                              ids).fetchall()
+    itemised = {row[0] for row in by_model}
     spend: dict[str, Any] = {"api_calls": 0, "tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0, "priced": 1}
-    for calls, tokens_in, tokens_out, cost_usd, status, model in rows:
+    # a side call's row has no cost_status (0.22 writes none), only an estimate: unpriced is 'unknown' there
+    for (_, calls, tokens_in, tokens_out, cost_usd, status, model), unpriced in [
+            *((row, ("unknown",)) for row in by_model),
+            *((row, (None, "unknown")) for row in rows if row[0] not in itemised)]:
         spend["api_calls"] += store_counter(calls)
         spend["tokens_in"] += store_counter(tokens_in)
         spend["tokens_out"] += store_counter(tokens_out)
-        if is_number(cost_usd) and status not in (None, "unknown"):
+        if is_number(cost_usd) and status not in unpriced:
             spend["cost_usd"] += float(cost_usd)
         elif store_counter(calls):
             spend["priced"] = 0

@@ -150,3 +150,25 @@ def test_status_of_several_jobs_waits_for_any_or_all_and_gives_each_ended_jobs_b
     assert f"=== {slow} ===\nSTATUS: ok" in everyone.text
     refused(bad, 'until must be "any" or "all"')
     assert single.field("STATUS") == "ok" and single.field("JOB_ID") == quick
+
+
+def test_the_spend_counts_side_calls_that_only_session_model_usage_holds_and_child_sessions(tmp_path):
+    """Hermes 0.22 keeps title generation and compression calls in session_model_usage alone (no cost_status
+    there): they count, and do not make a priced session unpriced; a child session counts too. A store without
+    the table (0.19, 0.20) is read from its sessions rows."""
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.execute("CREATE TABLE sessions (id TEXT PRIMARY KEY, parent_session_id TEXT, model TEXT, api_call_count "
+               "INTEGER, input_tokens INTEGER, output_tokens INTEGER, estimated_cost_usd REAL, cost_status TEXT)")
+    db.executemany("INSERT INTO sessions VALUES (?, ?, 'm', ?, ?, ?, ?, 'estimated')",
+                   [("main", None, 3, 300, 30, 0.03), ("child", "main", 1, 100, 10, 0.01)])
+    assert server.session_spend(db, "main") == {"api_calls": 4, "tokens_in": 400, "tokens_out": 40, "cost_usd": 0.04,
+                                                "priced": 1, "model": "m"}
+    db.execute("CREATE TABLE session_model_usage (session_id TEXT, model TEXT, task TEXT, api_call_count INTEGER, "
+               "input_tokens INTEGER, output_tokens INTEGER, estimated_cost_usd REAL, cost_status TEXT)")
+    db.executemany("INSERT INTO session_model_usage VALUES (?, 'm', ?, ?, ?, ?, ?, ?)",
+                   [("main", "", 3, 300, 30, 0.03, "estimated"), ("main", "title_generation", 1, 50, 5, 0.005, None)])
+    spend = server.session_spend(db, "main")
+    assert spend is not None and round(spend.pop("cost_usd"), 6) == 0.045
+    assert spend == {"api_calls": 5, "tokens_in": 450, "tokens_out": 45, "priced": 1, "model": "m"}
