@@ -124,6 +124,7 @@ IS_WINDOWS = os.name == "nt"
 TOOL_NAMES = (
     "hermes_run", "hermes_resume", "hermes_status", "hermes_jobs",
     "hermes_read", "hermes_capabilities", "hermes_health", "hermes_cancel", "hermes_approve", "hermes_land",
+    "hermes_view_job", "hermes_view_answer",
 )
 
 
@@ -1094,7 +1095,8 @@ LATE_KEY = "late"  # the answers file's list of late answers, which the supervis
 # allow_for_job: this question, and the same command (the exact text) asked again in this job, are allowed
 ANSWER_DECISIONS = ("allow", "deny", "allow_for_job")
 SESSION_OPTION = "allow_session"  # Hermes' "allow for this session" option, by its id
-ANSWERERS = {"user": "the user (elicitation)", "planner": "the planner (hermes_approve)"}  # who answered, in words
+ANSWERERS = {"user": "the user (elicitation)", "planner": "the planner (hermes_approve)",  # who answered, in words
+             "view": "the user (job view)"}
 TREE_KEPT = 20_000
 CHANGED_LINES = 50
 TEXT_FIELD_MAX_BYTES = 256 << 10  # Hermes' answer as the record keeps it, JSON-encoded
@@ -4820,6 +4822,7 @@ class ToolResult:
     job_id: str | None = None
     cwd: str | None = None
     reason: str | None = None
+    facts: dict[str, Any] | None = None  # the same facts as fields (structuredContent), for the job view
 
     @property
     def is_error(self) -> bool:
@@ -4829,8 +4832,36 @@ class ToolResult:
 def status_result(view: JobView, cfg: Config, notes: list[str] | None = None) -> ToolResult:
     """The status block with what the session store adds; reads the disk, so it runs off the event loop."""
     record = view.record
-    text = render_status(view, cfg, notes, job_details(cfg, view))
-    return ToolResult(text, view.shown_state, record.id, record.cwd, None if view.running else view.reason)
+    details = job_details(cfg, view)
+    text = render_status(view, cfg, notes, details)
+    return ToolResult(text, view.shown_state, record.id, record.cwd, None if view.running else view.reason,
+                      job_facts(view, details, notes or []))
+
+
+def job_facts(view: JobView, details: JobDetails, notes: list[str]) -> dict[str, Any]:
+    """What the status block says, as fields (the structuredContent a job view renders); every text that came
+    from disk or from Hermes escaped as in the block."""
+    record = view.record
+    questions = [{"id": shown(q["id"], 40), "what": shown(q["what"], 2400), "expires_at": q["expires_at"],
+                  "seconds_left": seconds_left(q), "deadline": deadline_words(q)}
+                 for q in view.pending_questions[:QUESTIONS_SHOWN]]
+    changes = record.changes or {}
+    return {"job_id": record.id, "status": view.shown_state, "running": view.running,
+            "cwd": shown(record.cwd, 1000), "elapsed_s": elapsed_s(record, view.running),
+            "timeout_s": record.timeout_s,
+            "deadline_at": (record.started_at or record.created_at) + record.timeout_s if view.running else None,
+            "reason": shown(view.reason, 2000) if view.reason and not view.running else None,
+            "activity": shown(details.activity, 400) if details.activity else None,
+            "current_tool": shown(details.current_tool, 400) if details.current_tool else None,
+            "spend": (spend_line(record) or [""])[0].removeprefix("SPEND: ") or None,
+            "changes": {"created": changes.get("created", 0), "modified": changes.get("modified", 0),
+                        "deleted": changes.get("deleted", 0),
+                        "lines": [shown(line, 400) for line in changes.get("lines", [])[:CHANGED_LINES]],
+                        "note": shown(changes["note"]) if "note" in changes else None},
+            "answer": clean_str(details.answer[:20000]) if details.answer and not view.running else None,
+            "questions": questions, "worktree": [line.split(": ", 1) for line in worktree_lines(record)],
+            "landable": bool(record.worktree and record.diff and not record.landed and not view.running),
+            "notes": [shown(note, 1000) for note in notes]}
 
 
 def refused_result(reason: str) -> ToolResult:
@@ -5846,7 +5877,10 @@ def server_instructions(cfg: Config) -> str:
         "- hermes_resume(session_id) continues a Hermes session (\"latest\" = the newest one captured).\n"
         "- hermes_cancel(job_id) stops a job and its whole process tree.\n"
         "- STATUS: needs_approval means Hermes asks before something it deems dangerous (APPROVAL line): ask the "
-        "user, then answer with hermes_approve(job_id, approval_id, decision). Never allow on your own.\n"
+        "user, then answer with hermes_approve(job_id, approval_id, decision). Never allow on your own. A host "
+        "that shows the job view lets the user answer there.\n"
+        "- isolation=\"worktree\" runs a job in a git worktree of its own: nothing reaches the user's tree until "
+        "hermes_land(job_id, \"merge\"); show the user the DIFF first (\"discard\" drops the work).\n"
         f"- Jobs may only start inside these folders: {roots}. hermes_read reads there and the job logs."
     )
 
@@ -5982,12 +6016,13 @@ async def status_of_many(cfg: Config, job_ids: Any, until: Any, wait_s: Any) -> 
     return ToolResult("\n".join(lines), "ok" if ended else "running")
 
 
-async def approve_tool(cfg: Config, job_id: Any, approval_id: Any, decision: Any) -> ToolResult:
-    """hermes_approve: the planner's answer to Hermes' question, relayed through the job's answer file; then
-    the job's block once the supervisor has taken it (a few seconds at most)."""
+async def approve_tool(cfg: Config, job_id: Any, approval_id: Any, decision: Any, by: str = "planner") -> ToolResult:
+    """hermes_approve (by the planner) and the job view's answer (by the user): the answer to Hermes' question,
+    relayed through the job's answer file; then the job's block once the supervisor has taken it (a few
+    seconds at most)."""
     import anyio
 
-    view = await off_loop(answer_approval, cfg, job_id, approval_id, decision, "planner")
+    view = await off_loop(answer_approval, cfg, job_id, approval_id, decision, by)
     deadline = time.monotonic() + APPROVAL_RELAY_S
     while view.running and any(q["id"] == approval_id for q in view.record.questions) and time.monotonic() < deadline:
         await anyio.sleep(0.2)
@@ -6001,6 +6036,21 @@ async def cancel_tool(cfg: Config, job_id: Any, progress: Progress | None = None
         view = await wait_for_end(cfg, view.record.id, min(cfg.kill_grace_s + 5, cfg.max_wait_s), progress,
                                   questions_end_wait=False)
     return await off_loop(status_result, view, cfg, [note])
+
+
+async def view_job_tool(cfg: Config, job_id: Any) -> ToolResult:
+    """The job view's poll: the block and its facts now, without waiting."""
+    return await off_loop(status_result, await off_loop(job_view, cfg, job_id), cfg)
+
+
+async def view_answer_tool(cfg: Config, tokens: "ViewTokens", job_id: Any, approval_id: Any, decision: Any,
+                           token: Any) -> ToolResult:
+    """The user's answer from the job view, which must carry a one-time token a result gave the view: a model
+    that calls this tool without one is refused (hermes_approve is the planner's way, recorded as such)."""
+    if not tokens.redeem(token):
+        raise Refused("this answer carries no valid one-time token of the job view; answer in the job view, or "
+                      "ask the user and use hermes_approve")
+    return await approve_tool(cfg, job_id, approval_id, decision, "view")
 
 
 async def land_tool(cfg: Config, job_id: Any, action: Any) -> ToolResult:
@@ -6306,6 +6356,41 @@ def user_asker(ctx: Any, tasks: JobTasks) -> AskUser | None:
     return ask
 
 
+# The job view (MCP Apps, io.modelcontextprotocol/ui): one self-contained page (job_view.html, beside this file)
+# that hermes_run, hermes_resume and hermes_status link to, and two tools only the view may call (the host keeps
+# them off the model's list). A host without apps ignores all of it and reads the text as before.
+JOB_VIEW_URI = "ui://claude-hermes-bridge/job"
+JOB_VIEW_MIME = "text/html;profile=mcp-app"
+VIEW_LINK = {"ui": {"resourceUri": JOB_VIEW_URI}, "ui/resourceUri": JOB_VIEW_URI}  # the flat key: older hosts
+APP_ONLY = {"ui": {"resourceUri": JOB_VIEW_URI, "visibility": ["app"]}}
+VIEW_TOKEN_S = 3600.0
+# beside server.py in a clone or a bundle; the wheel installs both files under longer names (pyproject.toml)
+JOB_VIEW_FILE = SERVER_DIR / ("claude_hermes_bridge_job_view.html" if SERVER_FILE.name.startswith("claude_hermes")
+                              else "job_view.html")
+
+
+class ViewTokens:
+    """One-time tokens a result carries in its _meta for the job view, which echoes one back with the user's
+    answer: the best a server can do to tell the view's click from the model calling the same tool (both are
+    tools/call on one connection; keeping app-only tools from the model is the host's part)."""
+
+    def __init__(self) -> None:
+        self.issued: dict[str, float] = {}
+
+    def issue(self) -> str:
+        import secrets
+
+        now = time.monotonic()
+        self.issued = {token: until for token, until in self.issued.items() if until > now}
+        token = secrets.token_urlsafe(18)
+        self.issued[token] = now + VIEW_TOKEN_S
+        return token
+
+    def redeem(self, token: Any) -> bool:
+        until = self.issued.pop(token, None) if isinstance(token, str) else None
+        return until is not None and until > time.monotonic()
+
+
 def hints(read_only: bool, destructive: bool, idempotent: bool, open_world: bool) -> Any:
     """A tool's annotations by the protocol's (camelCase) names, which both lines validate."""
     from mcp.types import ToolAnnotations
@@ -6314,13 +6399,49 @@ def hints(read_only: bool, destructive: bool, idempotent: bool, open_world: bool
                                            "idempotentHint": idempotent, "openWorldHint": open_world})
 
 
+def register_review(mcp: Any, tool: Callable[..., Callable[[Callable[..., Any]], Any]],
+                    respond: Callable[..., Awaitable[Any]], view_tokens: ViewTokens) -> None:
+    """What a person reviews a job with: hermes_land for a worktree job's work, and the job view (its page and
+    its two app-only tools)."""
+    from mcp.types import CallToolResult
+
+    destructive = hints(read_only=False, destructive=True, idempotent=True, open_world=False)
+    read_only = hints(read_only=True, destructive=False, idempotent=True, open_world=False)
+
+    def job_view_page() -> str:
+        return JOB_VIEW_FILE.read_text(encoding="utf-8")
+    mcp.resource(JOB_VIEW_URI, name="job view", title="Hermes job", mime_type=JOB_VIEW_MIME,
+                 description="A job's state, its question, Allow, Deny, Cancel, Merge, Discard")(job_view_page)
+
+    @tool(destructive, "Land a worktree job's work")
+    async def hermes_land(job_id: str, action: str) -> CallToolResult:
+        """What becomes of a finished worktree job's work (its WORKTREE, DIFF and PATCH lines): "merge"
+        applies it to the repository's main tree (refused on a conflict, naming the paths, with the tree left
+        as it was), "discard" removes the worktree and its branch, "keep" leaves them for retention. Show the
+        user the DIFF and ask first."""
+        return cast(CallToolResult, await respond("hermes_land", lambda cfg: land_tool(cfg, job_id, action)))
+
+    @tool(read_only, "Job view: the job now", APP_ONLY)
+    async def hermes_view_job(job_id: str) -> CallToolResult:
+        """For the job view only (the host keeps it off the model's list): the job's block and its facts."""
+        return cast(CallToolResult, await respond("hermes_view_job", lambda cfg: view_job_tool(cfg, job_id)))
+
+    @tool(destructive, "Job view: the user's answer", APP_ONLY)
+    async def hermes_view_answer(job_id: str, approval_id: str, decision: str, token: str) -> CallToolResult:
+        """For the job view only: the user's answer to Hermes' question, with the view's one-time token.
+        The model answers with hermes_approve instead."""
+        return cast(CallToolResult, await respond(
+            "hermes_view_answer", lambda cfg: view_answer_tool(cfg, view_tokens, job_id, approval_id, decision, token)))
+
+
 def build_server(cfg: Config, edge: McpEdge) -> Any:
-    """The MCP server: the ten registrations over the bodies above. The only place tools meet MCP."""
+    """The MCP server: the tools and the job view's page over the bodies above. The only place tools meet MCP."""
     import inspect
 
     from mcp.types import CallToolResult, ToolAnnotations
 
     tasks = JobTasks()
+    view_tokens = ViewTokens()
     skill_index = SkillIndex()
     mcp = edge.new_server(server_instructions(cfg), tasks)
 
@@ -6328,23 +6449,30 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
     launches = hints(read_only=False, destructive=False, idempotent=False, open_world=True)
     destructive = hints(read_only=False, destructive=True, idempotent=True, open_world=False)
 
-    def tool(annotations: ToolAnnotations, title: str) -> Callable[[Callable[..., Any]], Any]:
+    def tool(annotations: ToolAnnotations, title: str, meta: dict[str, Any] | None = None
+             ) -> Callable[[Callable[..., Any]], Any]:
         """Register a tool; its docstring, without the source's indentation, is the description. A `ctx`
         parameter gets the installed line's Context class, by which the SDK recognises it."""
         def register(fn: Callable[..., Any]) -> Any:
             if "ctx" in fn.__annotations__:
                 fn.__annotations__["ctx"] = edge.context_class
-            return mcp.tool(annotations=annotations, title=title, description=inspect.cleandoc(fn.__doc__ or ""))(fn)
+            return mcp.tool(annotations=annotations, title=title, description=inspect.cleandoc(fn.__doc__ or ""),
+                            meta=meta)(fn)
         return register
 
     async def respond(tool_name: str, body: Callable[[Config], Awaitable[ToolResult]],
                       task: Any = None) -> CallToolResult:
+        """The text as the model reads it; a job's facts as structuredContent, with a one-time token for the
+        job view in _meta."""
         outcome = await run_tool_body(tool_name, body, task)
         tasks.keep(outcome)
-        return CallToolResult.model_validate({"content": [{"type": "text", "text": outcome.text}],
-                                              "isError": outcome.is_error})
+        result: dict[str, Any] = {"content": [{"type": "text", "text": outcome.text}], "isError": outcome.is_error}
+        if outcome.facts is not None:
+            result.update(structuredContent=outcome.facts, _meta={"viewToken": view_tokens.issue()})
+        return CallToolResult.model_validate(result)
 
-    @tool(launches, "Run a task with Hermes")
+
+    @tool(launches, "Run a task with Hermes", VIEW_LINK)
     async def hermes_run(task: str, ctx: Any, cwd: str | None = None, max_turns: int | None = None,
                          timeout_s: float | None = None, wait_s: float | None = None,
                          skills: list[str] | str | None = None, toolsets: list[str] | str | None = None,
@@ -6362,7 +6490,7 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
                                     isolation, isolation_base)
         return await respond("hermes_run", lambda cfg: run_tool(cfg, arguments, wait, ctx.report_progress, ask), task)
 
-    @tool(launches, "Continue a Hermes session")
+    @tool(launches, "Continue a Hermes session", VIEW_LINK)
     async def hermes_resume(session_id: str, task: str, ctx: Any, cwd: str | None = None,
                             max_turns: int | None = None, timeout_s: float | None = None,
                             wait_s: float | None = None, max_tokens: int | None = None,
@@ -6376,7 +6504,7 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
         return await respond("hermes_resume",
                              lambda cfg: resume_tool(cfg, session_id, arguments, wait, ctx.report_progress, ask), task)
 
-    @tool(read_only, "Wait for a Hermes job")
+    @tool(read_only, "Wait for a Hermes job", VIEW_LINK)
     async def hermes_status(ctx: Any, job_id: str | None = None, wait_s: float | None = None,
                             job_ids: list[str] | None = None, until: str | None = None) -> CallToolResult:
         """Wait up to wait_s (default 30) for a job to end, then return its final block, or STATUS: running
@@ -6425,14 +6553,7 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
         """Stop a running job and its whole process tree; the job ends as cancelled. Work may be part-done."""
         return await respond("hermes_cancel", lambda cfg: cancel_tool(cfg, job_id, ctx.report_progress))
 
-    @tool(destructive, "Land a worktree job's work")
-    async def hermes_land(job_id: str, action: str) -> CallToolResult:
-        """What becomes of a finished worktree job's work (its WORKTREE, DIFF and PATCH lines): "merge"
-        applies it to the repository's main tree (refused on a conflict, naming the paths, with the tree left
-        as it was), "discard" removes the worktree and its branch, "keep" leaves them for retention. Show the
-        user the DIFF and ask first."""
-        return await respond("hermes_land", lambda cfg: land_tool(cfg, job_id, action))
-
+    register_review(mcp, tool, respond, view_tokens)
     return mcp
 
 
@@ -6553,6 +6674,11 @@ async def check_server(command: list[str], env: dict[str, str] | None = None,
                     tools = sorted(t.name for t in (await session.list_tools()).tools)
                     health_result = (await session.call_tool("hermes_health", {})
                                      if "hermes_health" in tools else None)
+                    try:
+                        page = (await session.read_resource(cast(Any, JOB_VIEW_URI))).contents
+                        page_text = getattr(page[0], "text", "") if page else ""
+                    except Exception as exc:  # noqa: BLE001 (the page's absence is reported, not raised)
+                        page_text = f"({exc})"
         except BaseException as exc:  # noqa: BLE001 (a cancelled scope or an exception group: report, do not crash)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -6566,11 +6692,17 @@ async def check_server(command: list[str], env: dict[str, str] | None = None,
     report.append(f"tools: {len(tools)} ({'exactly the declared tools' if ok else 'MISMATCH'})")
     if not ok:
         report.append(f"FAIL: expected {sorted(TOOL_NAMES)}, got {tools}")
+    if "<html" in page_text:
+        report.append(f"job view: {JOB_VIEW_URI}, {len(page_text):,} characters")
+    else:
+        ok = False
+        report.append(f"FAIL: the job view's page could not be read {page_text[:300]}; it ships beside server.py "
+                      "(job_view.html)")
     if health_result is None or either(health_result, "is_error"):
         report.append("FAIL: hermes_health did not succeed")
         return False, report
-    shown = ("HERMES_EXE", "HERMES_VERSION", "CLI_FLAGS", "CLI_COMMAND", "ALLOWED_ROOTS", "CONFIG", "  - ")
-    report.extend(line.strip() for line in result_text(health_result).splitlines() if line.startswith(shown))
+    kept = ("HERMES_EXE", "HERMES_VERSION", "CLI_FLAGS", "CLI_COMMAND", "ALLOWED_ROOTS", "CONFIG", "  - ")
+    report.extend(line.strip() for line in result_text(health_result).splitlines() if line.startswith(kept))
     return ok, report
 
 

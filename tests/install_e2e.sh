@@ -11,6 +11,8 @@
 #   .e2e/uv-venv          uv from PyPI: what Claude Desktop runs a bundle with, and uvx
 #   .e2e/claude-code      Claude Code from npm, pinned (driven interactively in tmux, which Debian's package
 #                         provides when it is missing)
+#   .e2e/view-host        the MCP Apps SDK's AppBridge and esbuild from npm, pinned: the job view's test host,
+#                         shown in Debian's chromium (installed when missing) through Python's Playwright
 # Safe to re-run: what is already installed is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +24,7 @@ INSPECTOR_VERSION="2.12.0"
 MCPB_VERSION="2.1.2"
 UV_VERSION="0.13.9"
 CLAUDE_CODE_VERSION="2.1.328"
+VIEW_HOST_PACKAGES="@modelcontextprotocol/ext-apps@2.0.4 @modelcontextprotocol/client@2.4.0 @modelcontextprotocol/core@2.4.0 zod@4.6.7 esbuild@0.28.2"
 PYTHON="${PYTHON:-python3}"
 
 # Each component installs on its own (they share nothing but the download caches), all at once: the
@@ -66,6 +69,20 @@ mcpb() { npm_package .e2e/mcpb "@anthropic-ai/mcpb@$MCPB_VERSION" .e2e/mcpb/node
 claude_code() {
   npm_package .e2e/claude-code "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" .e2e/claude-code/node_modules/.bin/claude
 }
+view_host() {
+  if [ ! -x .e2e/view-host/node_modules/.bin/esbuild ] || [ ! -e .e2e/view-host/node_modules/@modelcontextprotocol/ext-apps ]; then
+    echo "installing $VIEW_HOST_PACKAGES into .e2e/view-host"
+    mkdir -p .e2e/view-host
+    # shellcheck disable=SC2086  # one word per package
+    (cd .e2e/view-host && npm install --no-audit --no-fund --loglevel=error $VIEW_HOST_PACKAGES)
+  fi
+}
+chromium_browser() {  # Debian's; Playwright's own download is not reachable here
+  if ! command -v chromium >/dev/null; then
+    echo "installing chromium (Debian)"
+    apt-get install -y -qq chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+  fi
+}
 uv_tool() {
   if [ ! -x .e2e/uv-venv/bin/uv ]; then
     echo "installing uv==$UV_VERSION into .e2e/uv-venv"
@@ -76,7 +93,7 @@ uv_tool() {
 
 mkdir -p .e2e/install-logs
 declare -A installing
-for component in hermes019 hermes022 hermes020 inspector mcpb claude_code uv_tool; do
+for component in hermes019 hermes022 hermes020 inspector mcpb claude_code uv_tool view_host chromium_browser; do
   "$component" > ".e2e/install-logs/$component.log" 2>&1 &
   installing[$component]=$!
 done
@@ -100,6 +117,7 @@ echo "inspector: $LAUNCHER"
 echo "mcpb: $(.e2e/mcpb/node_modules/.bin/mcpb --version)"
 echo "uv: $(.e2e/uv-venv/bin/uv --version)"
 echo "claude code: $(.e2e/claude-code/node_modules/.bin/claude --version)"
+echo "view host: $(cd .e2e/view-host && npm ls --depth=0 2>/dev/null | grep -c @) packages; $(chromium --version 2>/dev/null)"
 
 if ! command -v tmux >/dev/null; then
   echo "installing tmux (Debian)"

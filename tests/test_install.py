@@ -79,9 +79,7 @@ def test_state_defaults_to_per_user_folders_and_health_prints_every_path(bridge)
     """A fresh install (a copy of server.py with no jobs/ beside it) keeps its state in per-user folders."""
     del bridge.settings["jobs_dir"], bridge.settings["logs_dir"]
     bridge.configure()
-    install = bridge.tmp / "install"
-    install.mkdir()
-    shutil.copy(SERVER, install / "server.py")
+    install = install_copy(bridge.tmp).parent
     env = dict(bridge.env, **user_dirs(bridge.tmp))
     with BridgeClient(env, command=[sys.executable, str(install / "server.py")]) as client:
         health = client.call("hermes_health")
@@ -91,15 +89,13 @@ def test_state_defaults_to_per_user_folders_and_health_prints_every_path(bridge)
     assert health.field("LOGS_DIR") == str(bridge.tmp / "state" / "claude-hermes-bridge" / "log")
     assert result.field("FULL_LOG").startswith(str(bridge.tmp / "state" / "claude-hermes-bridge" / "jobs"))
     assert (bridge.tmp / "state" / "claude-hermes-bridge" / "log" / "audit.log").exists()
-    assert sorted(p.name for p in install.iterdir()) == ["server.py"]  # nothing written beside it
+    assert sorted(p.name for p in install.iterdir()) == ["job_view.html", "server.py"]  # nothing written beside
 
 
 def test_a_clone_with_jobs_beside_server_py_keeps_answering_for_them(bridge):
     del bridge.settings["jobs_dir"]
     bridge.configure()
-    install = bridge.tmp / "install"
-    install.mkdir()
-    shutil.copy(SERVER, install / "server.py")
+    install = install_copy(bridge.tmp).parent
     command = [sys.executable, str(install / "server.py")]
     (install / "jobs").mkdir()
     env = dict(bridge.env, **user_dirs(bridge.tmp))
@@ -319,10 +315,12 @@ def user_env(tmp: Path, **extra: str) -> dict[str, str]:
 
 
 def install_copy(tmp: Path) -> Path:
-    """server.py alone in a folder, as a wheel or bundle has it: no config.json or config.example.json beside."""
+    """The server's two files alone in a folder, as a wheel or bundle has them: server.py and the job view's
+    page, no config.json or config.example.json beside."""
     folder = tmp / "install"
-    folder.mkdir()
+    folder.mkdir(exist_ok=True)
     shutil.copy(SERVER, folder / "server.py")
+    shutil.copy(REPO / "job_view.html", folder / "job_view.html")
     return folder / "server.py"
 
 
@@ -650,7 +648,7 @@ def test_check_passes_on_a_good_install(bridge):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "CHECK: OK" in done.stdout
-    assert "tools: 10 (exactly the declared tools)" in done.stdout
+    assert "tools: 12 (exactly the declared tools)" in done.stdout
 
 
 @pytest.mark.posix("the fake hermes is a shell script")

@@ -45,7 +45,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 @pytest.mark.posix("the fake hermes is a shell script")
-def test_tools_list_exactly_the_nine_tools_with_arguments_annotations_and_instructions(bridge):
+def test_tools_list_exactly_the_tools_with_arguments_annotations_and_instructions(bridge):
     with bridge.client() as client:
         tools = {tool.name: tool for tool in client.portal.call(client.session.list_tools).tools}
         assert set(tools) == set(EXPECTED_ARGS)
@@ -58,6 +58,8 @@ def test_tools_list_exactly_the_nine_tools_with_arguments_annotations_and_instru
             assert server.either(hints, "read_only_hint") is (name in READ_ONLY), name
         assert server.either(tools["hermes_cancel"].annotations, "destructive_hint") is True
         assert server.either(tools["hermes_approve"].annotations, "destructive_hint") is True
+        assert server.either(tools["hermes_land"].annotations, "destructive_hint") is True
+        assert server.either(tools["hermes_view_answer"].annotations, "destructive_hint") is True
         assert server.either(tools["hermes_run"].annotations, "idempotent_hint") is False
         assert server.either(tools["hermes_run"].annotations, "open_world_hint") is True
         instructions = client.init.instructions

@@ -1,0 +1,248 @@
+"""Issue 31: the job view, an MCP App. Its page and links as a host lists them (the official MCP client over
+stdio), and the page itself in a real headless Chromium (Debian's, through Playwright) inside a test host
+built from the MCP Apps SDK's own AppBridge (tests/view_host/host.js, bundled by esbuild at test time), whose
+tool calls go through the MCP client to the bridge: the handshake, a running job and its question with the
+whole command and its deadline, real clicks on Allow, Deny, Cancel, Merge and Discard, the buttons disabled
+when the host cannot pass tool calls, the default CSP in force, and a screenshot kept in test-artifacts/."""
+import functools
+import http.server
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_real_hermes import write_hermes_home
+from test_worktrees import git, make_repo
+
+import server
+from conftest import require_component
+from harness import E2E, REAL_HERMES_VERSIONS, REPO, Bridge, BridgeClient, refused, wait_until
+from scripted_model import ScriptedModel
+
+pytestmark = pytest.mark.posix("the view host is installed by tests/install_e2e.sh, a bash script")
+
+CHROMIUM = Path(shutil.which("chromium") or "/usr/bin/chromium")
+ESBUILD = E2E / "view-host" / "node_modules" / ".bin" / "esbuild"
+ARTIFACTS = REPO / "test-artifacts"
+
+
+@pytest.fixture(scope="module")
+def host_url(tmp_path_factory) -> Iterator[str]:
+    """The test host, bundled and served on 127.0.0.1 (a port of its own)."""
+    esbuild = require_component(ESBUILD, "esbuild and the MCP Apps SDK in .e2e/view-host")
+    folder = tmp_path_factory.mktemp("view-host")
+    shutil.copy(REPO / "tests" / "view_host" / "host.html", folder)
+    subprocess.run([str(esbuild), str(REPO / "tests" / "view_host" / "host.js"), "--bundle", "--format=iife",
+                    "--log-level=error", f"--outfile={folder / 'host.bundle.js'}"], check=True, timeout=60,
+                   env={**os.environ, "NODE_PATH": str(E2E / "view-host" / "node_modules")})
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    handler.log_message = lambda *_: None  # type: ignore[attr-defined]
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/host.html"
+    httpd.shutdown()
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    require_component(CHROMIUM, "Debian's chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+def raw_call(client: BridgeClient, tool: str, **arguments: Any) -> dict[str, Any]:
+    """A tool's whole result as a host gets it (text, structuredContent, _meta), as JSON."""
+    result = client.portal.call(client.session.call_tool, tool, arguments)
+    return result.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class View:
+    """The job view open in the test host, for one job's result."""
+
+    def __init__(self, browser: Any, host_url: str, client: BridgeClient, result: dict[str, Any],
+                 arguments: dict[str, Any], server_tools: bool = True):
+        self.page = browser.new_page(viewport={"width": 800, "height": 700})
+        self.console: list[str] = []
+        self.page.on("console", lambda message: self.console.append(message.text))
+        self.page.expose_function("hostCallTool", lambda name, args: raw_call(client, name, **args))
+        self.page.goto(host_url)
+        page_html = client.portal.call(client.session.read_resource, server.JOB_VIEW_URI).contents[0].text
+        self.page.evaluate("([html, input, result, tools]) => window.openView(html, input, result, tools)",
+                           [page_html, arguments, result, server_tools])
+        self.page.wait_for_function("window.viewInitialized === true", timeout=15000)
+        self.frame = self.page.frame_locator("#view")
+
+    def text(self, selector: str) -> str:
+        return self.frame.locator(selector).inner_text(timeout=15000)
+
+    def wait_status(self, status: str, timeout: float = 30) -> None:
+        self.frame.locator(f"#status.{status}").wait_for(timeout=timeout * 1000)
+
+    def click(self, selector: str) -> None:
+        self.frame.locator(selector).click(timeout=15000)
+
+    def screenshot(self, name: str) -> None:
+        ARTIFACTS.mkdir(exist_ok=True)
+        self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def asking_bridge(bridge: Bridge) -> BridgeClient:
+    bridge.configure(approvals="ask", approval_timeout_s=120, hermes_driver="acp")
+    client = bridge.client()
+    client.params.env = dict(bridge.env, FAKE_HERMES_ACP="1")
+    return client
+
+
+# ------------------------------------------------------------------ what a host lists (no browser)
+def test_the_page_and_the_links_are_what_an_apps_host_reads_and_app_only_tools_say_so(bridge):
+    with bridge.client() as client:
+        tools = {tool.name: tool for tool in client.portal.call(client.session.list_tools).tools}
+        resources = client.portal.call(client.session.list_resources).resources
+        page = client.portal.call(client.session.read_resource, server.JOB_VIEW_URI).contents[0]
+        result = raw_call(client, "hermes_run", task="!sleep=0 hello", wait_s=20)
+    meta = {name: tool.model_dump(by_alias=True).get("_meta") or {} for name, tool in tools.items()}
+    for name in ("hermes_run", "hermes_resume", "hermes_status"):
+        assert meta[name]["ui"]["resourceUri"] == server.JOB_VIEW_URI and meta[name]["ui/resourceUri"] == (
+            server.JOB_VIEW_URI)
+    for name in ("hermes_view_job", "hermes_view_answer"):
+        assert meta[name]["ui"]["visibility"] == ["app"]
+    assert "visibility" not in meta["hermes_approve"].get("ui", {})
+    listed = [r.model_dump(mode="json", by_alias=True) for r in resources]
+    assert [(r["uri"], r["mimeType"]) for r in listed] == [(server.JOB_VIEW_URI, "text/html;profile=mcp-app")]
+    read = page.model_dump(mode="json", by_alias=True)
+    assert read["mimeType"] == "text/html;profile=mcp-app" and read["text"] == (REPO / "job_view.html").read_text()
+    assert "http://" not in page.text.replace("http://www.w3.org", "") and "https://" not in page.text
+    facts = result["structuredContent"]
+    assert facts["job_id"] in result["content"][0]["text"] and facts["status"] == "ok"
+    assert isinstance(result["_meta"]["viewToken"], str)
+
+
+def test_an_answer_without_the_views_token_is_refused_and_the_question_still_waits(bridge):
+    with asking_bridge(bridge) as client:
+        job_id = client.call("hermes_run", task="!ask=touch+asked.txt", wait_s=0).field("JOB_ID")
+        question = wait_until(lambda: r if (r := raw_call(client, "hermes_view_job", job_id=job_id))[
+            "structuredContent"]["questions"] else None, 30, "the question")
+        approval_id = question["structuredContent"]["questions"][0]["id"]
+        forged = client.call("hermes_view_answer", job_id=job_id, approval_id=approval_id, decision="allow",
+                             token="made-up")
+        reused = question["_meta"]["viewToken"]
+        first = client.call("hermes_view_answer", job_id=job_id, approval_id=approval_id, decision="deny",
+                            token=reused)
+        again = client.call("hermes_view_answer", job_id=job_id, approval_id=approval_id, decision="allow",
+                            token=reused)
+        final = client.wait_final(job_id)
+    assert refused(forged) and "no valid one-time token" in forged.text
+    assert not first.is_error
+    assert refused(again) and "no valid one-time token" in again.text  # one time
+    assert [(d["decision"], d["by"]) for d in bridge.record(job_id).decisions] == [("deny", "the user (job view)")]
+    assert final.field("STATUS") == "ok" and not (bridge.root / "asked.txt").exists()
+
+
+# ------------------------------------------------------------------ in a real browser
+@pytest.mark.parametrize("decision", ["allow", "deny"])
+def test_the_view_shows_the_question_and_a_click_reaches_hermes(bridge, browser, host_url, decision):
+    with asking_bridge(bridge) as client:
+        arguments = {"task": "!ask=touch+asked.txt", "wait_s": 0}
+        started = raw_call(client, "hermes_run", **arguments)
+        view = View(browser, host_url, client, started, arguments)
+        view.frame.locator(".question").wait_for(timeout=30000)
+        question = view.text(".question")
+        view.wait_status("needs_approval")
+        if decision == "allow":
+            view.screenshot("job-view-question")
+        view.click(f".question button[data-decision={decision}]")
+        view.wait_status("ok")
+        context = view.page.evaluate("window.modelContext")
+    job_id = started["structuredContent"]["job_id"]
+    assert "run `touch asked.txt` (dangerous)" in question and "Hermes denies this by itself at" in question
+    assert [(d["decision"], d["by"]) for d in bridge.record(job_id).decisions] == [(decision, "the user (job view)")]
+    assert (bridge.root / "asked.txt").exists() == (decision == "allow")
+    assert f"the user chose {decision}" in context[0]["content"][0]["text"]
+    assert not [line for line in view.console if "Content Security Policy" in line], view.console
+
+
+def test_a_running_job_shows_its_current_tool_and_cancel_stops_it(bridge, browser, host_url):
+    with bridge.client() as client:
+        arguments = {"task": "!tool-sleep=60", "wait_s": 0}
+        started = raw_call(client, "hermes_run", **arguments)
+        view = View(browser, host_url, client, started, arguments)
+        view.frame.locator("dd", has_text="sleep 60").wait_for(timeout=30000)  # polled: the current tool
+        view.click("#actions button")
+        view.wait_status("cancelled")
+    assert bridge.record(started["structuredContent"]["job_id"]).state is server.JobState.CANCELLED
+
+
+@pytest.mark.parametrize("action", ["Merge", "Discard"])
+def test_a_finished_worktree_job_is_merged_or_discarded_from_the_view(bridge, browser, host_url, action):
+    repo = make_repo(bridge.root / "repo")
+    with bridge.client() as client:
+        arguments = {"task": "!write=b.txt:bee", "cwd": str(repo), "isolation": "worktree", "wait_s": 30}
+        done = raw_call(client, "hermes_run", **arguments)
+        view = View(browser, host_url, client, done, arguments)
+        assert "1 file changed" in view.text("#facts")
+        if action == "Merge":
+            view.screenshot("job-view-worktree")
+        view.click(f"#actions button:text('{action}')")
+        view.frame.locator("dt", has_text="landed").wait_for(timeout=30000)
+        context = view.page.evaluate("window.modelContext")
+    assert (repo / "b.txt").exists() == (action == "Merge")
+    assert bool(git(repo, "branch", "--list", "hermes-bridge/*")) == (action == "Merge")  # a merge keeps it
+    assert f"pressed {action}" in context[0]["content"][0]["text"]
+
+
+def test_without_tool_calls_from_the_host_the_buttons_are_disabled_and_the_view_says_so(bridge, browser,
+                                                                                           host_url):
+    with asking_bridge(bridge) as client:
+        arguments = {"task": "!ask=touch+asked.txt", "wait_s": 0}
+        job_id = client.call("hermes_run", **arguments).field("JOB_ID")
+        asking = wait_until(lambda: r if (r := raw_call(client, "hermes_status", job_id=job_id, wait_s=5))[
+            "structuredContent"]["questions"] else None, 30, "the question")
+        view = View(browser, host_url, client, asking, arguments, server_tools=False)
+        view.frame.locator(".question").wait_for(timeout=15000)
+        buttons = view.frame.locator("button")
+        disabled = [buttons.nth(n).is_disabled() for n in range(buttons.count())]
+        hint = view.text("#hint")
+        calls = view.page.evaluate("window.calls")
+        client.call("hermes_cancel", job_id=job_id)
+    assert len(disabled) == 4 and all(disabled)  # Allow, Allow for this job, Deny, Cancel
+    assert "answer in the chat" in hint and calls == []
+
+
+def test_the_default_csp_is_in_force_in_the_view(bridge, browser, host_url):
+    with bridge.client() as client:
+        arguments = {"task": "!sleep=0 done", "wait_s": 20}
+        done = raw_call(client, "hermes_run", **arguments)
+        view = View(browser, host_url, client, done, arguments)
+        view.wait_status("ok")
+        frame = next(f for f in view.page.frames if f != view.page.main_frame)
+        blocked = frame.evaluate(f"fetch('{host_url}').then(() => 'fetched', () => 'blocked')")
+    assert blocked == "blocked"
+    assert any("Content Security Policy" in line and "connect-src" in line for line in view.console), view.console
+
+
+def test_a_click_on_allow_reaches_the_real_hermes_over_acp(bridge, browser, host_url):
+    """Once with the real Hermes 0.22.2: the view's Allow lets it run the command it asked about."""
+    exe = require_component(REAL_HERMES_VERSIONS["0.22.2"], "the real Hermes CLI 0.22.2")
+    (bridge.root / "build").mkdir()
+    with ScriptedModel(bridge.tmp) as model:
+        write_hermes_home(bridge.tmp / "real-home", model.base_url)
+        bridge.configure(hermes_exe=str(exe), hermes_home=str(bridge.tmp / "real-home"), kill_grace_s=5,
+                         approvals="ask", approval_timeout_s=60, hermes_driver="acp")
+        with bridge.client() as client:
+            arguments = {"task": "Clean up.\nRUN: rm -rf ./build && echo removed", "wait_s": 0}
+            started = raw_call(client, "hermes_run", **arguments)
+            view = View(browser, host_url, client, started, arguments)
+            view.frame.locator(".question").wait_for(timeout=90000)
+            assert "rm -rf ./build" in view.text(".question")
+            view.click(".question button[data-decision=allow]")
+            view.wait_status("ok", timeout=120)
+    assert not (bridge.root / "build").exists()
+    assert bridge.record(started["structuredContent"]["job_id"]).decisions[0]["by"] == "the user (job view)"
