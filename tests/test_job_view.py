@@ -169,7 +169,7 @@ def test_the_view_shows_the_question_and_a_click_reaches_hermes(bridge, browser,
     assert not [line for line in view.console if "Content Security Policy" in line], view.console
 
 
-def test_a_running_job_shows_its_current_tool_and_cancel_stops_it(bridge, browser, host_url):
+def test_a_running_job_shows_its_current_tool_and_cancel_stops_it_and_the_polling(bridge, browser, host_url):
     with bridge.client() as client:
         arguments = {"task": "!tool-sleep=60", "wait_s": 0}
         started = raw_call(client, "hermes_run", **arguments)
@@ -177,7 +177,11 @@ def test_a_running_job_shows_its_current_tool_and_cancel_stops_it(bridge, browse
         view.frame.locator("dd", has_text="sleep 60").wait_for(timeout=30000)  # polled: the current tool
         view.click("#actions button")
         view.wait_status("cancelled")
+        polls = view.page.evaluate("window.calls").count("hermes_view_job")
+        view.page.wait_for_timeout(5000)  # two and a half poll periods
+        polls_after = view.page.evaluate("window.calls").count("hermes_view_job")
     assert bridge.record(started["structuredContent"]["job_id"]).state is server.JobState.CANCELLED
+    assert polls >= 1 and polls_after == polls  # it polled while the job ran, and stopped once it was final
 
 
 @pytest.mark.parametrize("action", ["Merge", "Discard"])
