@@ -1718,6 +1718,21 @@ def repository_of(cwd: str) -> Repository:
                       os.path.isfile(os.path.join(top, ".gitmodules")))
 
 
+def worktree_of(store: "JobStore", record: "JobRecord") -> dict[str, Any] | None:
+    """A record's worktree, only as the bridge made it: in this jobs folder, on the branch named for the job
+    that made it (a resumed job's is its first job's). A job can write its record: a worktree pointing
+    anywhere else is never touched (None)."""
+    worktree = record.worktree
+    if not worktree:
+        return None
+    owner = worktree.get("job", record.id)
+    if not isinstance(owner, str) or not JOB_ID_RE.fullmatch(owner):
+        return None
+    if worktree["path"] != str(store.worktree_path(owner)) or worktree["branch"] != WORKTREE_BRANCH_PREFIX + owner:
+        return None
+    return worktree
+
+
 def job_roots(cfg: Config, record: "JobRecord") -> list[str]:
     """Where a job may work and edit: the allowed roots, or, for a worktree job, only its own worktree."""
     return [os.path.realpath(record.worktree["path"])] if record.worktree else cfg.roots
@@ -4395,7 +4410,7 @@ def drop_worktree(store: JobStore, job_id: str) -> None:
     import shutil
 
     try:
-        worktree = store.read(job_id).worktree
+        worktree = worktree_of(store, store.read(job_id))
     except (Refused, DamagedRecord):
         worktree = None
     if worktree:
@@ -4431,12 +4446,12 @@ def recover_worktrees(cfg: Config) -> int:
         except (Refused, DamagedRecord):
             continue
         record = view.record
-        if (not record.worktree or "work" in record.worktree or view.running
-                or running_process(record.hermes) is not None):
+        worktree = worktree_of(store, record)
+        if not worktree or "work" in worktree or view.running or running_process(record.hermes) is not None:
             continue
         try:
             save_worktree_work(store, record)
-            git(record.worktree["repo"], "worktree", "unlock", record.worktree["path"], check=False)
+            git(worktree["repo"], "worktree", "unlock", worktree["path"], check=False)
         except (GitFailed, OSError) as exc:
             audit(cfg, event="worktree", job_id=job_id, problem=f"its work could not be saved: {exc}")
             continue
@@ -5295,6 +5310,10 @@ def land_job(cfg: Config, job_id: Any, action: Any) -> tuple[JobView, str]:
     view = job_view(cfg, job_id)
     record, store = view.record, JobStore.of(cfg)
     worktree = record.worktree
+    if worktree and (worktree_of(store, record) is None or not within_any(os.path.realpath(worktree["repo"]),
+                                                                          cfg.roots)):
+        raise Refused(f"job {record.id}'s record names a worktree or repository the bridge did not make for it, or "
+                      "one outside the allowed roots (was the record changed?); nothing was done")
     if not worktree:
         raise Refused(f"job {record.id} ran in its folder (isolation \"none\"): its changes are already there, "
                       "there is nothing to land")

@@ -328,3 +328,17 @@ def test_retention_removes_a_pruned_jobs_worktree_and_branch_and_health_counts_t
     assert not (bridge.jobs / "worktrees" / job_id).exists() and not record.exists()
     assert git(repo, "branch", "--list", "hermes-bridge/*") == ""
     assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
+def test_a_record_rewritten_to_name_another_branch_or_repository_is_never_landed_or_pruned(bridge, repo):
+    """A job can write its own record: a worktree that is not the one the bridge made for it is not touched."""
+    other = make_repo(bridge.root / "other")
+    with bridge.client() as client:
+        job_id = final(client, task="!write=b.txt:bee", cwd=str(repo), isolation="worktree").field("JOB_ID")
+        record = bridge.jobs / f"{job_id}.json"
+        record.write_text(record.read_text().replace(f'"branch": "hermes-bridge/{job_id}"', '"branch": "main"')
+                          .replace(f'"repo": "{repo}"', f'"repo": "{other}"'))
+        discard = client.call("hermes_land", job_id=job_id, action="discard")
+    assert refused(discard) and "did not make for it" in discard.text
+    server.drop_worktree(server.JobStore(bridge.jobs), job_id)
+    assert git(other, "branch", "--list", "main") and git(repo, "branch", "--list", "main")
