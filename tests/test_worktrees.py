@@ -5,6 +5,7 @@ import dataclasses
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -313,19 +314,16 @@ def test_a_worktree_whose_supervisor_died_has_its_work_saved_at_the_next_start(b
     assert (repo / "c.txt").read_text() == "sea"
 
 
-def test_retention_removes_a_pruned_jobs_worktree_and_branch_and_health_counts_them(bridge, repo):
+def test_retention_removes_a_pruned_jobs_worktree_and_branch_and_health_counts_them(bridge, repo, monkeypatch):
     with bridge.client() as client:
         job_id = final(client, task="!write=b.txt:bee", cwd=str(repo), isolation="worktree").field("JOB_ID")
         health = client.call("hermes_health")
     assert health.field("WORKTREES").startswith("1 kept in")
-    old = f"{int(job_id[:8]) - 1}{job_id[8:]}"  # a day older: past retention, and past the minute every job is kept
-    for suffix in (".json", ".log", ".task"):
-        os.rename(bridge.jobs / f"{job_id}{suffix}", bridge.jobs / f"{old}{suffix}")
-    record = bridge.jobs / f"{old}.json"
-    record.write_text(record.read_text().replace(f'"id": "{job_id}"', f'"id": "{old}"'))
-    cfg = dataclasses.replace(server.load_config(bridge.config), retention_days=0.5)
+    now = time.time()
+    monkeypatch.setattr(server.time, "time", lambda: now + 2 * 86400)  # two days on: past a one-day retention
+    cfg = dataclasses.replace(server.load_config(bridge.config), retention_days=1)
     assert server.prune_jobs(server.JobStore(bridge.jobs), cfg) == 1
-    assert not (bridge.jobs / "worktrees" / job_id).exists() and not record.exists()
+    assert not (bridge.jobs / "worktrees" / job_id).exists() and not (bridge.jobs / f"{job_id}.json").exists()
     assert git(repo, "branch", "--list", "hermes-bridge/*") == ""
     assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
 
