@@ -5350,9 +5350,9 @@ def land_job(cfg: Config, job_id: Any, action: Any) -> tuple[JobView, str]:
         stored.worktree = worktree
         stored.diff = stored.diff or record.diff
         stored.changes = stored.changes or record.changes
-    store.update(record.id, note, final_too=True)
+    updated = store.update(record.id, note, final_too=True)
     audit(cfg, event="land", job_id=record.id, action=action, how=how)
-    return observe(store.read(record.id), store.root), how
+    return observe(updated or store.read(record.id), store.root), how
 
 
 def merge_work(store: JobStore, record: JobRecord) -> str:
