@@ -271,10 +271,24 @@ def read_capped(path: Path | str, cap: int, follow: bool = False) -> bytes:
     return data
 
 
+def read_replaceable(path: Path | str, cap: int) -> bytes:
+    """read_capped for a file another process replaces whole (write_atomic): on Windows the moment of the
+    replace answers "permission denied" to an open (found on the Windows lane: a reader in a loop saw it),
+    so that answer is retried for a second before it counts."""
+    deadline = time.monotonic() + 1.0
+    while True:
+        try:
+            return read_capped(path, cap)
+        except PermissionError:
+            if not IS_WINDOWS or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
 def read_json(path: Path | str, cap: int = 1 << 20) -> Any:
     """A small JSON file the bridge wrote itself, or None when it is missing, too big, or not JSON."""
     try:
-        return json.loads(read_capped(path, cap))
+        return json.loads(read_replaceable(path, cap))
     except (OSError, ValueError):
         return None
 
@@ -293,6 +307,12 @@ def open_append(path: Path) -> Any:
     """A file the bridge created, opened to append without following a symlink or blocking on a FIFO that
     replaced it; anything but a regular file raises NotRegularFile."""
     return regular_handle(os.open(path, APPEND_FLAGS), path, "ab")
+
+
+# Windows refuses to replace a file that any process holds open, and a server polling a record opens it many
+# times a second; each read holds it for well under a millisecond, so a writer that retries often gets through.
+# Found on the Windows lane: 10 tries 50 ms apart lost a supervisor's write to a reader in a loop.
+REPLACE_PATIENCE_S = 5.0
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -314,14 +334,15 @@ def write_atomic(path: Path, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        for attempt in range(10):
+        deadline = time.monotonic() + REPLACE_PATIENCE_S
+        while True:
             try:
                 os.replace(tmp, path)
                 return
             except PermissionError:  # Windows: a reader holds the target open for a moment
-                if attempt == 9 or not IS_WINDOWS:
+                if not IS_WINDOWS or time.monotonic() > deadline:
                     raise
-                time.sleep(0.05)
+                time.sleep(0.005)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -1477,7 +1498,7 @@ class JobStore:
 
     def read(self, job_id: str) -> JobRecord:
         try:
-            data = read_capped(self.record_path(job_id), RECORD_MAX_BYTES)
+            data = read_replaceable(self.record_path(job_id), RECORD_MAX_BYTES)
         except FileNotFoundError:
             raise Refused(f"no job {job_id} in {self.root} (it may have been pruned; see hermes_jobs)") from None
         except OSError as exc:
@@ -5461,6 +5482,8 @@ def read_path(cfg: Config, path: Any, max_bytes: int | None, offset: int | None)
     if not is_dir and not stat.S_ISREG(checked.st_mode):
         raise Refused(f"{shown(resolved)} is not a regular file or folder (a FIFO, device or socket could hang "
                       "or never end), so it is not read")
+    if is_dir and IS_WINDOWS:
+        return list_folder_by_path(resolved, checked)
     try:
         fd = open_confined(resolved, is_dir)
     except OSError as exc:
@@ -5526,12 +5549,26 @@ def open_confined(resolved: str, directory: bool) -> int:
         os.close(fd)
 
 
-def list_directory(resolved: str, fd: int) -> str:
+def list_folder_by_path(resolved: str, checked: os.stat_result) -> str:
+    """Windows cannot open a folder as a file descriptor (os.open answers "permission denied"; found on the
+    Windows lane): the folder is listed by its path, and the listing is given only if the path still resolves
+    to itself and is still the folder that was checked."""
+    listing = list_directory(resolved, None)
+    try:
+        now = os.stat(resolved)
+    except OSError as exc:
+        raise Refused(f"cannot stat {shown(resolved)}: {exc.strerror or exc}") from None
+    if os.path.realpath(resolved) != resolved or (now.st_dev, now.st_ino) != (checked.st_dev, checked.st_ino):
+        raise Refused(f"{shown(resolved)} changed while it was being listed; try again")
+    return listing
+
+
+def list_directory(resolved: str, fd: int | None) -> str:
     """Sorted entries with type, size, modified time; only the shown entries are stat'ed. Listed through
     the opened folder where the platform allows, and every name escaped: a folder named 'x\nSTATUS: ok'
     cannot forge a line."""
     try:
-        with os.scandir(fd if os.scandir in os.supports_fd else resolved) as entries:
+        with os.scandir(fd if fd is not None and os.scandir in os.supports_fd else resolved) as entries:
             found = sorted((e.name, e) for e in entries)
     except OSError as exc:
         raise Refused(f"cannot list {shown(resolved)}: {exc.strerror or exc}") from None
@@ -5698,7 +5735,7 @@ class SkillIndex:
                     cached = (key, entry)
                     self.parsed[path] = cached
                 if "skipped" in cached[1]:
-                    skipped.append(f"{os.path.relpath(path, skills_dir)}: {cached[1]['skipped']}")
+                    skipped.append(f"{Path(os.path.relpath(path, skills_dir)).as_posix()}: {cached[1]['skipped']}")
                 else:
                     skills.append(cached[1])
         return skills, skipped
@@ -6613,10 +6650,13 @@ def release_freed_memory() -> None:
     """Give back to the system what Python has freed by now: the syntax tree of this script, freed once the
     script returned (serve_after_the_script; importing the SDK takes far longer than that), about 10 MB that
     glibc keeps unless asked to trim. Measured: 80.4 MB with neither, 79.3 with the thread alone, 68.7 with
-    both, 65.5 for a minimal server. Elsewhere (no malloc_trim) this does nothing."""
+    both, 65.5 for a minimal server. Only glibc has malloc_trim: elsewhere this does nothing (on Windows
+    ctypes.CDLL(None) raises TypeError, which once killed the server at start)."""
+    if not sys.platform.startswith("linux"):
+        return
     import ctypes
 
-    with contextlib.suppress(OSError, AttributeError):
+    with contextlib.suppress(OSError, AttributeError):  # musl has no malloc_trim
         ctypes.CDLL(None).malloc_trim(0)
 
 

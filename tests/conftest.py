@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import IN_CI, Bridge, BridgeClient
+from harness import IN_CI, UNDER_WINE, Bridge, BridgeClient
 
 
 @pytest.fixture
@@ -32,6 +32,9 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "the reason shown")
     config.addinivalue_line("markers", "uv_environment: the server runs in an environment uv builds from the "
                                        "project's pins, whatever MCP SDK this interpreter has")
+    config.addinivalue_line("markers", "wine_lacks(reason): Windows behaviour Wine does not reproduce; under Wine "
+                                       "(the Windows lane) it is skipped with the reason shown, and "
+                                       "docs/verification.md says what was checked instead")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -41,6 +44,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         marker = item.get_closest_marker("posix")
         if marker:
             item.add_marker(pytest.mark.skip(reason=f"needs POSIX: {marker.args[0]}"))
+        marker = item.get_closest_marker("wine_lacks")
+        if marker and UNDER_WINE:
+            item.add_marker(pytest.mark.skip(reason=f"Wine lacks it: {marker.args[0]}"))
 
 
 @pytest.fixture(scope="module")

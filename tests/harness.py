@@ -31,6 +31,19 @@ READ_TIMEOUT: Any = 90.0 if MCP_LINE >= 2 else timedelta(seconds=90)  # 2.x take
 SERVER = REPO / "server.py"
 FAKE_HERMES = Path(__file__).resolve().parent / "fake_hermes.py"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def under_wine() -> bool:
+    """Whether this Windows CPython runs under Wine (the Windows lane, tests/windows_lane.sh): Wine's ntdll
+    exports wine_get_version, Windows' does not."""
+    if os.name != "nt":
+        return False
+    import ctypes
+
+    return hasattr(ctypes.WinDLL("ntdll"), "wine_get_version")  # type: ignore[attr-defined]
+
+
+UNDER_WINE = under_wine()
 T = TypeVar("T")
 
 

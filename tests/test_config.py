@@ -102,7 +102,6 @@ def test_a_file_cannot_widen_reads_past_roots_the_host_pinned_and_health_sees_it
     assert all(f"--in={bridge.tmp}" not in run["argv"] for run in bridge.runs())
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_a_config_beside_server_py_wins_over_the_per_user_one_and_with_neither_the_per_user_is_named(
         tmp_path, monkeypatch):
     monkeypatch.delenv("HERMES_BRIDGE_CONFIG", raising=False)
@@ -118,7 +117,6 @@ def test_a_config_beside_server_py_wins_over_the_per_user_one_and_with_neither_t
     assert server.config_path() == install / "config.json"
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 @pytest.mark.parametrize(("settings", "approvals"), [({"yolo": True}, "yolo"), ({}, "deny"),
                                                      ({"approvals": "ask"}, "ask")])
 def test_init_config_writes_the_approvals_its_settings_say(tmp_path, monkeypatch, settings, approvals):
@@ -129,14 +127,12 @@ def test_init_config_writes_the_approvals_its_settings_say(tmp_path, monkeypatch
     assert written["approvals"] == approvals and "yolo" not in written
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_a_placeholder_among_real_values_of_one_option_is_dropped_and_the_real_values_kept():
     argv = ["--allowed-roots", "/work/a", "${user_config.extra_root}", "/work/b", "--hermes-exe",
             "${user_config.hermes_exe}", "--approvals", "ask"]
     assert server.without_unset_settings(argv) == ["--allowed-roots", "/work/a", "/work/b", "--approvals", "ask"]
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 @pytest.mark.parametrize(("pinned", "approvals", "problem"), [
     ({"yolo": False}, "ask", True), ({"yolo": True}, "yolo", False), ({}, "yolo", False),
     ({"yolo": False, "approvals": "deny"}, "deny", False),

@@ -208,7 +208,6 @@ def test_an_outcome_is_final_whoever_writes_next(tmp_path):
     assert record.state is server.JobState.OK and record.reason is None
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_prune_removes_old_and_excess_finished_jobs_never_running_ones(tmp_path):
     cfg = server.Config(path=tmp_path / "config.json", jobs_dir=str(tmp_path / "jobs"), retention_days=30,
                         retention_max_jobs=2)
@@ -226,7 +225,6 @@ def test_prune_removes_old_and_excess_finished_jobs_never_running_ones(tmp_path)
     assert not store.log_path("20200101-000000-1").exists() and not store.task_path(f"{today}-000001-1").exists()
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_launching_prunes_beyond_retention_max_jobs_and_never_reuses_an_id(bridge):
     bridge.configure(retention_max_jobs=2)
     bridge.jobs.mkdir()
@@ -241,13 +239,12 @@ def test_launching_prunes_beyond_retention_max_jobs_and_never_reuses_an_id(bridg
     assert all(job_id not in listing for job_id in old)
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_audit_log_has_each_tool_call_and_state_change_without_outputs(bridge):
     secret_tail = "and then the rest of a long task that must never be logged in full SECRETWORD"
     with bridge.client() as client:
         job_id = client.call("hermes_run", task=f"write the report now please {secret_tail}",
                              wait_s=20).field("JOB_ID")
-        client.call("hermes_run", task="escape", cwd="/etc")
+        client.call("hermes_run", task="escape", cwd=str(bridge.tmp))
         client.call("hermes_status", job_id=job_id)
     lines = audit_lines(bridge)
     tools = [line for line in lines if line["event"] == "tool"]
@@ -262,7 +259,6 @@ def test_audit_log_has_each_tool_call_and_state_change_without_outputs(bridge):
     assert "SECRETWORD" not in text and "FAKE DONE" not in text
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_audit_log_rotates_by_size(bridge):
     bridge.configure(audit_max_bytes=10_000)
     with bridge.client() as client:
@@ -273,7 +269,7 @@ def test_audit_log_rotates_by_size(bridge):
     assert (logs / "audit.log").stat().st_size <= 10_000
 
 
-@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+@pytest.mark.posix("POSIX signals")
 def test_a_jobs_dir_that_cannot_be_written_refuses_the_launch_and_starts_nothing(bridge):
     blocker = bridge.tmp / "not-a-folder"
     blocker.write_text("a file where the jobs folder should be")

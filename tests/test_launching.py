@@ -36,7 +36,7 @@ original = FastMCP.call_tool
 async def noisy_call_tool(self, name, arguments, *rest, **options):
     print("print() from inside a tool")
     os.write(1, b"raw write to fd 1 without a newline")
-    subprocess.run(["sh", "-c", "echo child writes to its inherited stdout"])
+    subprocess.run([sys.executable, "-c", "print('child writes to its inherited stdout')"])
     return await original(self, name, arguments, *rest, **options)
 FastMCP.call_tool = noisy_call_tool
 sys.argv = [sys.argv[1]]
@@ -44,7 +44,6 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_tools_list_exactly_the_tools_with_arguments_annotations_and_instructions(bridge):
     with bridge.client() as client:
         tools = {tool.name: tool for tool in client.portal.call(client.session.list_tools).tools}
@@ -67,7 +66,6 @@ def test_tools_list_exactly_the_tools_with_arguments_annotations_and_instruction
         assert "hermes_status" in instructions and "hermes_read" in instructions
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_run_returns_running_fast_then_status_collects_ok_output_and_session(bridge):
     with bridge.client() as client:
         started = time.monotonic()
@@ -89,7 +87,6 @@ def test_run_returns_running_fast_then_status_collects_ok_output_and_session(bri
         assert run["argv"][1] == "--query=" + run["task"] and "-Q" in run["argv"]
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_failing_run_ends_error_with_its_exit_code(bridge):
     with bridge.client() as client:
         result = client.call("hermes_run", task="fail please !exit=3", wait_s=20)
@@ -98,7 +95,6 @@ def test_failing_run_ends_error_with_its_exit_code(bridge):
         assert "exited with code 3" in result.field("REASON")
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_identical_run_while_running_returns_the_same_job_and_starts_no_second_hermes(bridge):
     with bridge.client() as client:
         first = client.call("hermes_run", task="same work !sleep=3", wait_s=0)
@@ -109,7 +105,6 @@ def test_identical_run_while_running_returns_the_same_job_and_starts_no_second_h
         assert len(bridge.runs()) == 1
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_print_in_a_tool_and_a_child_writing_to_fd1_do_not_break_the_session(bridge):
     wrapper = bridge.tmp / "noisy_server.py"
     wrapper.write_text(NOISY_WRAPPER)
@@ -122,7 +117,6 @@ def test_print_in_a_tool_and_a_child_writing_to_fd1_do_not_break_the_session(bri
         assert "print() from inside a tool" in client.stderr()
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 @pytest.mark.parametrize("personality", ["0.19", "0.20", "0.21"])
 def test_auto_builds_the_command_line_each_hermes_declares_whatever_its_version_on_disk_says(bridge, personality):
     """Every fake claims version 0.20.1 on disk (as an upstream 0.20.1 install does); only the flags that
@@ -154,7 +148,6 @@ def test_auto_builds_the_command_line_each_hermes_declares_whatever_its_version_
     assert "CLI_COMMAND: " in check.stdout and "<task>" in check.stdout
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 @pytest.mark.parametrize(("forced", "personality"), [("query-arg", "0.21"), ("query-file", "0.19")])
 def test_hermes_cli_form_in_config_wins_over_the_probe(bridge, forced, personality):
     exe = make_fake_hermes(bridge.tmp / "h", personality=personality)
@@ -168,7 +161,6 @@ def test_hermes_cli_form_in_config_wins_over_the_probe(bridge, forced, personali
         assert result.field("EXIT_CODE") == "2" and "hermes_health" in result.field("REASON")
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_resume_latest_resumes_the_captured_session_and_reports_a_fresh_one(bridge):
     with bridge.client() as client:
         first = client.call("hermes_run", task="first !session=20261130_000000_aaaaaa", wait_s=20)
@@ -186,7 +178,6 @@ def test_resume_latest_resumes_the_captured_session_and_reports_a_fresh_one(brid
         assert bad.is_error and "not a session id" in bad.text
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_skills_toolsets_and_argument_errors(bridge):
     with bridge.client() as client:
         result = client.call("hermes_run", task="with skills", skills=["github-pr", "code/review"],
@@ -211,7 +202,6 @@ def test_skills_toolsets_and_argument_errors(bridge):
     assert len(bridge.runs()) == 1
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_max_running_jobs_refuses_and_lists_the_running_jobs(bridge):
     bridge.configure(max_running_jobs=1)
     with bridge.client() as client:
@@ -222,7 +212,6 @@ def test_max_running_jobs_refuses_and_lists_the_running_jobs(bridge):
         client.call("hermes_cancel", job_id=first.field("JOB_ID"))
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_the_duplicate_guard_keys_on_the_folder_too(bridge):
     other = bridge.root / "sub"
     other.mkdir()
@@ -235,7 +224,6 @@ def test_the_duplicate_guard_keys_on_the_folder_too(bridge):
             client.wait_final(job_id)
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_a_resume_without_a_session_line_claims_no_session_none(bridge):
     exe = make_fake_hermes(bridge.tmp / "h21", personality="0.21")
     bridge.configure(hermes_exe=str(exe))
@@ -248,7 +236,7 @@ def test_a_resume_without_a_session_line_claims_no_session_none(bridge):
     assert "None" not in resumed.text and "reported session" not in resumed.text
 
 
-@pytest.mark.posix("the fake hermes is a shell script; FIFOs and sockets")
+@pytest.mark.posix("FIFOs and sockets")
 @pytest.mark.parametrize(("task", "word"), [("", "empty"), ("  \n ", "empty"), ("a\x00b", "NUL"),
                                         ("x" * 2**20, "command line")],
                          ids=["empty", "blank", "NUL", "too-long-for-the-command-line"])
@@ -259,7 +247,7 @@ def test_task_tricks_are_refused(playground, monkeypatch, task, word):
     nothing_started(bridge, settle_s=0)
 
 
-@pytest.mark.posix("the fake hermes is a shell script; FIFOs and sockets")
+@pytest.mark.posix("FIFOs and sockets")
 def test_a_host_gets_each_refusal_over_stdio(playground):
     """The tables above run the tool bodies in this process; one case of each, as a host sends it."""
     bridge, client = playground
@@ -271,7 +259,7 @@ def test_a_host_gets_each_refusal_over_stdio(playground):
     nothing_started(bridge, settle_s=0)
 
 
-@pytest.mark.posix("the fake hermes is a shell script; FIFOs and sockets")
+@pytest.mark.posix("FIFOs and sockets")
 def test_shell_syntax_in_a_task_reaches_hermes_byte_for_byte(bridge):
     hostile = "it's \"quoted\" $HOME $(id) `id` ; rm -rf / | cat & > /tmp/bridge-hostile-marker \\ ' \n\t émoji 🚀"
     with bridge.client() as client:
@@ -287,7 +275,7 @@ def test_shell_syntax_in_a_task_reaches_hermes_byte_for_byte(bridge):
     assert bridge.runs()[1]["task"] == big
 
 
-@pytest.mark.posix("the fake hermes is a shell script; FIFOs and sockets")
+@pytest.mark.posix("FIFOs and sockets")
 def test_lone_surrogates_and_nan_never_hang_the_server(bridge):
     """The official client cannot send these; a raw JSON-RPC peer can. A lone surrogate used to get no
     answer at all (the SDK could not parse the request), so the host waited for its timeout."""
@@ -312,7 +300,7 @@ def test_lone_surrogates_and_nan_never_hang_the_server(bridge):
         server.clamp_number("wait_s", float("nan"), 5, 0, 45)
 
 
-@pytest.mark.posix("the fake hermes is a shell script; FIFOs and sockets")
+@pytest.mark.posix("FIFOs and sockets")
 @pytest.mark.parametrize(("arguments", "word"), [
     (dict(timeout_s=-1), "positive"), (dict(timeout_s=0), "positive"), (dict(max_turns=-3), "max_turns"),
     (dict(max_turns=10**9), "max_turns"), (dict(wait_s="soon"), "wait_s"), (dict(max_turns="many"), "max_turns"),
@@ -326,7 +314,7 @@ def test_numbers_out_of_range_or_of_the_wrong_type_are_errors_naming_the_argumen
     nothing_started(bridge, settle_s=0)
 
 
-@pytest.mark.posix("the fake hermes is a shell script; FIFOs and sockets")
+@pytest.mark.posix("FIFOs and sockets")
 def test_numbers_too_large_are_clamped_and_said_so(bridge):
     with bridge.client() as client:
         assert client.call("hermes_jobs", limit="all").is_error
@@ -340,7 +328,7 @@ def test_numbers_too_large_are_clamped_and_said_so(bridge):
     assert len(bridge.runs()) == 1
 
 
-@pytest.mark.posix("the fake hermes is a shell script; FIFOs and sockets")
+@pytest.mark.posix("FIFOs and sockets")
 def test_a_resume_says_its_clamped_timeout_as_a_run_does(bridge):
     """The twin of the run's clamp: a resume once dropped its timeout_s note into a throwaway list."""
     with bridge.client() as client:
@@ -429,7 +417,7 @@ def test_a_stale_flags_cache_costs_one_job_not_every_later_one(bridge):
         assert second.field("STATUS") == "ok", second.text
 
 
-@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+@pytest.mark.posix("POSIX signals")
 def test_two_servers_racing_the_identical_run_start_exactly_one_hermes(bridge):
     bridge.configure(max_running_jobs=50)
     with bridge.client() as one, bridge.client() as two, ThreadPoolExecutor(2) as pool:

@@ -75,7 +75,6 @@ def rss_mb(pid):
     return psutil.Process(pid).memory_info().rss / 2**20
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_a_waiting_status_call_sends_progress_and_returns_within_its_wait(bridge):
     with bridge.client() as client:
         job_id = client.call("hermes_run", task="slow !sleep=30", wait_s=0).field("JOB_ID")
@@ -93,7 +92,6 @@ def test_a_waiting_status_call_sends_progress_and_returns_within_its_wait(bridge
         client.call("hermes_cancel", job_id=job_id)
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_status_wait_is_clamped_to_max_wait_s(bridge):
     with bridge.client() as client:
         job_id = client.call("hermes_run", task="quick", wait_s=20).field("JOB_ID")
@@ -101,7 +99,6 @@ def test_status_wait_is_clamped_to_max_wait_s(bridge):
     assert "wait_s=99999 was clamped to 45" in result.text
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_capabilities_summarises_ranks_and_lists_categories(bridge):
     skills = bridge.tmp / "hermes-home" / "skills"
     def skill(rel, front):
@@ -130,7 +127,6 @@ def test_capabilities_summarises_ranks_and_lists_categories(bridge):
         assert missing.is_error and "devops" in missing.text
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_health_lists_every_config_problem_and_tools_refuse_with_the_fix(bridge):
     bridge.config.write_text('{\n "allowed_roots": [\n')
     with bridge.client() as client:
@@ -138,17 +134,16 @@ def test_health_lists_every_config_problem_and_tools_refuse_with_the_fix(bridge)
         assert "line 3 column 1" in health.text
         refused = client.call("hermes_run", task="x")
         assert refused.is_error and "allowed_roots" in refused.text
-    bridge.config.write_text('{"allowed_roots": ["/does/not/exist"], "colour": "blue", "yolo": "yes", '
-                             '"max_wait_s": 500, "hermes_exe": "' + str(bridge.hermes) + '"}')
+    bridge.config.write_text(json.dumps({"allowed_roots": [str(bridge.tmp / "does-not-exist")], "colour": "blue",
+                                         "yolo": "yes", "max_wait_s": 500, "hermes_exe": str(bridge.hermes)}))
     with bridge.client() as client:
         text = client.call("hermes_health").text
-        for problem in ("'/does/not/exist' does not exist", "unknown key 'colour'", "yolo must be true or false",
+        for problem in ("does-not-exist' does not exist", "unknown key 'colour'", "yolo must be true or false",
                         "max_wait_s 500"):
             assert problem in text
         assert "CONFIG:" in text and "(4 problems)" in text
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_running_block_names_the_tool_and_the_final_block_has_usage_changes_and_answer(bridge):
     (bridge.root / "keep.txt").write_text("unchanged")
     (bridge.root / "edit.txt").write_text("old")
@@ -170,7 +165,6 @@ def test_running_block_names_the_tool_and_the_final_block_has_usage_changes_and_
     assert answer == f"FAKE ANSWER: {task}"
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_created_files_are_listed_and_a_long_list_is_cut_with_counts(bridge):
     with bridge.client() as client:
         one = client.call("hermes_run", task="one file !write=f00.txt:x", wait_s=20)
@@ -189,7 +183,6 @@ def test_created_files_are_listed_and_a_long_list_is_cut_with_counts(bridge):
     assert "... and 10 more" in final.text
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_a_folder_too_large_to_track_says_so(bridge):
     bridge.configure(changed_files_max_entries=5)
     for i in range(10):
@@ -199,7 +192,6 @@ def test_a_folder_too_large_to_track_says_so(bridge):
     assert result.field("CHANGED_FILES") == "not tracked (more than 5 files under CWD)"
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 @pytest.mark.parametrize("damage", ["missing", "locked"])
 def test_a_store_that_cannot_be_read_makes_the_lines_unavailable_without_delaying_the_block(bridge, damage):
     store = bridge.tmp / "hermes-home" / "state.db"
@@ -233,7 +225,6 @@ def test_a_store_that_cannot_be_read_makes_the_lines_unavailable_without_delayin
     assert elapsed < 10  # one short connection with a 1 s busy timeout, not a wait on Hermes
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_progress_notifications_carry_the_activity_line(bridge):
     messages = []
 
@@ -248,7 +239,6 @@ def test_progress_notifications_carry_the_activity_line(bridge):
                and "terminal: sleep 9 (running" in m for m in messages), messages
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_jobs_lists_token_totals_of_finished_jobs(bridge):
     with bridge.client() as client:
         client.call("hermes_run", task="counted", wait_s=20)
@@ -256,7 +246,6 @@ def test_jobs_lists_token_totals_of_finished_jobs(bridge):
     assert "tokens 1,000/100" in listing.text
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_the_store_is_read_with_a_bounded_number_of_rows(bridge):
     """A session of 100,000 messages: the status block still reads only a few rows (benchmarked in bench/)."""
     with bridge.client() as client:
@@ -272,7 +261,6 @@ def test_the_store_is_read_with_a_bounded_number_of_rows(bridge):
         client.wait_final(job_id)
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_a_later_server_process_reports_the_same_final_block(bridge):
     with bridge.client() as client:
         job_id = client.call("hermes_run", task="!write=a.txt:1", wait_s=20).field("JOB_ID")
@@ -303,6 +291,7 @@ def test_log_excerpt_is_bounded_and_says_how_much_was_cut(tmp_path):
     assert len(body) <= 1000 and body.endswith("tail line\n") and "\x1b" not in text
 
 
+@pytest.mark.posix("a negative exit code is a POSIX signal")
 def test_describe_exit_names_signals_and_tells_a_crash_from_a_kill():
     assert server.describe_exit(-9) == "Hermes was killed by SIGKILL (9) from outside the bridge"
     assert "hermes_health" in server.describe_exit(2, usage_error=True)
@@ -616,7 +605,7 @@ def test_a_waiting_status_sends_its_first_progress_at_once(bridge):
     assert seen and seen[0].startswith(f"job {job_id} is running")
 
 
-@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+@pytest.mark.posix("POSIX signals")
 def test_load_concurrent_status_many_records_and_a_1gib_log(bridge):
     bridge.configure(max_running_jobs=20, retention_max_jobs=100_000)
     bridge.jobs.mkdir()
@@ -661,7 +650,7 @@ def test_load_concurrent_status_many_records_and_a_1gib_log(bridge):
             a.call("hermes_cancel", job_id=job_id)
 
 
-@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+@pytest.mark.posix("POSIX signals")
 def test_huge_invalid_and_escaped_output_stays_bounded_and_pages(bridge):
     """A flood of 110 MB: the log keeps its head and its newest output within max_log_bytes (issue 27), the
     block quotes a clean tail, and the log pages."""
@@ -692,7 +681,7 @@ def test_huge_invalid_and_escaped_output_stays_bounded_and_pages(bridge):
         assert "bad utf-8: \ufffd" in client.call("hermes_read", path=log, offset=-600).text
 
 
-@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+@pytest.mark.posix("POSIX signals")
 def test_damaged_records_and_a_deleted_log_do_not_stop_the_server(bridge):
     bridge.jobs.mkdir()
     day = time.strftime("%Y%m%d")  # within retention, so the launch below does not prune them
@@ -721,7 +710,7 @@ def test_damaged_records_and_a_deleted_log_do_not_stop_the_server(bridge):
         assert client.call("hermes_health").field("JOBS") == "7 on disk; by state (all): damaged 6, ok 1"
 
 
-@pytest.mark.posix("the fake hermes is a shell script; FIFOs and sockets")
+@pytest.mark.posix("FIFOs and sockets")
 @pytest.mark.parametrize("tool", ["hermes_status", "hermes_cancel"])
 @pytest.mark.parametrize("job_id", ["../../etc/passwd", "/etc/passwd", "", "1" * 10_240, "20261130-000000-1;rm -rf ~",
                                     "$(reboot)", "20261130-000000-1/../../x", "`id`", "20261130-000000-1\n"],

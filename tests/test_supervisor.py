@@ -247,7 +247,6 @@ print(json.dumps({"stopped": len(report.stopped), "victim": victim.wait(timeout=
 """
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_timeout_stops_the_whole_tree_grandchildren_included(bridge):
     with bridge.client() as client:
         job_id = client.call("hermes_run", task="hang !grandchild=120 !sleep=120", timeout_s=2,
@@ -262,7 +261,6 @@ def test_timeout_stops_the_whole_tree_grandchildren_included(bridge):
         assert wait_gone(pids) == []
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_cancel_ends_cancelled_and_leaves_no_process(bridge):
     with bridge.client() as client:
         job_id = client.call("hermes_run", task="long !grandchild=120 !sleep=120", wait_s=0).field("JOB_ID")
@@ -274,7 +272,6 @@ def test_cancel_ends_cancelled_and_leaves_no_process(bridge):
         assert "already ended as cancelled" in again.text
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_a_later_server_process_collects_a_job_whose_server_was_killed(bridge):
     with bridge.client() as first:
         job_id = first.call("hermes_run", task="outlive the server !sleep=3", wait_s=0).field("JOB_ID")
@@ -287,7 +284,6 @@ def test_a_later_server_process_collects_a_job_whose_server_was_killed(bridge):
         assert "FAKE DONE: outlive the server" in final.text
 
 
-@pytest.mark.posix("the fake hermes is a shell script")
 def test_cancelling_an_orphan_clears_its_active_marker(bridge):
     with bridge.client() as client:
         job_id = client.call("hermes_run", task="!sleep=60", wait_s=0).field("JOB_ID")
@@ -300,7 +296,7 @@ def test_cancelling_an_orphan_clears_its_active_marker(bridge):
     assert not (bridge.jobs / "active" / job_id).exists()
 
 
-@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+@pytest.mark.posix("POSIX signals")
 def test_server_killed_mid_job_repeatedly_every_job_keeps_its_real_outcome(bridge):
     expected = {}
     for exit_code in (0, 4, 0, 7):
@@ -317,7 +313,7 @@ def test_server_killed_mid_job_repeatedly_every_job_keeps_its_real_outcome(bridg
             assert final.field("EXIT_CODE") == str(exit_code)
 
 
-@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+@pytest.mark.posix("POSIX signals")
 def test_supervisor_killed_reports_orphaned_at_once_and_cancel_stops_the_rest(bridge):
     with bridge.client() as client:
         job_id = client.call("hermes_run", task="lose my owner !grandchild=120 !sleep=120", wait_s=0).field("JOB_ID")
@@ -335,7 +331,7 @@ def test_supervisor_killed_reports_orphaned_at_once_and_cancel_stops_the_rest(br
         assert wait_gone(bridge.traced_pids()) == []
 
 
-@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+@pytest.mark.posix("POSIX signals")
 def test_hermes_killed_from_outside_ends_error_naming_the_signal(bridge):
     with bridge.client() as client:
         job_id = client.call("hermes_run", task="get killed !sleep=60", wait_s=0).field("JOB_ID")
@@ -347,7 +343,7 @@ def test_hermes_killed_from_outside_ends_error_naming_the_signal(bridge):
         assert "SIGKILL" in final.field("REASON")
 
 
-@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+@pytest.mark.posix("POSIX signals")
 def test_a_tree_that_ignores_sigterm_and_forks_new_sessions_is_gone_after_timeout_and_cancel(bridge):
     with bridge.client() as client:
         timed = client.call("hermes_run", task="stubborn one !ignore-term !grandchild=300 !sleep=300",
@@ -368,7 +364,7 @@ def test_a_tree_that_ignores_sigterm_and_forks_new_sessions_is_gone_after_timeou
         assert wait_gone(pids) == []
 
 
-@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+@pytest.mark.posix("POSIX signals")
 def test_a_reused_pid_is_not_taken_for_the_jobs_supervisor(bridge):
     bridge.jobs.mkdir()
     me = psutil.Process()
@@ -382,7 +378,7 @@ def test_a_reused_pid_is_not_taken_for_the_jobs_supervisor(bridge):
         assert "Hermes is not running" in status.field("REASON")
 
 
-@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+@pytest.mark.posix("POSIX signals")
 def test_sigterm_to_the_supervisor_cancels_the_job_cleanly(bridge):
     with bridge.client() as client:
         job_id = client.call("hermes_run", task="shut down politely !grandchild=120 !sleep=120",
@@ -395,7 +391,7 @@ def test_sigterm_to_the_supervisor_cancels_the_job_cleanly(bridge):
         assert wait_gone(bridge.traced_pids()) == []
 
 
-@pytest.mark.posix("the fake hermes is a shell script; POSIX signals")
+@pytest.mark.posix("POSIX signals")
 def test_cancel_stops_a_tool_that_double_forked_away_from_hermes(bridge):
     """The orphan is no longer below Hermes (re-parented to init); it still carries the job's marker."""
     with bridge.client() as client:

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -32,6 +33,7 @@ def test_a_root_reached_in_another_case_is_the_same_folder(tmp_path):
     assert server.confine_cwd(cfg, str(tmp_path / "work"))
 
 
+@pytest.mark.wine_lacks("junctions: Wine 8's mklink /J and CreateJunction answer 'Request not supported'")
 def test_a_junction_pointing_out_of_the_root_is_outside(tmp_path):
     (tmp_path / "root").mkdir()
     (tmp_path / "outside").mkdir()
@@ -70,6 +72,7 @@ def free_drive_letter() -> str:
     pytest.fail("no free drive letter for subst")
 
 
+@pytest.mark.wine_lacks("subst drives: Wine 8's subst exits 0 and makes no drive")
 def test_a_root_reached_through_a_subst_drive_is_the_same_folder_and_no_more(tmp_path):
     (tmp_path / "work" / "sub").mkdir(parents=True)
     (tmp_path / "other").mkdir()
@@ -141,3 +144,27 @@ def test_no_process_of_a_job_shows_a_window_and_cancel_leaves_nothing_but_the_se
         assert sentinel.poll() is None, "an unrelated process was stopped"
     finally:
         sentinel.kill()
+
+
+def test_jobs_logs_and_the_bytecode_cache_go_to_the_per_user_folders_under_localappdata(bridge):
+    """With no jobs_dir or logs_dir set, a job's record and log live in %LOCALAPPDATA%\\claude-hermes-bridge,
+    where a bundle update (which replaces the bundle's folder) cannot reach them."""
+    for setting in ("jobs_dir", "logs_dir"):
+        del bridge.settings[setting]
+    bridge.configure()
+    app_folder = Path(os.environ["LOCALAPPDATA"]) / "claude-hermes-bridge"
+    with bridge.client() as client:
+        result = client.call("hermes_run", task="per-user folders", wait_s=40)
+        assert result.field("STATUS") == "ok", result.text
+        job_id = result.field("JOB_ID")
+        with bridge.client() as second:  # another server process finds the job in the same per-user folder
+            listing = second.call("hermes_jobs").text
+    log = Path(result.field("FULL_LOG"))
+    try:
+        assert log.is_relative_to(app_folder) and log.exists()
+        record = app_folder / "jobs" / f"{job_id}.json"
+        assert record.exists(), sorted(p.name for p in app_folder.rglob("*"))[:20]
+        assert job_id in listing
+    finally:
+        for leftover in app_folder.rglob(f"{job_id}*"):
+            leftover.unlink()
