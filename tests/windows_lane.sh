@@ -19,6 +19,9 @@ TEST_TOOLS=("pytest>=8" "pytest-xdist>=3.6" "pytest-timeout>=2.3" "hypothesis>=6
 # pip evaluates markers against the Linux interpreter running it: Windows-only dependencies are named here.
 WINDOWS_ONLY=("pywin32")  # mcp imports it on Windows
 
+HERMES_VERSION="0.19.0"  # the real Hermes, as Windows wheels (uv evaluates markers for Windows; pip cannot)
+UV_VERSION="0.13.9"
+
 winpath() { printf 'Z:%s' "$(printf '%s' "$1" | tr / '\\')"; }
 
 provision_tools() {
@@ -82,12 +85,44 @@ provision_paths() {
     echo "import site"; } > "$LANE/python/python313._pth"
 }
 
+provision_hermes() {
+  # A Windows install of the real Hermes laid out as a venv: hermes/python (its own copy of the embeddable
+  # CPython), hermes/Lib/site-packages, and hermes/Scripts/hermes.exe as pip makes a console script.
+  local hermes="$LANE/hermes$HERMES_VERSION"
+  [ -f "$hermes/Scripts/hermes.exe" ] && return
+  echo "installing hermes-agent[acp]==$HERMES_VERSION as Windows wheels (uv $UV_VERSION)"
+  [ -x "$LANE/uv-venv/bin/uv" ] || { python3 -m venv "$LANE/uv-venv" \
+    && "$LANE/uv-venv/bin/python" -m pip install --quiet --disable-pip-version-check "uv==$UV_VERSION"; }
+  rm -rf "$hermes" && mkdir -p "$hermes/Scripts"
+  # pip evaluates uvicorn[standard]'s `uvloop; sys_platform != 'win32'` against Linux and finds no Windows wheel
+  # for it; uv resolves for the platform it is told.
+  "$LANE/uv-venv/bin/uv" pip install --quiet --python-platform x86_64-pc-windows-msvc --python-version 3.13 \
+    --target "$hermes/Lib/site-packages" "hermes-agent[acp]==$HERMES_VERSION"
+  cp -r "$LANE/python" "$hermes/python"
+  { echo python313.zip; echo .; winpath "$hermes/Lib/site-packages"; echo; echo "import site"; } \
+    > "$hermes/python/python313._pth"
+  cp "$LANE/site/sitecustomize.py" "$hermes/Lib/site-packages/"
+  python3 - "$hermes/Scripts/hermes.exe" "$(winpath "$hermes/python/python.exe")" <<'PY'
+import io, pathlib, sys, zipfile
+import pip
+out, python = sys.argv[1], sys.argv[2]
+launcher = (pathlib.Path(pip.__file__).parent / "_vendor/distlib/t64.exe").read_bytes()
+script = io.BytesIO()
+with zipfile.ZipFile(script, "w") as archive:
+    archive.writestr("__main__.py", "import sys\nfrom hermes_cli.main import main\nsys.exit(main())\n")
+pathlib.Path(out).write_bytes(launcher + b'#!"' + python.encode() + b'"\r\n' + script.getvalue())
+PY
+}
+
 export WINEDEBUG=-all WINEPREFIX="$LANE/prefix"
+# Wine hands the Unix environment to Windows processes: a Linux CA-bundle path means nothing there.
+unset SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE CURL_CA_BUNDLE
 mkdir -p "$LANE"
 provision_tools
 provision_python
 provision_packages
 provision_paths
+provision_hermes
 # Under Wine a regular Unix file as the first Windows process's stdout or stderr is an invalid handle to
 # CPython: everything it prints goes through a pipe.
 wine "$LANE/python/python.exe" -c "import sys; print('windows lane:', sys.version.split()[0], sys.platform)" \
