@@ -115,8 +115,6 @@ PY
 }
 
 export WINEDEBUG=-all WINEPREFIX="$LANE/prefix"
-# Wine hands the Unix environment to Windows processes: a Linux CA-bundle path means nothing there.
-unset SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE CURL_CA_BUNDLE
 mkdir -p "$LANE"
 provision_tools
 provision_python
@@ -129,6 +127,9 @@ wine "$LANE/python/python.exe" -c "import sys; print('windows lane:', sys.versio
   </dev/null 2>&1 | cat
 [ "${1:-}" = "--provision-only" ] && exit 0
 [ $# -gt 0 ] || set -- "${TESTS[@]}"
+# Wine hands the Unix environment to Windows processes: a Linux CA-bundle path means nothing there (kept for the
+# installs above, which run on Linux).
+unset SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE CURL_CA_BUNDLE
 status=0
 wine "$LANE/python/python.exe" -m pytest -p no:cacheprovider -n 2 "$@" </dev/null 2>&1 | cat || status=$?
 wineserver -k 2>/dev/null || true  # this prefix's own server: nothing outlives the lane
