@@ -271,18 +271,24 @@ def read_capped(path: Path | str, cap: int, follow: bool = False) -> bytes:
     return data
 
 
-def read_replaceable(path: Path | str, cap: int) -> bytes:
-    """read_capped for a file another process replaces whole (write_atomic): on Windows the moment of the
-    replace answers "permission denied" to an open (found on the Windows lane: a reader in a loop saw it),
-    so that answer is retried for a second before it counts."""
-    deadline = time.monotonic() + 1.0
+def patient_on_windows(action: Callable[[], T], patience_s: float) -> T:
+    """action(), retried while Windows answers "permission denied" for a file being replaced, for up to
+    patience_s. Windows refuses to replace a file any process holds open, and an open during the replace is
+    refused in turn; each side holds the file for well under a millisecond, so frequent retries get through
+    (found on the Windows lane: a reader in a loop beat 10 tries 50 ms apart). Elsewhere it runs once."""
+    deadline = time.monotonic() + patience_s
     while True:
         try:
-            return read_capped(path, cap)
+            return action()
         except PermissionError:
             if not IS_WINDOWS or time.monotonic() > deadline:
                 raise
             time.sleep(0.005)
+
+
+def read_replaceable(path: Path | str, cap: int) -> bytes:
+    """read_capped for a file another process replaces whole (write_atomic)."""
+    return patient_on_windows(lambda: read_capped(path, cap), 1.0)
 
 
 def read_json(path: Path | str, cap: int = 1 << 20) -> Any:
@@ -309,12 +315,6 @@ def open_append(path: Path) -> Any:
     return regular_handle(os.open(path, APPEND_FLAGS), path, "ab")
 
 
-# Windows refuses to replace a file that any process holds open, and a server polling a record opens it many
-# times a second; each read holds it for well under a millisecond, so a writer that retries often gets through.
-# Found on the Windows lane: 10 tries 50 ms apart lost a supervisor's write to a reader in a loop.
-REPLACE_PATIENCE_S = 5.0
-
-
 def write_atomic(path: Path, data: bytes) -> None:
     """Whole-file write: a reader sees the old content or the new, never half. The temporary file has a
     random name of its own per write, created exclusively and never through a symlink (as mkstemp does,
@@ -334,15 +334,7 @@ def write_atomic(path: Path, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        deadline = time.monotonic() + REPLACE_PATIENCE_S
-        while True:
-            try:
-                os.replace(tmp, path)
-                return
-            except PermissionError:  # Windows: a reader holds the target open for a moment
-                if not IS_WINDOWS or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.005)
+        patient_on_windows(lambda: os.replace(tmp, path), 5.0)  # a server polling the record may hold it
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -44,6 +44,8 @@ def under_wine() -> bool:
 
 
 UNDER_WINE = under_wine()
+
+
 T = TypeVar("T")
 
 
