@@ -7,6 +7,7 @@ import pytest
 
 import server
 from harness import (
+    BOUND_STRETCH,
     in_playground,
     refused,
 )
@@ -68,7 +69,7 @@ def test_sparse_files_crowded_folders_and_devices_are_bounded_or_refused(bridge)
         assert "clamped" in sparse.text and sparse.field("BINARY").startswith("yes")
         started = time.monotonic()
         listing = client.call("hermes_read", path=str(crowd))
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < 10 * BOUND_STRETCH
         assert listing.field("ENTRIES") == "100000" and "99800 more entries not shown" in listing.text
         assert len(listing.text) < 20_000
         bridge.configure(read_anywhere=True)

@@ -14,6 +14,7 @@ import pytest
 
 import server
 from harness import (
+    BOUND_STRETCH,
     BridgeClient,
     config_for,
     hermes_answer,
@@ -222,7 +223,7 @@ def test_a_store_that_cannot_be_read_makes_the_lines_unavailable_without_delayin
     assert running.field("STATUS") == "running"
     assert running.field("ACTIVITY").startswith("unavailable: ")
     assert ("no session store" if damage == "missing" else "locked") in running.field("ACTIVITY")
-    assert elapsed < 10  # one short connection with a 1 s busy timeout, not a wait on Hermes
+    assert elapsed < 10 * BOUND_STRETCH  # one short connection with a 1 s busy timeout, not a wait on Hermes
 
 
 def test_progress_notifications_carry_the_activity_line(bridge):
@@ -637,14 +638,14 @@ def test_load_concurrent_status_many_records_and_a_1gib_log(bridge):
             outcomes = list(pool.map(poll, range(50)))
         for took, result in outcomes:
             assert result.field("STATUS") == "running"
-            assert took < 2 + 5, took  # bounded by its wait, not hung behind the others (a bound, not a benchmark)
+            assert took < 2 + 5 * BOUND_STRETCH, took  # bounded by its wait, not hung behind the others
         for _ in range(5):
             big = a.call("hermes_status", job_id=big_id, wait_s=0)
         assert "the very end" in big.text and "[cut: the first" in big.text
         assert rss_mb(a.server_pid) - before < 5, "the server's memory grew with the log size"
         started = time.monotonic()
         listing = a.call("hermes_jobs")
-        assert time.monotonic() - started < 5  # bounded over 10,009 records; speed is bench/'s to measure
+        assert time.monotonic() - started < 5 * BOUND_STRETCH  # bounded over 10,009 records (speed: bench/)
         assert listing.text.startswith("JOBS: 10009 on disk; showing 50")
         for job_id in running:
             a.call("hermes_cancel", job_id=job_id)
