@@ -3204,12 +3204,29 @@ class WindowsJob:
 
 @functools.cache
 def protected_pids() -> frozenset[int]:
-    """Processes the bridge never signals, whatever a record says: pid 1, this process and its ancestors.
-    Read once per process: a stop checks it for every process on the machine (marked_processes)."""
+    """Processes the bridge never signals, whatever a record says: pid 1, this process, its ancestors and
+    its console host. Read once per process: a stop checks it for every process on the machine
+    (marked_processes)."""
     pids = {0, 1, os.getpid()}
     with contextlib.suppress(psutil.Error):
         pids.update(parent.pid for parent in psutil.Process().parents())
+    pids.update(own_console_hosts())
     return frozenset(pids)
+
+
+def own_console_hosts() -> list[int]:
+    """The conhost.exe Windows starts as a child of a console process (the supervisor's hidden console): it
+    inherits the job's marker, and killing it kills this process (seen under Wine, where the sweep after
+    Hermes exited took the supervisor down with it and the job showed orphaned)."""
+    if not IS_WINDOWS:
+        return []
+    hosts = []
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.Error, OSError, IndexError):  # psutil lets OSError out under Wine
+                if os.path.basename(child.cmdline()[0]).lower() == "conhost.exe":
+                    hosts.append(child.pid)
+    return hosts
 
 
 def carries_marker(proc: "psutil.Process", marker: str) -> bool:
