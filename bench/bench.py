@@ -25,7 +25,8 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import psutil  # noqa: E402
 
-import server  # noqa: E402
+from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore  # noqa: E402
+from claude_hermes_bridge.supervisor import snapshot_folder  # noqa: E402
 from harness import Bridge, BridgeClient, wait_until  # noqa: E402
 
 MINIMAL = [sys.executable, str(Path(__file__).resolve().parent / "minimal_server.py")]
@@ -150,8 +151,8 @@ def status_of_big_log(bridge: Bridge, ours: BridgeClient, floor: BridgeClient, l
     with open(log, "wb") as handle:
         for _ in range(log_mb * MB // len(line)):
             handle.write(line)
-    server.JobStore(bridge.jobs).write(server.JobRecord(
-        id=job_id, state=server.JobState.OK, exit_code=0, created_at=time.time(), ended_at=time.time(),
+    JobStore(bridge.jobs).write(JobRecord(
+        id=job_id, state=JobState.OK, exit_code=0, created_at=time.time(), ended_at=time.time(),
         cwd=str(bridge.root), log=str(log)))
     rss_before = psutil.Process(ours.server_pid).memory_info().rss / MB
     times: dict[str, list[float]] = {"ours": [], "floor": []}
@@ -173,10 +174,10 @@ def status_of_big_log(bridge: Bridge, ours: BridgeClient, floor: BridgeClient, l
 def fill_records(jobs: Path, count: int) -> None:
     existing = len([e for e in os.scandir(jobs) if e.name.endswith(".json")])
     day = time.strftime("%Y%m%d")
-    store = server.JobStore(jobs)
+    store = JobStore(jobs)
     for n in range(existing, count):
         job_id = f"{day}-{n // 1000:06d}-{n % 1000 + 1}"
-        store.write(server.JobRecord(id=job_id, state=server.JobState.OK, exit_code=0, created_at=1.0, ended_at=2.0,
+        store.write(JobRecord(id=job_id, state=JobState.OK, exit_code=0, created_at=1.0, ended_at=2.0,
                                      cwd="/w", task_preview=f"finished job {n}"))
 
 
@@ -254,7 +255,7 @@ def make_files(folder: Path, count: int) -> None:
         os.close(os.open(sub / f"f{n}.txt", os.O_CREAT | os.O_WRONLY, 0o644))
 
 
-def wait_for_hermes(bridge: Bridge, job_id: str) -> server.JobRecord:
+def wait_for_hermes(bridge: Bridge, job_id: str) -> JobRecord:
     """The record once it names Hermes' process, polled every millisecond: the launch is what is timed."""
     return wait_until(lambda: record if (record := bridge.record(job_id)).hermes else None, 60,
                       f"job {job_id} to start Hermes", interval=0.001)
@@ -264,8 +265,6 @@ def activity_rows(bridge: Bridge, client: BridgeClient, files: int, messages: in
                   calls: int) -> list[Row]:
     """The costs issue 14 added: the activity lines on a big session store, the start listing of a big
     folder, and whether that listing ever sits on the launch path."""
-    import server
-
     big = bridge.root / "big"
     make_files(big, files)
     (bridge.root / "empty").mkdir()
@@ -273,7 +272,7 @@ def activity_rows(bridge: Bridge, client: BridgeClient, files: int, messages: in
     walk, floor = [], []
     for _ in range(runs):
         started = time.perf_counter()
-        snapshot = server.snapshot_folder(str(big), [], files * 2, 600)
+        snapshot = snapshot_folder(str(big), [], files * 2, 600)
         walk.append(ms_since(started))
         started = time.perf_counter()
         sum(len(names) for _, _, names in os.walk(big))

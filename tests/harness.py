@@ -23,7 +23,11 @@ from anyio.from_thread import start_blocking_portal
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-import server
+from claude_hermes_bridge.bodies import run_tool_body
+from claude_hermes_bridge.cli import either
+from claude_hermes_bridge.config import SETTINGS_ENV, Config, load_config
+from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore
+from claude_hermes_bridge.render import ANSWER_PREFIX
 
 REPO = Path(__file__).resolve().parent.parent
 MCP_LINE = int(installed_version("mcp").split(".")[0])
@@ -140,14 +144,14 @@ class Bridge:
     def client(self, **kwargs: Any) -> "BridgeClient":
         return BridgeClient(self.env, **kwargs)
 
-    def call_body(self, monkeypatch: Any, tool: str, body: Callable[[server.Config], Any]) -> "Result":
+    def call_body(self, monkeypatch: Any, tool: str, body: Callable[[Config], Any]) -> "Result":
         """A tool body run in this process as the server runs it (answer: this bridge's config, a refusal or
         a bug as a result, the audit line), without MCP: for tables of cases a host sees one of end to end."""
         import anyio
 
         monkeypatch.setenv("HERMES_BRIDGE_CONFIG", str(self.config))
-        monkeypatch.delenv(server.SETTINGS_ENV, raising=False)
-        outcome = anyio.run(server.run_tool_body, tool, body)
+        monkeypatch.delenv(SETTINGS_ENV, raising=False)
+        outcome = anyio.run(run_tool_body, tool, body)
         return Result(outcome.text, outcome.is_error)
 
     def runs(self) -> list[dict[str, Any]]:
@@ -166,8 +170,8 @@ class Bridge:
         pids = [run["pid"] for run in self.runs()]
         return pids + [int(p.stem) for p in self.trace.glob("*.child")]
 
-    def record(self, job_id: str) -> server.JobRecord:
-        return server.JobStore(self.jobs).read(job_id)
+    def record(self, job_id: str) -> JobRecord:
+        return JobStore(self.jobs).read(job_id)
 
     def wait_record(self, job_id: str, field: str, timeout: float = 20) -> Any:
         """A field of a job's record once it is set, e.g. its supervisor's or Hermes' ProcessId."""
@@ -245,8 +249,8 @@ def hermes_answer(text: str) -> str:
     """The HERMES ANSWER section of a final block, its lines without the prefix that marks them as quoted."""
     section = text.split("--- HERMES ANSWER ---\n", 1)[1].split("\n--- HERMES OUTPUT ---", 1)[0]
     lines = section.split("\n")
-    assert all(line.startswith(server.ANSWER_PREFIX) for line in lines), section
-    return "\n".join(line[len(server.ANSWER_PREFIX):] for line in lines)
+    assert all(line.startswith(ANSWER_PREFIX) for line in lines), section
+    return "\n".join(line[len(ANSWER_PREFIX):] for line in lines)
 
 
 @dataclasses.dataclass
@@ -303,7 +307,7 @@ class BridgeClient:
     def call(self, tool: str, **arguments: Any) -> Result:
         result = self.portal.call(self.session.call_tool, tool, arguments)
         text = "\n".join(c.text for c in result.content if c.type == "text")
-        return Result(text, bool(server.either(result, "is_error")))
+        return Result(text, bool(either(result, "is_error")))
 
     def wait_final(self, job_id: str, timeout: float = 60) -> Result:
         deadline = time.time() + timeout
@@ -437,15 +441,15 @@ def text_of(result: dict[str, Any]) -> str:
     return "\n".join(block["text"] for block in result["content"] if block.get("type") == "text")
 
 
-def config_for(tmp_path: Path, **values: Any) -> server.Config:
+def config_for(tmp_path: Path, **values: Any) -> Config:
     """A config read from a file holding these values, its jobs folder under tmp_path unless they say."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"jobs_dir": str(tmp_path / "jobs"), **values}))
-    return server.load_config(path)
+    return load_config(path)
 
 
-def running_record(**fields: Any) -> server.JobRecord:
-    return server.JobRecord(id="20261130-000000-1", state=server.JobState.RUNNING, **fields)
+def running_record(**fields: Any) -> JobRecord:
+    return JobRecord(id="20261130-000000-1", state=JobState.RUNNING, **fields)
 
 
 def in_playground(root: Path, spelling: str) -> str:

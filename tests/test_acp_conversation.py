@@ -13,7 +13,16 @@ from typing import Any
 
 import pytest
 
-import server
+from claude_hermes_bridge.config import DRIVER_NAMES, Config
+from claude_hermes_bridge.drivers import DRIVERS, AcpRun, HermesRun, LaunchPlan
+from claude_hermes_bridge.hermes_acp import COMMAND_SHOWN_CHARS, AcpConversation
+from claude_hermes_bridge.hermes_cli import exe_fingerprint, flags_cache_path
+from claude_hermes_bridge.jobs import DECISIONS_KEPT, RECORD_MAX_BYTES, JobRecord, JobState, JobStore, Outcome, observe
+from claude_hermes_bridge.processes import StopReport, stop_tree
+from claude_hermes_bridge.render import render_status
+from claude_hermes_bridge.safe_io import Refused, machine_clock, write_atomic
+from claude_hermes_bridge.supervisor import Supervisor
+from claude_hermes_bridge.tools import answer_approval
 from harness import wait_until
 
 
@@ -49,18 +58,18 @@ class Talk:
     def __init__(self, tmp_path: Path, approvals: str = "deny", session: str | None = None):
         root = tmp_path / "root"
         root.mkdir(exist_ok=True)
-        self.cfg = server.Config(path=tmp_path / "config.json", allowed_roots=[str(root)],
+        self.cfg = Config(path=tmp_path / "config.json", allowed_roots=[str(root)],
                                  jobs_dir=str(tmp_path / "jobs"), approvals=approvals, approval_timeout_s=30)
-        self.store = server.JobStore.of(self.cfg)
+        self.store = JobStore.of(self.cfg)
         self.store.ensure()
         job_id = self.store.claim_id(b"the task")
-        self.record = server.JobRecord(id=job_id, cwd=str(root), session_requested=session, driver="acp",
+        self.record = JobRecord(id=job_id, cwd=str(root), session_requested=session, driver="acp",
                                        approval_mode=approvals, created_at=time.time())
         self.store.write(self.record)
         self.root = root
         self.log: list[str] = []
         self.proc = FakeAcpProcess()
-        self.talk = server.AcpConversation(self.proc, self.record, self.cfg, self.store,  # type: ignore[arg-type]
+        self.talk = AcpConversation(self.proc, self.record, self.cfg, self.store,  # type: ignore[arg-type]
                                            "the task", self.log.append)
 
     def pump_until(self, done: Any, what: str) -> Any:
@@ -150,7 +159,7 @@ def test_a_refusal_ends_the_job_with_the_reason_that_explains_it(tmp_path):
     talk.proc.say({"id": talk.last_sent()["id"], "result": {"stopReason": "refusal"}})
     talk.pump_until(lambda: talk.talk.finished, "the prompt's reply")
     outcome = talk.talk.outcome(0)
-    assert outcome.state is server.JobState.ERROR
+    assert outcome.state is JobState.ERROR
     assert "refused the prompt (stopReason refusal)" in (outcome.reason or "")
     assert "a session made with the CLI cannot be continued over ACP" in (outcome.reason or "")
 
@@ -200,12 +209,12 @@ def test_an_answer_applies_only_to_the_question_whose_id_it_names(tmp_path):
         "kind": "execute", "rawInput": {"command": "rm -rf build", "description": "delete"}}, "options": [
         {"optionId": "allow_once", "kind": "allow_once"}, {"optionId": "deny", "kind": "reject_once"}]}})
     [pending] = talk.pump_until(lambda: talk.record.questions, "the question")
-    server.write_atomic(talk.store.answers_path(talk.record.id),
+    write_atomic(talk.store.answers_path(talk.record.id),
                         json.dumps({"9-abcdef": {"decision": "allow", "by": "planner"}}).encode())
     for _ in range(5):
         talk.talk.pump()
     assert talk.record.questions == [pending] and not any(m.get("id") == 7 for m in talk.proc.sent())
-    server.answer_approval(talk.cfg, talk.record.id, pending["id"], "deny", "planner")
+    answer_approval(talk.cfg, talk.record.id, pending["id"], "deny", "planner")
     reply = talk.pump_until(lambda: next((m for m in talk.proc.sent() if m.get("id") == 7), None), "the answer")
     assert reply["result"]["outcome"]["optionId"] == "deny"
 
@@ -216,11 +225,11 @@ def test_an_answer_after_the_deadline_is_never_recorded_as_the_decision(tmp_path
     talk.proc.say({"id": 7, "method": "session/request_permission", "params": {"toolCall": {
         "kind": "execute", "rawInput": {"command": "rm -rf build"}}, "options": []}})
     [pending] = talk.pump_until(lambda: talk.record.questions, "the question")
-    talk.record.questions = [{**pending, "expires_clock": server.machine_clock() - 1}]
+    talk.record.questions = [{**pending, "expires_clock": machine_clock() - 1}]
     talk.store.write(talk.record)
-    with pytest.raises(server.Refused, match="came too late"):
-        server.answer_approval(talk.cfg, talk.record.id, pending["id"], "allow", "planner")
-    server.write_atomic(talk.store.answers_path(talk.record.id),
+    with pytest.raises(Refused, match="came too late"):
+        answer_approval(talk.cfg, talk.record.id, pending["id"], "allow", "planner")
+    write_atomic(talk.store.answers_path(talk.record.id),
                         json.dumps({pending["id"]: {"decision": "allow", "by": "planner"}}).encode())
     talk.talk.pump()
     [decision] = talk.record.decisions
@@ -228,11 +237,11 @@ def test_an_answer_after_the_deadline_is_never_recorded_as_the_decision(tmp_path
 
 
 # ------------------------------------------------------------------ AcpRun
-def fingerprinted(cfg: server.Config, exe: Path) -> dict[str, Any]:
-    cache = {server.exe_fingerprint(str(exe)): ["--query"], server.exe_fingerprint(str(exe)) + "|acp": {
+def fingerprinted(cfg: Config, exe: Path) -> dict[str, Any]:
+    cache = {exe_fingerprint(str(exe)): ["--query"], exe_fingerprint(str(exe)) + "|acp": {
         "acp": True, "at": time.time()}}
-    server.flags_cache_path(cfg).parent.mkdir(parents=True, exist_ok=True)
-    server.write_atomic(server.flags_cache_path(cfg), json.dumps(cache).encode())
+    flags_cache_path(cfg).parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(flags_cache_path(cfg), json.dumps(cache).encode())
     return cache
 
 
@@ -241,19 +250,19 @@ def test_hermes_acp_ending_without_a_session_forgets_that_it_speaks_acp_and_keep
     exe = tmp_path / "hermes"
     exe.write_text("#!/bin/sh\n")
     cache = fingerprinted(talk.cfg, exe)
-    run = server.AcpRun(talk.cfg, talk.store, talk.record, str(exe), talk.log.append)
+    run = AcpRun(talk.cfg, talk.store, talk.record, str(exe), talk.log.append)
     run.conversation = talk.talk
-    assert run.outcome(1).state is server.JobState.ERROR
-    left = json.loads(server.flags_cache_path(talk.cfg).read_text())
+    assert run.outcome(1).state is JobState.ERROR
+    left = json.loads(flags_cache_path(talk.cfg).read_text())
     assert left == {key: value for key, value in cache.items() if not key.endswith("|acp")}
 
 
 def test_every_driver_name_has_its_driver():
-    assert set(server.DRIVERS) == set(server.DRIVER_NAMES)
-    assert all(issubclass(driver, server.HermesRun) for driver in server.DRIVERS.values())
+    assert set(DRIVERS) == set(DRIVER_NAMES)
+    assert all(issubclass(driver, HermesRun) for driver in DRIVERS.values())
 
 
-class Recorder(server.HermesRun):
+class Recorder(HermesRun):
     """A driver that runs a sleeping process and records what the supervisor asked of it, and when."""
 
     stop_grace_s = 0.6
@@ -261,31 +270,31 @@ class Recorder(server.HermesRun):
 
     @classmethod
     def plan(cls, cfg: Any, exe: str, record: Any, task: str, folder: str, task_path: Any,  # noqa: ARG003
-             probe: Any) -> server.LaunchPlan:  # noqa: ARG003
-        return server.LaunchPlan([sys.executable, "-c", "import time; time.sleep(60)"], ["sleeper"], folder, None, [])
+             probe: Any) -> LaunchPlan:  # noqa: ARG003
+        return LaunchPlan([sys.executable, "-c", "import time; time.sleep(60)"], ["sleeper"], folder, None, [])
 
     @staticmethod
     def start_default(argv: list[str], folder: str, stdin: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
         Recorder.calls.append(("start", time.monotonic()))
         return subprocess.Popen(argv, cwd=folder, stdin=stdin, env=env, start_new_session=True)
 
-    def start(self, plan: server.LaunchPlan, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def start(self, plan: LaunchPlan, env: dict[str, str]) -> subprocess.Popen[bytes]:
         return self.start_process(plan.argv, plan.folder, subprocess.DEVNULL, env)
 
     def ask_to_stop(self) -> None:
         Recorder.calls.append(("ask_to_stop", time.monotonic()))
 
-    def outcome(self, exit_code: int) -> server.Outcome:
-        return server.Outcome(server.JobState.OK, exit_code, None)
+    def outcome(self, exit_code: int) -> Outcome:
+        return Outcome(JobState.OK, exit_code, None)
 
     def session(self, exit_code: int | None) -> tuple[str | None, str | None]:  # noqa: ARG002
         return None, None
 
 
-def supervised_by(driver: type[server.HermesRun], tmp_path: Path, monkeypatch: Any) -> tuple[Talk, server.Supervisor]:
+def supervised_by(driver: type[HermesRun], tmp_path: Path, monkeypatch: Any) -> tuple[Talk, Supervisor]:
     """A job whose supervisor (in this process) runs the given driver in place of ACP's."""
     talk = Talk(tmp_path)
-    monkeypatch.setitem(server.DRIVERS, "acp", driver)
+    monkeypatch.setitem(DRIVERS, "acp", driver)
     exe = tmp_path / "hermes"
     exe.write_text("#!/bin/sh\n")
     exe.chmod(0o755)
@@ -293,19 +302,18 @@ def supervised_by(driver: type[server.HermesRun], tmp_path: Path, monkeypatch: A
     talk.record.timeout_s = 60
     talk.store.write(talk.record)
     talk.store.task_path(talk.record.id).write_text("t")
-    return talk, server.Supervisor(talk.record.id, talk.cfg, talk.store)
+    return talk, Supervisor(talk.record.id, talk.cfg, talk.store)
 
 
 @pytest.mark.posix("the sleeper is stopped with POSIX signals")
 def test_a_stop_asks_the_driver_first_and_stops_the_tree_only_after_its_grace(tmp_path, monkeypatch):
     talk, supervisor = supervised_by(Recorder, tmp_path, monkeypatch)
     stopped: list[float] = []
-    real_stop_tree = server.stop_tree
 
-    def stop_tree(*args: Any, **kwargs: Any) -> server.StopReport:
+    def recording_stop_tree(*args: Any, **kwargs: Any) -> StopReport:
         stopped.append(time.monotonic())
-        return real_stop_tree(*args, **kwargs)
-    monkeypatch.setattr(server, "stop_tree", stop_tree)
+        return stop_tree(*args, **kwargs)
+    monkeypatch.setattr("claude_hermes_bridge.supervisor.stop_tree", recording_stop_tree)
     Recorder.calls = []
 
     def cancel_once_started() -> None:
@@ -314,7 +322,7 @@ def test_a_stop_asks_the_driver_first_and_stops_the_tree_only_after_its_grace(tm
     threading.Thread(target=cancel_once_started, daemon=True).start()
     supervisor.run()
     final = talk.store.read(talk.record.id)
-    assert final.state is server.JobState.CANCELLED
+    assert final.state is JobState.CANCELLED
     names = [name for name, _ in Recorder.calls]
     assert names == ["start", "ask_to_stop"]
     asked_at = Recorder.calls[1][1]
@@ -378,16 +386,16 @@ def test_a_thousand_questions_at_once_are_all_kept_each_with_its_own_id_and_all_
     talk.pump_until(lambda: len(talk.record.questions) == 1000, "every question kept")
     on_disk = talk.store.read(talk.record.id)
     assert len({q["id"] for q in on_disk.questions}) == 1000
-    view = server.observe(on_disk, talk.store.root)
-    block = server.render_status(view, talk.cfg)
+    view = observe(on_disk, talk.store.root)
+    block = render_status(view, talk.cfg)
     assert "STATUS: needs_approval" in block and "QUESTIONS_WAITING: 1000" in block
     permission(talk, 5000, "rm -rf ./one-too-many")  # past what a record keeps: the bridge denies at once
     [reply] = talk.pump_until(lambda: replies_to(talk, 5000), "the bridge's own answer")
     assert reply["result"]["outcome"]["optionId"] == "deny"
     assert "1,000 questions were already waiting" in talk.record.decisions[-1]["by"]
     first, second = on_disk.questions[:2]
-    server.answer_approval(talk.cfg, talk.record.id, second["id"], "allow", "planner")
-    server.answer_approval(talk.cfg, talk.record.id, first["id"], "deny", "planner")
+    answer_approval(talk.cfg, talk.record.id, second["id"], "allow", "planner")
+    answer_approval(talk.cfg, talk.record.id, first["id"], "deny", "planner")
     talk.pump_until(lambda: len(replies_to(talk, 1)) == 1 and len(replies_to(talk, 0)) == 1, "the two answers")
     assert replies_to(talk, 1)[0]["result"]["outcome"]["optionId"] == "allow_once"
     assert replies_to(talk, 0)[0]["result"]["outcome"]["optionId"] == "deny"
@@ -395,8 +403,8 @@ def test_a_thousand_questions_at_once_are_all_kept_each_with_its_own_id_and_all_
     assert talk.record.questions == []
     assert talk.record.decided == {"allow": 1, "deny": 1000}
     assert len(replies_to(talk, 0)) == 1  # the answered one; Hermes stopped waiting for the rest by itself
-    assert len(talk.record.decisions) == server.DECISIONS_KEPT
-    server.JobStore.of(talk.cfg).read(talk.record.id)  # still readable
+    assert len(talk.record.decisions) == DECISIONS_KEPT
+    JobStore.of(talk.cfg).read(talk.record.id)  # still readable
 
 
 def test_a_second_answer_to_a_question_is_refused_naming_the_first_and_only_the_first_is_applied(tmp_path):
@@ -404,12 +412,12 @@ def test_a_second_answer_to_a_question_is_refused_naming_the_first_and_only_the_
     talk.handshake()
     permission(talk, 7, "rm -rf build")
     [question] = talk.pump_until(lambda: talk.record.questions, "the question")
-    server.answer_approval(talk.cfg, talk.record.id, question["id"], "allow", "user")
-    with pytest.raises(server.Refused, match=r"decided already: allow by the user \(elicitation\)"):
-        server.answer_approval(talk.cfg, talk.record.id, question["id"], "deny", "planner")
+    answer_approval(talk.cfg, talk.record.id, question["id"], "allow", "user")
+    with pytest.raises(Refused, match=r"decided already: allow by the user \(elicitation\)"):
+        answer_approval(talk.cfg, talk.record.id, question["id"], "deny", "planner")
     talk.pump_until(lambda: replies_to(talk, 7), "the answer applied")
-    with pytest.raises(server.Refused, match="decided already: allow by the user"):
-        server.answer_approval(talk.cfg, talk.record.id, question["id"], "deny", "planner")
+    with pytest.raises(Refused, match="decided already: allow by the user"):
+        answer_approval(talk.cfg, talk.record.id, question["id"], "deny", "planner")
     assert [m["result"]["outcome"]["optionId"] for m in replies_to(talk, 7)] == ["allow_once"]
     [decision] = talk.record.decisions
     assert decision["decision"] == "allow" and decision["by"] == "the user (elicitation)"
@@ -424,9 +432,9 @@ def test_answers_racing_from_two_threads_are_claimed_once(tmp_path):
 
     def answer(decision: str, by: str) -> None:
         try:
-            server.answer_approval(talk.cfg, talk.record.id, question["id"], decision, by)
+            answer_approval(talk.cfg, talk.record.id, question["id"], decision, by)
             outcomes.append(f"relayed {decision}")
-        except server.Refused as exc:
+        except Refused as exc:
             outcomes.append(str(exc))
     threads = [threading.Thread(target=answer, args=pair) for pair in [("allow", "user"), ("deny", "planner")] * 4]
     for thread in threads:
@@ -449,7 +457,7 @@ def test_a_folder_planted_at_the_answers_name_is_moved_aside_and_the_question_st
     for _ in range(3):
         talk.talk.pump()  # the supervisor reads past it
     assert talk.record.questions == [question]
-    server.answer_approval(talk.cfg, talk.record.id, question["id"], "deny", "planner")
+    answer_approval(talk.cfg, talk.record.id, question["id"], "deny", "planner")
     reply = talk.pump_until(lambda: replies_to(talk, 7), "the answer applied")
     assert reply[0]["result"]["outcome"]["optionId"] == "deny" and planted.is_file()
 
@@ -478,9 +486,9 @@ def test_a_thousand_and_one_allowed_edits_and_a_huge_answer_keep_the_record_read
     talk.proc.say({"method": "session/update", "params": {"update": {
         "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "\u0436\u0001" * (1 << 19)}}}})
     talk.pump_until(lambda: len((talk.record.acp or {}).get("answer", "")) > 1000, "the answer")
-    assert talk.store.record_path(talk.record.id).stat().st_size < server.RECORD_MAX_BYTES
+    assert talk.store.record_path(talk.record.id).stat().st_size < RECORD_MAX_BYTES
     on_disk = talk.store.read(talk.record.id)
-    assert on_disk.decided == {"allow": 1001} and len(on_disk.decisions) == server.DECISIONS_KEPT
+    assert on_disk.decided == {"allow": 1001} and len(on_disk.decisions) == DECISIONS_KEPT
 
 
 def test_the_whole_multi_line_command_is_what_the_question_shows(tmp_path):
@@ -504,7 +512,7 @@ def test_a_command_too_long_to_show_whole_says_so_and_its_whole_text_is_in_the_l
     [question] = talk.pump_until(lambda: talk.record.questions, "the question")
     what = question["what"]
     assert what.startswith("run `echo start; ") and "rm -rf ./hidden-at-the-end`" in what
-    assert f"[... {len(command) - server.COMMAND_SHOWN_CHARS:,} characters NOT SHOWN ...]" in what
+    assert f"[... {len(command) - COMMAND_SHOWN_CHARS:,} characters NOT SHOWN ...]" in what
     assert "too long to show whole" in what and len(what) < 1400
     assert any(command in entry for entry in talk.log)
 
@@ -514,9 +522,9 @@ class FailingDriver(Recorder):
 
     @classmethod
     def plan(cls, cfg: Any, exe: str, record: Any, task: str, folder: str, task_path: Any,  # noqa: ARG003
-             probe: Any) -> server.LaunchPlan:  # noqa: ARG003
+             probe: Any) -> LaunchPlan:  # noqa: ARG003
         code = "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"
-        return server.LaunchPlan([sys.executable, "-c", code], ["sleeper"], folder, None, [])
+        return LaunchPlan([sys.executable, "-c", code], ["sleeper"], folder, None, [])
 
     def pump(self) -> None:
         if time.monotonic() > getattr(self, "fail_at", float("inf")):
@@ -530,7 +538,7 @@ def test_a_failing_supervisor_stops_the_tree_before_it_writes_the_outcome(tmp_pa
     talk, supervisor = supervised_by(FailingDriver, tmp_path, monkeypatch)
     supervisor.run()
     final = talk.store.read(talk.record.id)
-    assert final.state is server.JobState.ERROR and "the supervisor failed (RuntimeError: a bug in the loop)" in (
+    assert final.state is JobState.ERROR and "the supervisor failed (RuntimeError: a bug in the loop)" in (
         final.reason or "")
     assert "2 processes" in (final.reason or ""), final.reason
     assert final.hermes is not None and final.hermes.process() is None

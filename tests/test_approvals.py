@@ -1,13 +1,27 @@
 """Hermes asks, the user answers (issue 20): the ACP driver against the fake Hermes' ACP side. Which driver a
 job gets, what each approvals setting lets reach Hermes, every way a question is answered (the bridge itself,
 hermes_approve, elicitation, nobody), activity from events, cancel and resume over ACP."""
+import json
+import re
+import sys
+import threading
+import time
 from typing import Any
 
+import psutil
 import pytest
 from mcp import types
 
-import server
-from harness import Bridge, BridgeClient, hermes_answer, make_fake_hermes, refused, wait_gone, wait_until
+from claude_hermes_bridge.bodies import wait_for_end
+from claude_hermes_bridge.config import Config, load_config
+from claude_hermes_bridge.hermes_acp import ACP_SESSION_RE, approval_policy_dir
+from claude_hermes_bridge.hermes_cli import hermes_env
+from claude_hermes_bridge.jobs import RECORD_MAX_BYTES, JobRecord, JobState, JobStore
+from claude_hermes_bridge.mcp_edge import elicited_decision
+from claude_hermes_bridge.render import QUESTIONS_SHOWN
+from claude_hermes_bridge.safe_io import ProcessId, machine_clock
+from claude_hermes_bridge.tools import answer_approval
+from harness import SERVER, Bridge, BridgeClient, hermes_answer, make_fake_hermes, refused, wait_gone, wait_until
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script")
 
@@ -66,7 +80,7 @@ def test_hermes_driver_acp_without_the_extra_is_refused_with_the_fix(acp):
 # ------------------------------------------------------------------ 2. what each setting lets reach Hermes
 @pytest.mark.parametrize("extra", [True, False], ids=["acp", "cli"])
 def test_the_bundle_defaults_yolo_false_and_approvals_deny_leave_every_bypass_off(acp, extra):
-    command = [server.sys.executable, str(server.SERVER_FILE), "--yolo", "false", "--approvals", "deny"]
+    command = [sys.executable, str(SERVER), "--yolo", "false", "--approvals", "deny"]
     acp.configure(yolo=True, approvals="yolo")  # a config file that would loosen it
     client = client_of(acp, extra=extra, command=command)
     client.params.env = dict(client.params.env or {}, HERMES_YOLO_MODE="1")  # inherited from the host's environment
@@ -170,9 +184,9 @@ def test_the_question_carries_its_deadline_wherever_it_is_shown(acp):
     with client_of(acp, elicitation_callback=elicit) as client:
         client.call("hermes_run", task="!ask=touch+deadline2.txt", wait_s=30)
     waits = block.field("APPROVAL_WAITS_S")
-    assert server.re.fullmatch(r"\d+ \(Hermes denies this by itself at \d\d:\d\d:\d\d \(in \d+ s\) if nobody "
+    assert re.fullmatch(r"\d+ \(Hermes denies this by itself at \d\d:\d\d:\d\d \(in \d+ s\) if nobody "
                                r"answers\)", waits), waits
-    assert asked and server.re.search(r"Allow it\? Hermes denies this by itself at \d\d:\d\d:\d\d \(in \d+ s\)",
+    assert asked and re.search(r"Allow it\? Hermes denies this by itself at \d\d:\d\d:\d\d \(in \d+ s\)",
                                       asked[0]), asked
 
 
@@ -220,7 +234,7 @@ def test_an_acp_session_is_resumed_over_acp_with_session_load(acp):
     with client_of(acp) as client:
         first = client.call("hermes_run", task="start a session", wait_s=30)
         session = first.field("SESSION_ID")
-        assert server.ACP_SESSION_RE.fullmatch(session)
+        assert ACP_SESSION_RE.fullmatch(session)
         resumed = client.call("hermes_resume", session_id=session, task="continue it", wait_s=30)
     assert resumed.field("STATUS") == "ok", resumed.text
     assert resumed.field("SESSION_ID") == session
@@ -229,29 +243,29 @@ def test_an_acp_session_is_resumed_over_acp_with_session_load(acp):
 
 
 # ------------------------------------------------------------------ 5. the small rules, as units
-def asking_job(bridge: Bridge, expires_in: float = 60) -> tuple[server.Config, server.JobRecord]:
+def asking_job(bridge: Bridge, expires_in: float = 60) -> tuple[Config, JobRecord]:
     """A running job (its supervisor: this process) waiting on a question."""
-    cfg = server.load_config(bridge.config)
-    store = server.JobStore.of(cfg)
+    cfg = load_config(bridge.config)
+    store = JobStore.of(cfg)
     store.ensure()
     job_id = store.claim_id(b"asks")
-    record = server.JobRecord(id=job_id, state=server.JobState.RUNNING, created_at=server.time.time(),
-                              supervisor=server.ProcessId.of(server.psutil.Process()), questions=[{
-                                  "id": "1-abcdef", "what": "run `rm -rf build`", "asked_at": server.time.time(),
-                                  "expires_at": server.time.time() + expires_in,
-                                  "expires_clock": server.machine_clock() + expires_in}])
+    record = JobRecord(id=job_id, state=JobState.RUNNING, created_at=time.time(),
+                              supervisor=ProcessId.of(psutil.Process()), questions=[{
+                                  "id": "1-abcdef", "what": "run `rm -rf build`", "asked_at": time.time(),
+                                  "expires_at": time.time() + expires_in,
+                                  "expires_clock": machine_clock() + expires_in}])
     store.write(record)
     return cfg, record
 
 
 def audit_lines(bridge: Bridge) -> list[dict[str, Any]]:
     path = bridge.tmp / "logs" / "audit.log"
-    return [server.json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def test_every_relayed_answer_leaves_one_audit_line(bridge):
     cfg, record = asking_job(bridge)
-    server.answer_approval(cfg, record.id, "1-abcdef", "deny", "planner")
+    answer_approval(cfg, record.id, "1-abcdef", "deny", "planner")
     [line] = [entry for entry in audit_lines(bridge) if entry.get("event") == "approval"]
     assert line["job_id"] == record.id and line["decision"] == "deny" and line["by"] == "planner"
 
@@ -265,24 +279,24 @@ def test_every_relayed_answer_leaves_one_audit_line(bridge):
     ("accept", None),
 ], ids=["allow", "accepted-unchecked-denies", "declined", "cancelled-decides-nothing", "no-choice", "not-a-form"])
 def test_an_elicited_answer_is_allow_deny_or_nothing(response, decision):
-    assert server.elicited_decision(response) == decision
+    assert elicited_decision(response) == decision
 
 
 def test_a_waiting_call_returns_as_soon_as_a_question_nobody_in_it_can_answer_is_pending(bridge):
     import anyio
 
     cfg, record = asking_job(bridge)
-    started = server.time.monotonic()
-    view = anyio.run(server.wait_for_end, cfg, record.id, 30.0, None)
-    assert view.pending_questions and server.time.monotonic() - started < 10
+    started = time.monotonic()
+    view = anyio.run(wait_for_end, cfg, record.id, 30.0, None)
+    assert view.pending_questions and time.monotonic() - started < 10
 
 
 @pytest.mark.parametrize("approvals", ["deny", "ask"])
 def test_hermes_yolo_mode_is_removed_unless_the_bridge_says_yolo(tmp_path, monkeypatch, approvals):
     monkeypatch.setenv("HERMES_YOLO_MODE", "1")
-    cfg = server.Config(path=tmp_path / "config.json", approvals=approvals)
-    assert "HERMES_YOLO_MODE" not in server.hermes_env(cfg)
-    assert server.hermes_env(server.Config(path=tmp_path / "c.json", approvals="yolo"))["HERMES_YOLO_MODE"] == "1"
+    cfg = Config(path=tmp_path / "config.json", approvals=approvals)
+    assert "HERMES_YOLO_MODE" not in hermes_env(cfg)
+    assert hermes_env(Config(path=tmp_path / "c.json", approvals="yolo"))["HERMES_YOLO_MODE"] == "1"
 
 
 def test_over_a_managed_policy_the_bridges_mode_and_timeout_win_and_its_other_keys_stay(tmp_path, monkeypatch):
@@ -294,7 +308,7 @@ def test_over_a_managed_policy_the_bridges_mode_and_timeout_win_and_its_other_ke
                                                          "model": {"default": "corp-model"}}))
     (managed / ".env").write_text("CORP_KEY=1\n")
     monkeypatch.setenv("HERMES_MANAGED_DIR", str(managed))
-    folder = server.approval_policy_dir(42)
+    folder = approval_policy_dir(42)
     policy = yaml.safe_load((folder / "config.yaml").read_text())
     assert policy == {"approvals": {"mode": "manual", "timeout": 42, "cron": "x", "single_query_mode": "deny"},
                       "model": {"default": "corp-model"}}
@@ -322,13 +336,13 @@ def test_questions_asked_together_are_all_shown_and_two_answers_at_once_from_two
         asking = wait_until(lambda: r if "QUESTIONS_WAITING: 22" in (r := client.call(
             "hermes_status", job_id=job_id, wait_s=5)).text else None, 40, "all 22 questions shown")
         ids = [line.split(": ", 1)[1] for line in asking.text.splitlines() if line.startswith("APPROVAL_ID: ")]
-        assert len(ids) == server.QUESTIONS_SHOWN and len(set(ids)) == len(ids)
+        assert len(ids) == QUESTIONS_SHOWN and len(set(ids)) == len(ids)
         answers: dict[str, Any] = {}
 
         def answer(name: str, who: BridgeClient, decision: str) -> None:
             answers[name] = who.call("hermes_approve", job_id=job_id, approval_id=ids[0], decision=decision)
-        racing = [server.threading.Thread(target=answer, args=("allow", client, "allow")),
-                  server.threading.Thread(target=answer, args=("deny", other, "deny"))]
+        racing = [threading.Thread(target=answer, args=("allow", client, "allow")),
+                  threading.Thread(target=answer, args=("deny", other, "deny"))]
         for thread in racing:
             thread.start()
         for thread in racing:
@@ -362,7 +376,7 @@ def test_a_huge_non_ascii_answer_keeps_the_record_within_what_the_store_reads(ac
         result = client.call("hermes_run", task="!big-answer=1048576", wait_s=40)
     assert result.field("STATUS") == "ok", result.text
     record_path = acp.jobs / f"{result.field('JOB_ID')}.json"
-    assert record_path.stat().st_size <= server.RECORD_MAX_BYTES
+    assert record_path.stat().st_size <= RECORD_MAX_BYTES
     assert "| FAKE ANSWER: !big-answer=1048576 " + "\u0436" * 100 in result.text
 
 
@@ -385,6 +399,6 @@ def test_allow_for_job_allows_the_same_command_again_without_asking_and_uses_the
 
 
 def test_an_elicited_answer_can_allow_for_the_rest_of_the_job():
-    assert server.elicited_decision({"action": "accept", "content": {"allow": True, "for_this_job": True}}) == (
+    assert elicited_decision({"action": "accept", "content": {"allow": True, "for_this_job": True}}) == (
         "allow_for_job")
-    assert server.elicited_decision({"action": "accept", "content": {"allow": False, "for_this_job": True}}) == "deny"
+    assert elicited_decision({"action": "accept", "content": {"allow": False, "for_this_job": True}}) == "deny"

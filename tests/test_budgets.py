@@ -5,7 +5,12 @@ from typing import Any
 
 import pytest
 
-import server
+from claude_hermes_bridge.config import Config
+from claude_hermes_bridge.hermes_cli import hermes_env, retry_advice
+from claude_hermes_bridge.hermes_store import session_spend
+from claude_hermes_bridge.jobs import FINAL_STATES, PART_DONE_STATES, JobState
+from claude_hermes_bridge.mcp_edge import TASK_FAILED_STATES
+from claude_hermes_bridge.processes import JOB_MARKER
 from harness import Bridge, BridgeClient, refused
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script")
@@ -99,9 +104,9 @@ def test_budgets_are_checked_defaulted_and_clamped_to_the_configs_ceilings(bridg
 
 
 def test_over_budget_is_a_final_part_done_state_that_a_task_reports_as_an_error():
-    assert server.JobState.OVER_BUDGET in server.FINAL_STATES and server.JobState.OVER_BUDGET in (
-        server.PART_DONE_STATES)
-    assert server.JobState.OVER_BUDGET in server.TASK_FAILED_STATES
+    assert JobState.OVER_BUDGET in FINAL_STATES and JobState.OVER_BUDGET in (
+        PART_DONE_STATES)
+    assert JobState.OVER_BUDGET in TASK_FAILED_STATES
 
 
 # ------------------------------------------------------------------ section 3: why a job ended, and whether to retry
@@ -124,15 +129,15 @@ def test_every_final_block_says_why_the_job_ended_and_whether_a_retry_can_help(b
 
 
 def test_over_budget_and_timeout_say_a_retry_as_is_cannot_help():
-    assert (server.retry_advice(server.JobState.OVER_BUDGET, "") or "").startswith("no: raise the cap")
-    assert (server.retry_advice(server.JobState.TIMEOUT, "") or "").startswith("no: raise timeout_s")
+    assert (retry_advice(JobState.OVER_BUDGET, "") or "").startswith("no: raise the cap")
+    assert (retry_advice(JobState.TIMEOUT, "") or "").startswith("no: raise timeout_s")
 
 
 def test_hermes_kanban_task_is_kept_out_of_hermes_environment(tmp_path, monkeypatch):
     """With HERMES_KANBAN_TASK set, Hermes exits 75 or 78 with meanings of its own."""
     monkeypatch.setenv("HERMES_KANBAN_TASK", "card-1")
-    env = server.hermes_env(server.Config(path=tmp_path / "c.json"), "marker")
-    assert "HERMES_KANBAN_TASK" not in env and env[server.JOB_MARKER] == "marker"
+    env = hermes_env(Config(path=tmp_path / "c.json"), "marker")
+    assert "HERMES_KANBAN_TASK" not in env and env[JOB_MARKER] == "marker"
 
 
 # ------------------------------------------------------------------ section 5: waiting on several jobs
@@ -163,12 +168,12 @@ def test_the_spend_counts_side_calls_that_only_session_model_usage_holds_and_chi
                "INTEGER, input_tokens INTEGER, output_tokens INTEGER, estimated_cost_usd REAL, cost_status TEXT)")
     db.executemany("INSERT INTO sessions VALUES (?, ?, 'm', ?, ?, ?, ?, 'estimated')",
                    [("main", None, 3, 300, 30, 0.03), ("child", "main", 1, 100, 10, 0.01)])
-    assert server.session_spend(db, "main") == {"api_calls": 4, "tokens_in": 400, "tokens_out": 40, "cost_usd": 0.04,
+    assert session_spend(db, "main") == {"api_calls": 4, "tokens_in": 400, "tokens_out": 40, "cost_usd": 0.04,
                                                 "priced": 1, "model": "m"}
     db.execute("CREATE TABLE session_model_usage (session_id TEXT, model TEXT, task TEXT, api_call_count INTEGER, "
                "input_tokens INTEGER, output_tokens INTEGER, estimated_cost_usd REAL, cost_status TEXT)")
     db.executemany("INSERT INTO session_model_usage VALUES (?, 'm', ?, ?, ?, ?, ?, ?)",
                    [("main", "", 3, 300, 30, 0.03, "estimated"), ("main", "title_generation", 1, 50, 5, 0.005, None)])
-    spend = server.session_spend(db, "main")
+    spend = session_spend(db, "main")
     assert spend is not None and round(spend.pop("cost_usd"), 6) == 0.045
     assert spend == {"api_calls": 5, "tokens_in": 450, "tokens_out": 45, "priced": 1, "model": "m"}

@@ -5,7 +5,9 @@ import sys
 
 import pytest
 
-import server
+from claude_hermes_bridge.cli import either
+from claude_hermes_bridge.jobs import JobState
+from claude_hermes_bridge.preflight import dependency_version, version_tuple
 from conftest import require_component
 from harness import EXPECTED_ARGS, INSPECTOR, READ_ONLY, SERVER, BridgeClient
 
@@ -78,11 +80,11 @@ def test_server_starts_from_a_claude_desktop_config_entry(bridge):
     desktop.write_text(json.dumps({"mcpServers": {"hermes": {"command": sys.executable, "args": [str(SERVER)]}}}))
     entry = json.loads(desktop.read_text())["mcpServers"]["hermes"]
     with BridgeClient(bridge.env, command=[entry["command"], *entry["args"]]) as client:
-        assert server.either(client.init, "server_info").name == "hermes"
+        assert either(client.init, "server_info").name == "hermes"
         assert client.call("hermes_health").field("BRIDGE").startswith("claude-hermes-bridge")
 
 
-@pytest.mark.skipif(server.version_tuple(server.dependency_version("mcp") or "0")[0] < 2,
+@pytest.mark.skipif(version_tuple(dependency_version("mcp") or "0")[0] < 2,
                     reason="the tasks extension needs the 2.x SDK line")
 def test_inspector_on_the_modern_era_gets_a_task_polls_it_and_prints_the_final_block(bridge, inspector):
     code, payload = inspector("tools/call", "--protocol-era", "modern", "--tool-name", "hermes_run",
@@ -90,4 +92,4 @@ def test_inspector_on_the_modern_era_gets_a_task_polls_it_and_prints_the_final_b
     assert code == 0, payload
     text = tool_text(payload)  # without a task the call would answer STATUS: running after its 5 s wait
     assert field(text, "STATUS") == "ok" and "FAKE DONE: modern inspector job" in text
-    assert bridge.record(field(text, "JOB_ID")).state is server.JobState.OK
+    assert bridge.record(field(text, "JOB_ID")).state is JobState.OK

@@ -21,9 +21,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import server
+from claude_hermes_bridge.bodies import run_tool
+from claude_hermes_bridge.config import Config, confine_cwd, load_config
+from claude_hermes_bridge.jobs import JobStore
+from claude_hermes_bridge.processes import Ownership
+from claude_hermes_bridge.render import log_excerpt
+from claude_hermes_bridge.safe_io import Refused
+from claude_hermes_bridge.skills import SkillIndex
+from claude_hermes_bridge.tools import LaunchArguments, job_request, read_path, resolve_resume
 from harness import (
     FAKE_HERMES,
+    SERVER,
     config_for,
     in_playground,
     make_store,
@@ -166,7 +174,7 @@ def test_broad_roots_are_warned_about(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"allowed_roots": ["/", str(home), str(tmp_path)]}))
-    problems = "\n".join(server.load_config(path).problems)
+    problems = "\n".join(load_config(path).problems)
     assert "allowed root '/' is the root of a drive or of the file system" in problems
     assert f"allowed root {str(home)!r} is your home folder itself" in problems
     assert str(tmp_path) + "'" not in problems
@@ -265,7 +273,7 @@ def test_hostile_skills_are_skipped_with_a_reason_and_health_answers_meanwhile(b
 def test_the_skill_walk_is_iterative_with_a_depth_cap(tmp_path, deep_tree):
     deep = deep_tree(tmp_path / "skills")
     (deep[-1] / "SKILL.md").write_text("---\nname: buried\n---\n")
-    skills, skipped = server.SkillIndex().skills(tmp_path / "skills")
+    skills, skipped = SkillIndex().skills(tmp_path / "skills")
     assert skills == [] and any("deeper than" in reason for reason in skipped)
 
 
@@ -310,13 +318,13 @@ def test_ownership_needs_the_exact_marker_or_descent_and_never_the_protected_pid
     plain = subprocess.Popen(["sleep", "30"])
     try:
         time.sleep(0.2)
-        by_marker = server.Ownership(marker, require_descent=False)
+        by_marker = Ownership(marker, require_descent=False)
         assert by_marker.owns(psutil.Process(marked.pid))
-        assert not server.Ownership("20261130-000000-1", require_descent=False).owns(psutil.Process(marked.pid))
+        assert not Ownership("20261130-000000-1", require_descent=False).owns(psutil.Process(marked.pid))
         assert not by_marker.owns(psutil.Process(plain.pid))
-        by_descent = server.Ownership(marker, frozenset({os.getpid()}), require_descent=True)
+        by_descent = Ownership(marker, frozenset({os.getpid()}), require_descent=True)
         assert by_descent.owns(psutil.Process(marked.pid))
-        assert not server.Ownership(marker, frozenset(), require_descent=True).owns(psutil.Process(marked.pid))
+        assert not Ownership(marker, frozenset(), require_descent=True).owns(psutil.Process(marked.pid))
         assert not by_descent.owns(psutil.Process()) and not by_marker.owns(psutil.Process())
     finally:
         marked.kill()
@@ -354,16 +362,16 @@ def test_the_supervisor_refuses_a_folder_swapped_for_a_symlink_after_the_check(b
     outside = bridge.tmp / "outside"
     outside.mkdir()
     (bridge.root / "proj").mkdir()
-    store = server.JobStore(bridge.jobs)
-    cfg = server.load_config(bridge.config)
-    request = server.job_request(cfg, "run", server.LaunchArguments("!write=x.txt:y", str(bridge.root / "proj"))).value
+    store = JobStore(bridge.jobs)
+    cfg = load_config(bridge.config)
+    request = job_request(cfg, "run", LaunchArguments("!write=x.txt:y", str(bridge.root / "proj"))).value
     store.ensure()
     job_id = store.claim_id(request.task.encode())
     store.write(request.record(job_id))
     (bridge.root / "proj").rmdir()
     (bridge.root / "proj").symlink_to(outside)
     env = dict(bridge.env)
-    done = subprocess.run([sys.executable, str(server.SERVER_FILE), "--supervise", job_id], env=env, timeout=60,
+    done = subprocess.run([sys.executable, str(SERVER), "--supervise", job_id], env=env, timeout=60,
                           stdin=subprocess.DEVNULL, capture_output=True)
     assert done.returncode == 0
     record = store.read(job_id)
@@ -374,7 +382,7 @@ def test_the_supervisor_refuses_a_folder_swapped_for_a_symlink_after_the_check(b
 def test_hermes_read_never_leaks_a_file_through_a_folder_swapped_for_a_symlink(bridge):
     """Another process swaps a checked folder for a symlink out and back, as fast as it can; every read
     answers the inside file or a refusal, never the outside one."""
-    cfg = server.load_config(bridge.config)
+    cfg = load_config(bridge.config)
     outside = bridge.tmp / "outside"
     outside.mkdir()
     (outside / "f.txt").write_text("OUTSIDE")
@@ -389,8 +397,8 @@ def test_hermes_read_never_leaks_a_file_through_a_folder_swapped_for_a_symlink(b
         while reads < 200 and attempts < 60_000:  # the swap takes most of the time: reads come seldom
             attempts += 1
             try:
-                text = server.read_path(cfg, str(sub / "f.txt"), None, None)
-            except server.Refused:
+                text = read_path(cfg, str(sub / "f.txt"), None, None)
+            except Refused:
                 continue
             reads += 1
             leaks += "OUTSIDE" in text
@@ -423,9 +431,9 @@ def test_control_characters_in_names_cannot_forge_lines(bridge):
 def test_the_cut_note_counts_bytes_after_escapes_are_stripped(tmp_path):
     log = tmp_path / "job.log"
     log.write_bytes(b"\x1b[31m" + b"r" * 300 + b"\x1b[0m\n" + b"\x1b]0;title\x07tail\n")
-    assert "[cut" not in server.log_excerpt(log, 8000)
+    assert "[cut" not in log_excerpt(log, 8000)
     log.write_bytes(b"a" * 5000 + b"\x1b[31m" + b"b" * 100)
-    excerpt = server.log_excerpt(log, 100)
+    excerpt = log_excerpt(log, 100)
     assert excerpt.startswith("[cut: the first 5005 of 5105 bytes are not shown")
     assert excerpt.endswith("b" * 100)
 
@@ -517,12 +525,12 @@ def test_confine_cwd_decides_as_the_reference(tree, path, top):
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp).resolve()
         build(base, folders, links)
-        cfg = server.Config(path=base / "config.json", allowed_roots=[str(base / "root")])
+        cfg = Config(path=base / "config.json", allowed_roots=[str(base / "root")])
         query = os.path.join(str(base / top), *path)
         try:
-            decided = server.confine_cwd(cfg, query)
+            decided = confine_cwd(cfg, query)
             allowed = True
-        except server.Refused:
+        except Refused:
             allowed = False
         assert allowed == reference_allows(base, query), query
         if allowed:
@@ -539,8 +547,8 @@ def test_confine_cwd_decides_as_the_reference(tree, path, top):
         "a-file", "missing", "NUL", "too-long"])
 def test_cwd_tricks_are_refused(playground, monkeypatch, cwd, word):
     bridge, _ = playground
-    arguments = server.LaunchArguments("anything", in_playground(bridge.root, cwd))
-    refused(bridge.call_body(monkeypatch, "hermes_run", lambda cfg: server.run_tool(cfg, arguments, 0)), word)
+    arguments = LaunchArguments("anything", in_playground(bridge.root, cwd))
+    refused(bridge.call_body(monkeypatch, "hermes_run", lambda cfg: run_tool(cfg, arguments, 0)), word)
     nothing_started(bridge, settle_s=0)
 
 
@@ -572,24 +580,24 @@ def test_roots_compare_whole_components_and_resolved_paths(tmp_path, bad):
     (tmp_path / "work" / "inner").mkdir()
     (tmp_path / "work" / "loop").symlink_to(tmp_path / "work" / "loop")
     cfg = config_for(tmp_path, allowed_roots=[str(tmp_path / "work")])
-    assert server.confine_cwd(cfg, str(tmp_path / "work" / "inner")) == str((tmp_path / "work" / "inner").resolve())
+    assert confine_cwd(cfg, str(tmp_path / "work" / "inner")) == str((tmp_path / "work" / "inner").resolve())
     kind, _, rest = bad.rpartition(":")
     path = {"relative": rest, "long": "/" + rest}.get(kind, os.path.join(tmp_path, bad))
-    with pytest.raises(server.Refused):
-        server.confine_cwd(cfg, path)
+    with pytest.raises(Refused):
+        confine_cwd(cfg, path)
 
 
 def test_no_roots_refuses_every_folder_with_the_fix(tmp_path):
     (tmp_path / "work").mkdir()
-    with pytest.raises(server.Refused, match="no allowed_roots"):
-        server.confine_cwd(config_for(tmp_path, allowed_roots=[]), str(tmp_path / "work"))
+    with pytest.raises(Refused, match="no allowed_roots"):
+        confine_cwd(config_for(tmp_path, allowed_roots=[]), str(tmp_path / "work"))
 
 
 @pytest.mark.posix("FIFOs, symlinks and POSIX signals")
 def test_a_resume_whose_recorded_folder_is_relative_is_refused(tmp_path):
     (tmp_path / "root").mkdir()
     make_store(tmp_path / "home", [("INSERT INTO sessions (id, started_at, cwd) VALUES ('s1', 1, 'root')", ())])
-    cfg = server.Config(path=tmp_path / "config.json", hermes_home=str(tmp_path / "home"),
+    cfg = Config(path=tmp_path / "config.json", hermes_home=str(tmp_path / "home"),
                         allowed_roots=[str(tmp_path / "root")], jobs_dir=str(tmp_path / "jobs"))
-    with pytest.raises(server.Refused, match="relative folder"):
-        server.resolve_resume(cfg, "s1", None)
+    with pytest.raises(Refused, match="relative folder"):
+        resolve_resume(cfg, "s1", None)

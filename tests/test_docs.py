@@ -72,13 +72,13 @@ def test_readme_gives_the_test_command_ci_runs():
 def test_every_setting_is_in_the_example_config_and_a_table_the_internal_ones_out_of_readme():
     import json
 
-    import server
+    from claude_hermes_bridge.config import SETTINGS
     example = {key for key in json.loads((REPO / "config.example.json").read_text()) if not key.startswith("_")}
     def table(page: str) -> set[str]:
         return set(re.findall(r"^\| `(\w+)` \|", (REPO / page).read_text(encoding="utf-8"), re.MULTILINE))
-    assert example <= set(server.SETTINGS)
-    assert set(server.SETTINGS) - {"yolo"} <= example  # yolo: the older spelling of approvals
-    assert set(server.SETTINGS) <= table("README.md") | table("docs/configuration.md")
+    assert example <= set(SETTINGS)
+    assert set(SETTINGS) - {"yolo"} <= example  # yolo: the older spelling of approvals
+    assert set(SETTINGS) <= table("README.md") | table("docs/configuration.md")
     assert not table("README.md") & INTERNAL_SETTINGS, "README keeps what every user sets; the rest is in docs/"
 
 

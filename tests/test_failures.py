@@ -17,7 +17,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-import server
+from claude_hermes_bridge.config import START_GRACE_S, load_config
+from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore, observe
+from claude_hermes_bridge.launch import prune_jobs
+from claude_hermes_bridge.safe_io import ProcessId
+from claude_hermes_bridge.supervisor import Supervisor
 from harness import IN_CI, Bridge, BridgeClient, refused, wait_gone, wait_until
 
 pytestmark = pytest.mark.posix("mounts, POSIX signals and the fake hermes as a shell script")
@@ -193,23 +197,23 @@ def test_a_read_only_jobs_folder_for_twenty_seconds_keeps_the_outcome_and_refuse
 
 
 def test_a_supervisor_whose_first_write_is_refused_starts_nothing_and_writes_its_outcome_later(bridge, monkeypatch):
-    cfg = server.load_config(bridge.config)
-    store = server.JobStore.of(cfg)
+    cfg = load_config(bridge.config)
+    store = JobStore.of(cfg)
     store.ensure()
     job_id = store.claim_id(b"never runs")
-    store.write(server.JobRecord(id=job_id, cwd=str(bridge.root), created_at=time.time(), timeout_s=60))
-    real_write = server.JobStore.write
+    store.write(JobRecord(id=job_id, cwd=str(bridge.root), created_at=time.time(), timeout_s=60))
+    real_write = JobStore.write
     refusals = [OSError(28, "No space left on device", str(store.record_path(job_id)))] * 3
 
-    def full_then_fine(self: server.JobStore, record: server.JobRecord) -> bool:
+    def full_then_fine(self: JobStore, record: JobRecord) -> bool:
         if refusals:
             raise refusals.pop()
         return real_write(self, record)
-    monkeypatch.setattr(server.JobStore, "write", full_then_fine)
-    monkeypatch.setattr(server, "OUTCOME_RETRY_MAX_WAIT_S", 0.2)
-    server.Supervisor(job_id, cfg, store).run()
+    monkeypatch.setattr(JobStore, "write", full_then_fine)
+    monkeypatch.setattr("claude_hermes_bridge.supervisor.OUTCOME_RETRY_MAX_WAIT_S", 0.2)
+    Supervisor(job_id, cfg, store).run()
     final = store.read(job_id)
-    assert final.state is server.JobState.ERROR and "Hermes was not started" in (final.reason or "")
+    assert final.state is JobState.ERROR and "Hermes was not started" in (final.reason or "")
     assert "No space left on device" in (final.outcome_note or "")
     assert bridge.runs() == [] and final.hermes is None
 
@@ -253,16 +257,16 @@ def test_a_clock_step_neither_ends_a_job_early_nor_lets_one_run_past_its_timeout
 
 
 def test_ids_stay_unique_and_newest_first_across_a_step_back(tmp_path, monkeypatch):
-    store = server.JobStore(tmp_path / "jobs")
+    store = JobStore(tmp_path / "jobs")
 
     def launch(task: bytes) -> str:  # as start_job does: the id claimed, then its record written
         job_id = store.claim_id(task)
-        store.write(server.JobRecord(id=job_id, created_at=time.time()))
+        store.write(JobRecord(id=job_id, created_at=time.time()))
         return job_id
     first = launch(b"before the step")
     real_time, real_strftime = time.time, time.strftime
-    monkeypatch.setattr(server.time, "time", lambda: real_time() - 3600)  # the wall clock steps back an hour
-    monkeypatch.setattr(server.time, "strftime", lambda form, moment=None: real_strftime(
+    monkeypatch.setattr(time, "time", lambda: real_time() - 3600)  # the wall clock steps back an hour
+    monkeypatch.setattr(time, "strftime", lambda form, moment=None: real_strftime(
         form, time.localtime(time.time()) if moment is None else moment))
     second = launch(b"after the step")
     third = launch(b"after the step, again")
@@ -279,7 +283,7 @@ def test_a_supervisor_that_dies_before_its_first_write_is_seen_gone_at_once_and_
         orphaned = wait_until(lambda: t if field(t := status(client, job_id), "STATUS") == "orphaned" else None, 20,
                               "the job to read orphaned")
         took = time.monotonic() - started
-    assert took < server.START_GRACE_S / 3, took
+    assert took < START_GRACE_S / 3, took
     assert "supervisor is gone" in field(orphaned, "REASON")
     with client_with(bridge) as client:
         second = client.call("hermes_run", task="the slot is free !sleep=0", wait_s=30)
@@ -343,19 +347,19 @@ def with_suppressed_kill(pid: int, signum: int) -> None:
 
 
 def test_orphaned_jobs_are_pruned_by_retention_like_finished_ones(bridge):
-    cfg = server.load_config(bridge.config)
-    store = server.JobStore.of(cfg)
+    cfg = load_config(bridge.config)
+    store = JobStore.of(cfg)
     store.ensure()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    gone = server.ProcessId(dead.pid, time.time() - 5, 1)
+    gone = ProcessId(dead.pid, time.time() - 5, 1)
     old_id = "20200101-000000-1"
     store.task_path(old_id).write_text("old")
-    store.write(server.JobRecord(id=old_id, state=server.JobState.RUNNING, created_at=time.time() - 40 * 86400,
+    store.write(JobRecord(id=old_id, state=JobState.RUNNING, created_at=time.time() - 40 * 86400,
                                  supervisor=gone, hermes=gone))
     store.mark_active(old_id)
-    assert server.observe(store.read(old_id)).state is server.JobState.ORPHANED
-    server.prune_jobs(store, cfg)
+    assert observe(store.read(old_id)).state is JobState.ORPHANED
+    prune_jobs(store, cfg)
     assert not store.record_path(old_id).exists() and old_id not in store.active_ids()
 
 

@@ -18,7 +18,11 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-import server
+from claude_hermes_bridge.cli import check_server, either
+from claude_hermes_bridge.config import SETTINGS, load_config
+from claude_hermes_bridge.jobs import JobState, JobStore
+from claude_hermes_bridge.launch import JobRequest
+from claude_hermes_bridge.supervisor import Supervisor
 from conftest import require_component
 from harness import (
     IN_CI,
@@ -89,7 +93,8 @@ def test_state_defaults_to_per_user_folders_and_health_prints_every_path(bridge)
     assert health.field("LOGS_DIR") == str(bridge.tmp / "state" / "claude-hermes-bridge" / "log")
     assert result.field("FULL_LOG").startswith(str(bridge.tmp / "state" / "claude-hermes-bridge" / "jobs"))
     assert (bridge.tmp / "state" / "claude-hermes-bridge" / "log" / "audit.log").exists()
-    assert sorted(p.name for p in install.iterdir()) == ["job_view.html", "server.py"]  # nothing written beside
+    assert sorted(p.name for p in install.iterdir()) == ["claude_hermes_bridge", "server.py"]  # nothing beside
+    assert not list(install.rglob("__pycache__")), "bytecode written into the install folder"
 
 
 def test_a_clone_with_jobs_beside_server_py_keeps_answering_for_them(bridge):
@@ -128,7 +133,8 @@ def test_the_bundle_validates_packs_and_runs_as_claude_desktop_starts_it_with_fi
     packed = subprocess.run([str(mcpb), "pack", str(REPO), str(bundle)], capture_output=True, text=True, timeout=300)
     assert packed.returncode == 0, packed.stdout + packed.stderr
     names = zipfile.ZipFile(bundle).namelist()
-    assert {"manifest.json", "server.py", "pyproject.toml", "uv.lock", ".python-version"} <= set(names)
+    assert {"manifest.json", "server.py", "claude_hermes_bridge/entry.py", "claude_hermes_bridge/job_view.html",
+            "pyproject.toml", "uv.lock", ".python-version"} <= set(names)
     assert not [n for n in names if n.startswith(("tests/", ".venv/", "jobs/", "logs/", ".e2e/", "bench/"))]
 
     extension_id = "local.mcpb.claude-hermes-bridge-contributors.claude-hermes-bridge"
@@ -208,7 +214,8 @@ def test_the_readmes_uvx_route_runs_as_written_and_its_check_ends_ok(tmp_path):
     words = check.split()
     assert words[0] == "uvx" and words[-1] == "--check", words
     assert (clone / words[2]).is_file(), f"{words[2]} is not what uv build made: {os.listdir(clone / 'dist')}"
-    assert "claude_hermes_bridge_server.py" in zipfile.ZipFile(clone / words[2]).namelist()
+    assert {"claude_hermes_bridge/entry.py", "claude_hermes_bridge/job_view.html"} <= set(
+        zipfile.ZipFile(clone / words[2]).namelist())
     done = subprocess.run([str(uv.parent / "uvx"), *words[1:]], cwd=clone, capture_output=True, text=True,
                           timeout=600, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -315,12 +322,13 @@ def user_env(tmp: Path, **extra: str) -> dict[str, str]:
 
 
 def install_copy(tmp: Path) -> Path:
-    """The server's two files alone in a folder, as a wheel or bundle has them: server.py and the job view's
-    page, no config.json or config.example.json beside."""
+    """The server alone in a folder, as a bundle has it: server.py and the package (with the job view's page),
+    no config.json or config.example.json beside."""
     folder = tmp / "install"
     folder.mkdir(exist_ok=True)
     shutil.copy(SERVER, folder / "server.py")
-    shutil.copy(REPO / "job_view.html", folder / "job_view.html")
+    shutil.copytree(REPO / "claude_hermes_bridge", folder / "claude_hermes_bridge",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     return folder / "server.py"
 
 
@@ -459,7 +467,7 @@ def test_the_server_starts_from_the_entry_the_script_wrote(tmp_path, bridge):
     assert register(tmp_path, "--platform", "linux").returncode == 0
     entry = json.loads((tmp_path / ".config/Claude/claude_desktop_config.json").read_text())["mcpServers"]["hermes"]
     with BridgeClient(bridge.env, command=[entry["command"], *entry["args"]]) as client:
-        assert server.either(client.init, "server_info").name == "hermes"
+        assert either(client.init, "server_info").name == "hermes"
         assert client.call("hermes_health").field("CONFIG").startswith(str(bridge.config))
 
 
@@ -561,17 +569,17 @@ def test_a_hermes_that_breaks_after_the_launch_ends_in_error_without_a_traceback
     hermes = bridge.tmp / "hermes-copy"
     shutil.copy(bridge.hermes, hermes)
     bridge.configure(hermes_exe=str(hermes))
-    record = server.JobRequest(kind="run", task="never runs", cwd=str(bridge.root), max_turns=None,
+    record = JobRequest(kind="run", task="never runs", cwd=str(bridge.root), max_turns=None,
                                timeout_s=60, skills=[], toolsets=[])
-    cfg = server.load_config(bridge.config)
-    store = server.JobStore(cfg.jobs_path)
+    cfg = load_config(bridge.config)
+    store = JobStore(cfg.jobs_path)
     job_id = store.claim_id(b"never runs")
     store.write(record.record(job_id, str(store.log_path(job_id))))
     hermes.unlink()
-    supervisor = server.Supervisor(job_id, cfg, store)
+    supervisor = Supervisor(job_id, cfg, store)
     supervisor.run()
     final = store.read(job_id)
-    assert final.state is server.JobState.ERROR and final.reason
+    assert final.state is JobState.ERROR and final.reason
     assert f"{hermes} (from hermes_exe in {bridge.config}) does not exist" in final.reason
     assert "Traceback" not in store.log_path(job_id).read_text()
 
@@ -602,7 +610,7 @@ def test_init_config_writes_the_per_user_config_the_next_check_reads(tmp_path):
     assert done.returncode == 0 and done.stdout.strip() == f"wrote {written}", done.stdout + done.stderr
     config = json.loads(written.read_text())
     assert config["allowed_roots"] == [str(root)] and config["hermes_exe"] == str(hermes)
-    assert set(config) == set(server.SETTINGS) - {"yolo"} and config["approvals"] == "deny"
+    assert set(config) == set(SETTINGS) - {"yolo"} and config["approvals"] == "deny"
     assert json.loads((REPO / "config.example.json").read_text()).keys() - {"_comment"} == config.keys()
     again = run([sys.executable, str(script), "--init-config"], env)
     assert again.returncode == 1 and "exists" in again.stderr and "--force" in again.stderr
@@ -660,9 +668,9 @@ def test_check_fails_when_the_tools_differ_or_the_server_cannot_start(bridge, tm
                      "except ImportError:\n    from mcp.server.fastmcp import FastMCP  # mcp 1.x\n"
                      "mcp = FastMCP('x')\n"
                      "@mcp.tool()\ndef hermes_health() -> str:\n    return 'fine'\nmcp.run()\n")
-    ok, report = anyio.run(server.check_server, [sys.executable, str(other)], bridge.env)
+    ok, report = anyio.run(check_server, [sys.executable, str(other)], bridge.env)
     assert not ok and any("MISMATCH" in line for line in report)
-    ok, report = anyio.run(server.check_server, [sys.executable, "-c", "import sys; sys.exit(3)"], bridge.env, 20)
+    ok, report = anyio.run(check_server, [sys.executable, "-c", "import sys; sys.exit(3)"], bridge.env, 20)
     assert not ok and any("did not complete the handshake" in line for line in report)
 
 
@@ -686,7 +694,7 @@ def test_wrong_mcp_sdk_is_one_line_with_the_fix_and_exit_2(bridge, tmp_path, fou
 def test_a_relative_hermes_exe_on_the_command_line_is_refused_at_start(bridge):
     planted = bridge.tmp / "planted"
     planted.mkdir()
-    result = subprocess.run([server.sys.executable, str(server.SERVER_FILE), "--hermes-exe", "./hermes", "--check"],
+    result = subprocess.run([sys.executable, str(SERVER), "--hermes-exe", "./hermes", "--check"],
                             cwd=planted, env=bridge.env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "relative path" in result.stderr and "absolute" in result.stderr
 
@@ -694,7 +702,7 @@ def test_a_relative_hermes_exe_on_the_command_line_is_refused_at_start(bridge):
 @pytest.mark.posix("FIFOs, symlinks and POSIX signals")
 def test_a_bare_hermes_exe_name_is_fixed_to_its_absolute_path_at_start(bridge):
     env = dict(bridge.env, PATH=f"{bridge.hermes.parent}{os.pathsep}{os.environ['PATH']}")
-    command = [server.sys.executable, str(server.SERVER_FILE), "--hermes-exe", "hermes"]
+    command = [sys.executable, str(SERVER), "--hermes-exe", "hermes"]
     client = bridge.client(command=command)
     client.params.env = env
     with client:

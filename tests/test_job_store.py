@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
-import server
+from claude_hermes_bridge.config import Config
+from claude_hermes_bridge.jobs import JOB_ID_RE, RECORD_ALWAYS_WRITTEN, JobRecord, JobState, JobStore, validate_job_id
+from claude_hermes_bridge.launch import JobRequest, prune_jobs
+from claude_hermes_bridge.safe_io import DamagedRecord, ProcessId, Refused
+from claude_hermes_bridge.tools import job_view, list_jobs
 from harness import (
     SERVER,
     BridgeClient,
@@ -46,17 +50,17 @@ def audit_lines(bridge):
 def test_a_record_reads_back_as_the_json_a_launch_writes(tmp_path):
     """The typed record changes nothing on disk: the keys a launch writes, in that order, and the optional
     ones only once they are known."""
-    store = server.JobStore(tmp_path)
+    store = JobStore(tmp_path)
     store.ensure()
-    request = server.JobRequest(kind="run", task="do  it\n", cwd="/w", max_turns=3, timeout_s=60.0, skills=["a"],
+    request = JobRequest(kind="run", task="do  it\n", cwd="/w", max_turns=3, timeout_s=60.0, skills=["a"],
                                 toolsets=[])
     record = request.record("20261130-000000-1", "/jobs/20261130-000000-1.log")
     store.write(record)
     on_disk = json.loads(store.record_path(record.id).read_text())
-    assert list(on_disk) == list(server.RECORD_ALWAYS_WRITTEN)
+    assert list(on_disk) == list(RECORD_ALWAYS_WRITTEN)
     assert on_disk["state"] == "starting" and on_disk["task_preview"] == "do it" and on_disk["supervisor"] is None
-    record.hermes = server.ProcessId(42, 1.5)
-    record.tree = [server.ProcessId(43, 2.5)]
+    record.hermes = ProcessId(42, 1.5)
+    record.tree = [ProcessId(43, 2.5)]
     record.started_at = 10.0
     store.write(record)
     on_disk = json.loads(store.record_path(record.id).read_text())
@@ -74,53 +78,53 @@ def test_a_record_reads_back_as_the_json_a_launch_writes(tmp_path):
     ("created_at", float("nan")), ("max_turns", float("inf")), ("hermes", {"pid": 1, "create_time": float("inf")}),
 ])
 def test_a_record_field_of_the_wrong_shape_is_damaged_never_trusted(tmp_path, field, value):
-    store = server.JobStore(tmp_path)
+    store = JobStore(tmp_path)
     store.ensure()
     data = running_record(cwd="/w").to_json() | {field: value}
     store.record_path("20261130-000000-1").write_text(json.dumps(data))
-    with pytest.raises(server.DamagedRecord):
+    with pytest.raises(DamagedRecord):
         store.read("20261130-000000-1")
 
 
 def test_a_record_of_an_older_bridge_with_fewer_fields_is_read(tmp_path):
-    store = server.JobStore(tmp_path)
+    store = JobStore(tmp_path)
     store.ensure()
     store.record_path("20261130-000000-1").write_text('{"id": "20261130-000000-1", "state": "ok", "extra": 1}')
     record = store.read("20261130-000000-1")
-    assert record.state is server.JobState.OK and record.tree == [] and record.cwd is None
+    assert record.state is JobState.OK and record.tree == [] and record.cwd is None
 
 
 def test_job_ids_are_claimed_atomically(tmp_path):
-    store = server.JobStore(tmp_path / "jobs")
+    store = JobStore(tmp_path / "jobs")
     ids = {store.claim_id(b"task") for _ in range(50)}
-    assert len(ids) == 50 and all(server.JOB_ID_RE.fullmatch(i) for i in ids)
+    assert len(ids) == 50 and all(JOB_ID_RE.fullmatch(i) for i in ids)
 
 
 @pytest.mark.parametrize("bad", ["../x", "", "20261130-000000-1/../../etc", None, 5, "a" * 10_000],
                          ids=["dotdot", "empty", "traversal", "none", "number", "huge"])
 def test_job_ids_are_validated(bad):
-    with pytest.raises(server.Refused):
-        server.validate_job_id(bad)
+    with pytest.raises(Refused):
+        validate_job_id(bad)
 
 
 def test_damaged_records_are_reported_not_raised(tmp_path):
     cfg = config_for(tmp_path, jobs_dir=str(tmp_path / "jobs"), allowed_roots=[str(tmp_path)])
-    store = server.JobStore(cfg.jobs_path)
+    store = JobStore(cfg.jobs_path)
     store.ensure()
     for n, content in enumerate([b"", b"{trunc", b"[1, 2]", b'{"id": "other", "state": "ok"}'], start=1):
         store.record_path(f"20261130-000000-{n}").write_bytes(content)
-    listing = server.list_jobs(cfg, None, None)
+    listing = list_jobs(cfg, None, None)
     assert listing.count("damaged") == 4
-    with pytest.raises(server.Refused, match="damaged"):
-        server.job_view(cfg, "20261130-000000-1")
+    with pytest.raises(Refused, match="damaged"):
+        job_view(cfg, "20261130-000000-1")
 
 
 def test_records_are_written_whole_while_a_reader_races_and_no_temp_file_is_left(tmp_path):
     import threading
 
-    store = server.JobStore(tmp_path)
+    store = JobStore(tmp_path)
     store.ensure()
-    record = running_record(tree=[server.ProcessId(n, 1.0) for n in range(2000)])  # ~100 KB: a plain write fails
+    record = running_record(tree=[ProcessId(n, 1.0) for n in range(2000)])  # ~100 KB: a plain write fails
     store.write(record)
     damaged = []
     stop = threading.Event()
@@ -129,13 +133,13 @@ def test_records_are_written_whole_while_a_reader_races_and_no_temp_file_is_left
         while not stop.is_set():
             try:
                 store.read("20261130-000000-1")
-            except server.DamagedRecord as exc:
+            except DamagedRecord as exc:
                 damaged.append(exc)
     reader = threading.Thread(target=read_forever)
     reader.start()
     try:
         for n in range(50):
-            record.tree.append(server.ProcessId(100000 + n, 2.0))
+            record.tree.append(ProcessId(100000 + n, 2.0))
             store.write(record)
     finally:
         stop.set()
@@ -145,10 +149,10 @@ def test_records_are_written_whole_while_a_reader_races_and_no_temp_file_is_left
 
 
 def test_forged_changes_without_their_more_count_make_the_record_damaged():
-    data = server.JobRecord(id="20261130-000000-1", state=server.JobState.OK).to_json()
+    data = JobRecord(id="20261130-000000-1", state=JobState.OK).to_json()
     data["changes"] = {"created": 1, "modified": 0, "deleted": 0, "lines": ["+ x (1 B)"]}
-    with pytest.raises(server.DamagedRecord):
-        server.JobRecord.from_json(data, "20261130-000000-1")
+    with pytest.raises(DamagedRecord):
+        JobRecord.from_json(data, "20261130-000000-1")
 
 
 @pytest.mark.posix("FIFOs, symlinks and POSIX signals")
@@ -168,17 +172,17 @@ def test_fifos_symlinks_and_big_files_at_future_ids_neither_wedge_launches_nor_l
 def test_concurrent_writes_of_one_record_never_collide_or_tear(tmp_path):
     """Ten threads writing one record 40 times each, while two processes keep both cores busy (as another test
     run on the machine may): every write waits its turn within the record lock's deadline, none tears."""
-    store = server.JobStore(tmp_path / "jobs")
+    store = JobStore(tmp_path / "jobs")
     store.ensure()
     job_id = "20261201-000000-1"
-    store.write(server.JobRecord(id=job_id, state=server.JobState.RUNNING))
+    store.write(JobRecord(id=job_id, state=JobState.RUNNING))
     failures: list[BaseException] = []
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
 
     def writer(n: int) -> None:
         try:
             for i in range(40):
-                store.write(server.JobRecord(id=job_id, state=server.JobState.RUNNING, max_turns=n * 100 + i + 1))
+                store.write(JobRecord(id=job_id, state=JobState.RUNNING, max_turns=n * 100 + i + 1))
                 store.read(job_id)
         except BaseException as exc:  # noqa: BLE001  (any failure is the finding)
             failures.append(exc)
@@ -197,30 +201,30 @@ def test_concurrent_writes_of_one_record_never_collide_or_tear(tmp_path):
 
 @pytest.mark.posix("FIFOs, symlinks and POSIX signals")
 def test_an_outcome_is_final_whoever_writes_next(tmp_path):
-    store = server.JobStore(tmp_path / "jobs")
+    store = JobStore(tmp_path / "jobs")
     store.ensure()
     job_id = "20261201-000000-1"
-    assert store.write(server.JobRecord(id=job_id, state=server.JobState.RUNNING))
-    assert store.write(server.JobRecord(id=job_id, state=server.JobState.OK, exit_code=0))
-    assert not store.write(server.JobRecord(id=job_id, state=server.JobState.CANCELLED, reason="late cancel"))
-    assert not store.write(server.JobRecord(id=job_id, state=server.JobState.RUNNING))
+    assert store.write(JobRecord(id=job_id, state=JobState.RUNNING))
+    assert store.write(JobRecord(id=job_id, state=JobState.OK, exit_code=0))
+    assert not store.write(JobRecord(id=job_id, state=JobState.CANCELLED, reason="late cancel"))
+    assert not store.write(JobRecord(id=job_id, state=JobState.RUNNING))
     record = store.read(job_id)
-    assert record.state is server.JobState.OK and record.reason is None
+    assert record.state is JobState.OK and record.reason is None
 
 
 def test_prune_removes_old_and_excess_finished_jobs_never_running_ones(tmp_path):
-    cfg = server.Config(path=tmp_path / "config.json", jobs_dir=str(tmp_path / "jobs"), retention_days=30,
+    cfg = Config(path=tmp_path / "config.json", jobs_dir=str(tmp_path / "jobs"), retention_days=30,
                         retention_max_jobs=2)
-    store = server.JobStore(cfg.jobs_path)
+    store = JobStore(cfg.jobs_path)
     store.ensure()
     today = time.strftime("%Y%m%d")
     ids = ["20200101-000000-1", "20200101-000000-2"] + [f"{today}-00000{n}-1" for n in range(1, 5)]
     for job_id in ids:
-        store.write(server.JobRecord(id=job_id, state=server.JobState.OK))
+        store.write(JobRecord(id=job_id, state=JobState.OK))
         store.task_path(job_id).write_text("t")
         store.log_path(job_id).write_text("log")
     store.mark_active("20200101-000000-2")  # old, but still running
-    assert server.prune_jobs(store, cfg) == 3
+    assert prune_jobs(store, cfg) == 3
     assert store.list_ids() == ["20200101-000000-2", f"{today}-000003-1", f"{today}-000004-1"]
     assert not store.log_path("20200101-000000-1").exists() and not store.task_path(f"{today}-000001-1").exists()
 
@@ -230,7 +234,7 @@ def test_launching_prunes_beyond_retention_max_jobs_and_never_reuses_an_id(bridg
     bridge.jobs.mkdir()
     old = [f"20261101-00000{n}-1" for n in range(1, 5)]
     for job_id in old:
-        server.JobStore(bridge.jobs).write(server.JobRecord(id=job_id, state=server.JobState.OK))
+        JobStore(bridge.jobs).write(JobRecord(id=job_id, state=JobState.OK))
     with bridge.client() as client:
         ids = [client.call("hermes_run", task=f"job {n}", wait_s=20).field("JOB_ID") for n in range(4)]
         listing = client.call("hermes_jobs").text

@@ -18,7 +18,8 @@ import pytest
 from test_real_hermes import write_hermes_home
 from test_worktrees import git, make_repo
 
-import server
+from claude_hermes_bridge.jobs import JobState
+from claude_hermes_bridge.mcp_edge import JOB_VIEW_FILE, JOB_VIEW_URI
 from conftest import require_component
 from harness import E2E, REAL_HERMES_VERSIONS, REPO, Bridge, BridgeClient, refused, wait_until
 from scripted_model import ScriptedModel
@@ -74,7 +75,7 @@ class View:
         self.page.on("console", lambda message: self.console.append(message.text))
         self.page.expose_function("hostCallTool", lambda name, args: raw_call(client, name, **args))
         self.page.goto(host_url)
-        page_html = client.portal.call(client.session.read_resource, server.JOB_VIEW_URI).contents[0].text
+        page_html = client.portal.call(client.session.read_resource, JOB_VIEW_URI).contents[0].text
         self.page.evaluate("([html, input, result, tools]) => window.openView(html, input, result, tools)",
                            [page_html, arguments, result, server_tools])
         self.page.wait_for_function("window.viewInitialized === true", timeout=15000)
@@ -106,19 +107,19 @@ def test_the_page_and_the_links_are_what_an_apps_host_reads_and_app_only_tools_s
     with bridge.client() as client:
         tools = {tool.name: tool for tool in client.portal.call(client.session.list_tools).tools}
         resources = client.portal.call(client.session.list_resources).resources
-        page = client.portal.call(client.session.read_resource, server.JOB_VIEW_URI).contents[0]
+        page = client.portal.call(client.session.read_resource, JOB_VIEW_URI).contents[0]
         result = raw_call(client, "hermes_run", task="!sleep=0 hello", wait_s=20)
     meta = {name: tool.model_dump(by_alias=True).get("_meta") or {} for name, tool in tools.items()}
     for name in ("hermes_run", "hermes_resume", "hermes_status"):
-        assert meta[name]["ui"]["resourceUri"] == server.JOB_VIEW_URI and meta[name]["ui/resourceUri"] == (
-            server.JOB_VIEW_URI)
+        assert meta[name]["ui"]["resourceUri"] == JOB_VIEW_URI and meta[name]["ui/resourceUri"] == (
+            JOB_VIEW_URI)
     for name in ("hermes_view_job", "hermes_view_answer"):
         assert meta[name]["ui"]["visibility"] == ["app"]
     assert "visibility" not in meta["hermes_approve"].get("ui", {})
     listed = [r.model_dump(mode="json", by_alias=True) for r in resources]
-    assert [(r["uri"], r["mimeType"]) for r in listed] == [(server.JOB_VIEW_URI, "text/html;profile=mcp-app")]
+    assert [(r["uri"], r["mimeType"]) for r in listed] == [(JOB_VIEW_URI, "text/html;profile=mcp-app")]
     read = page.model_dump(mode="json", by_alias=True)
-    assert read["mimeType"] == "text/html;profile=mcp-app" and read["text"] == (REPO / "job_view.html").read_text()
+    assert read["mimeType"] == "text/html;profile=mcp-app" and read["text"] == JOB_VIEW_FILE.read_text()
     assert "http://" not in page.text.replace("http://www.w3.org", "") and "https://" not in page.text
     facts = result["structuredContent"]
     assert facts["job_id"] in result["content"][0]["text"] and facts["status"] == "ok"
@@ -180,7 +181,7 @@ def test_a_running_job_shows_its_current_tool_and_cancel_stops_it_and_the_pollin
         polls = view.page.evaluate("window.calls").count("hermes_view_job")
         view.page.wait_for_timeout(5000)  # two and a half poll periods
         polls_after = view.page.evaluate("window.calls").count("hermes_view_job")
-    assert bridge.record(started["structuredContent"]["job_id"]).state is server.JobState.CANCELLED
+    assert bridge.record(started["structuredContent"]["job_id"]).state is JobState.CANCELLED
     assert polls >= 1 and polls_after == polls  # it polled while the job ran, and stopped once it was final
 
 

@@ -12,7 +12,24 @@ from typing import Any
 
 import pytest
 
-import server
+from claude_hermes_bridge.bodies import listing_tool, run_tool, run_tool_body, status_tool
+from claude_hermes_bridge.cli import either
+from claude_hermes_bridge.config import SETTINGS_ENV, Config
+from claude_hermes_bridge.drivers import plan_launch
+from claude_hermes_bridge.hermes_cli import (
+    FORM_FLAGS,
+    POSIX_ARGUMENT_LIMIT,
+    QUERY_OPTION,
+    HermesCli,
+    argv_problem,
+    exe_fingerprint,
+    hermes_command,
+)
+from claude_hermes_bridge.jobs import JobRecord
+from claude_hermes_bridge.preflight import SERVER_DIR
+from claude_hermes_bridge.render import ToolResult
+from claude_hermes_bridge.safe_io import Refused
+from claude_hermes_bridge.tools import LaunchArguments, clamp_number, list_jobs
 from harness import (
     BOUND_STRETCH,
     EXPECTED_ARGS,
@@ -50,18 +67,18 @@ def test_tools_list_exactly_the_tools_with_arguments_annotations_and_instruction
         tools = {tool.name: tool for tool in client.portal.call(client.session.list_tools).tools}
         assert set(tools) == set(EXPECTED_ARGS)
         for name, (required, allowed) in EXPECTED_ARGS.items():
-            schema = server.either(tools[name], "input_schema")
+            schema = either(tools[name], "input_schema")
             assert set(schema.get("required", [])) == required, name
             assert set(schema["properties"]) == allowed, name
             assert tools[name].description and "\n " not in tools[name].description, name
             hints = tools[name].annotations
-            assert server.either(hints, "read_only_hint") is (name in READ_ONLY), name
-        assert server.either(tools["hermes_cancel"].annotations, "destructive_hint") is True
-        assert server.either(tools["hermes_approve"].annotations, "destructive_hint") is True
-        assert server.either(tools["hermes_land"].annotations, "destructive_hint") is True
-        assert server.either(tools["hermes_view_answer"].annotations, "destructive_hint") is True
-        assert server.either(tools["hermes_run"].annotations, "idempotent_hint") is False
-        assert server.either(tools["hermes_run"].annotations, "open_world_hint") is True
+            assert either(hints, "read_only_hint") is (name in READ_ONLY), name
+        assert either(tools["hermes_cancel"].annotations, "destructive_hint") is True
+        assert either(tools["hermes_approve"].annotations, "destructive_hint") is True
+        assert either(tools["hermes_land"].annotations, "destructive_hint") is True
+        assert either(tools["hermes_view_answer"].annotations, "destructive_hint") is True
+        assert either(tools["hermes_run"].annotations, "idempotent_hint") is False
+        assert either(tools["hermes_run"].annotations, "open_world_hint") is True
         instructions = client.init.instructions
         assert str(bridge.root) in instructions
         assert "hermes_status" in instructions and "hermes_read" in instructions
@@ -243,8 +260,8 @@ def test_a_resume_without_a_session_line_claims_no_session_none(bridge):
                          ids=["empty", "blank", "NUL", "too-long-for-the-command-line"])
 def test_task_tricks_are_refused(playground, monkeypatch, task, word):
     bridge, _ = playground
-    arguments = server.LaunchArguments(task)
-    refused(bridge.call_body(monkeypatch, "hermes_run", lambda cfg: server.run_tool(cfg, arguments, None)), word)
+    arguments = LaunchArguments(task)
+    refused(bridge.call_body(monkeypatch, "hermes_run", lambda cfg: run_tool(cfg, arguments, None)), word)
     nothing_started(bridge, settle_s=0)
 
 
@@ -297,8 +314,8 @@ def test_lone_surrogates_and_nan_never_hang_the_server(bridge):
     assert "BRIDGE: claude-hermes-bridge" in replies[3]["result"]["content"][0]["text"]
     assert "/nowhere/\U0001f680" in replies[4]["result"]["content"][0]["text"]  # an escaped pair is kept
     nothing_started(bridge)
-    with pytest.raises(server.Refused, match="must be a number"):
-        server.clamp_number("wait_s", float("nan"), 5, 0, 45)
+    with pytest.raises(Refused, match="must be a number"):
+        clamp_number("wait_s", float("nan"), 5, 0, 45)
 
 
 @pytest.mark.posix("FIFOs and sockets")
@@ -347,16 +364,16 @@ def test_a_resume_says_its_clamped_timeout_as_a_run_does(bridge):
 ], ids=["0.19-form", "0.21-form"])
 def test_command_lines_join_every_value_to_its_option(form, expected):
     """A task or id starting with '-' can never be read as an option: each value is joined with '='."""
-    cfg = server.Config(path=server.SERVER_DIR / "config.json", yolo=True, extra_args=["--source", "tool"])
+    cfg = Config(path=SERVER_DIR / "config.json", yolo=True, extra_args=["--source", "tool"])
     record = running_record(cwd="/w", max_turns=5, session_requested="S", skills=["a", "b"], toolsets=["t"])
-    cli = server.HermesCli(server.FORM_FLAGS[form], "test")
-    assert server.hermes_command(cli, "hermes", record, "-do it", cfg) == expected
+    cli = HermesCli(FORM_FLAGS[form], "test")
+    assert hermes_command(cli, "hermes", record, "-do it", cfg) == expected
 
 
 def test_the_flags_a_0_20_hermes_declares_give_in_but_not_query_file():
-    cli = server.HermesCli(frozenset({"--query", "--quiet", "--in", "--resume"}), "test")
-    cfg = server.Config(path=server.SERVER_DIR / "config.json")
-    argv = server.hermes_command(cli, "hermes", running_record(cwd="/w"), "task", cfg)
+    cli = HermesCli(frozenset({"--query", "--quiet", "--in", "--resume"}), "test")
+    cfg = Config(path=SERVER_DIR / "config.json")
+    argv = hermes_command(cli, "hermes", running_record(cwd="/w"), "task", cfg)
     assert argv == ["hermes", "chat", "--query=task", "-Q", "--in=/w"]
 
 
@@ -370,14 +387,14 @@ def test_tool_bodies_run_without_mcp_and_every_outcome_is_a_result_with_one_audi
     config.write_text(json.dumps({"allowed_roots": [str(tmp_path)], "jobs_dir": str(tmp_path / "jobs"),
                                   "logs_dir": str(logs)}))
     monkeypatch.setenv("HERMES_BRIDGE_CONFIG", str(config))
-    monkeypatch.delenv(server.SETTINGS_ENV, raising=False)
+    monkeypatch.delenv(SETTINGS_ENV, raising=False)
 
-    async def broken(_cfg: server.Config) -> server.ToolResult:
+    async def broken(_cfg: Config) -> ToolResult:
         raise RuntimeError("boom")
-    refused = anyio.run(server.run_tool_body, "hermes_status", lambda cfg: server.status_tool(cfg, "../x", 0))
-    error = anyio.run(server.run_tool_body, "hermes_jobs", broken)
-    listing = anyio.run(server.run_tool_body, "hermes_jobs",
-                        lambda cfg: server.listing_tool(server.list_jobs, cfg, None, None))
+    refused = anyio.run(run_tool_body, "hermes_status", lambda cfg: status_tool(cfg, "../x", 0))
+    error = anyio.run(run_tool_body, "hermes_jobs", broken)
+    listing = anyio.run(run_tool_body, "hermes_jobs",
+                        lambda cfg: listing_tool(list_jobs, cfg, None, None))
     assert refused.status == "refused" and refused.is_error and "is not a job id" in refused.text
     assert error.status == "error" and "internal error in hermes_jobs: RuntimeError: boom" in error.text
     assert listing.status == "ok" and not listing.is_error and "No jobs yet" in listing.text
@@ -389,18 +406,18 @@ def test_tool_bodies_run_without_mcp_and_every_outcome_is_a_result_with_one_audi
 def test_hermes_upgraded_in_place_at_the_same_path_is_probed_again(tmp_path):
     exe = tmp_path / "hermes"
     exe.write_text("#!/bin/sh\necho 0.19\n")
-    first = server.exe_fingerprint(str(exe))
+    first = exe_fingerprint(str(exe))
     exe.write_text("#!/bin/sh\necho 0.22 upgraded\n")
     os.utime(exe, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
-    assert server.exe_fingerprint(str(exe)) != first
+    assert exe_fingerprint(str(exe)) != first
 
 
 def test_a_multibyte_task_near_the_posix_argument_limit_is_refused_by_its_bytes():
-    fits = "é" * ((server.POSIX_ARGUMENT_LIMIT - len(server.QUERY_OPTION)) // 2)
-    assert server.argv_problem(["hermes", server.QUERY_OPTION + fits], windows=False) is None
+    fits = "é" * ((POSIX_ARGUMENT_LIMIT - len(QUERY_OPTION)) // 2)
+    assert argv_problem(["hermes", QUERY_OPTION + fits], windows=False) is None
     too_long = fits + "é"  # fewer characters than the limit, more bytes
-    assert len(server.QUERY_OPTION + too_long) < server.POSIX_ARGUMENT_LIMIT
-    problem = server.argv_problem(["hermes", server.QUERY_OPTION + too_long], windows=False)
+    assert len(QUERY_OPTION + too_long) < POSIX_ARGUMENT_LIMIT
+    problem = argv_problem(["hermes", QUERY_OPTION + too_long], windows=False)
     assert problem and "bytes" in problem
 
 
@@ -444,11 +461,11 @@ def test_two_servers_racing_the_identical_run_start_exactly_one_hermes(bridge):
 ], ids=["cli-task-on-the-command-line", "cli-task-on-stdin", "acp-task-in-the-prompt"])
 def test_the_launch_plan_is_the_drivers_with_the_task_where_this_hermes_reads_it(tmp_path, driver, form, argv,
                                                                                   on_stdin):
-    cfg = server.Config(path=tmp_path / "config.json", hermes_cli_form=form)
+    cfg = Config(path=tmp_path / "config.json", hermes_cli_form=form)
     folder = str(tmp_path)
-    record = server.JobRecord(id="20261201-000000-1", cwd=folder, driver=driver)
+    record = JobRecord(id="20261201-000000-1", cwd=folder, driver=driver)
     task_file = tmp_path / "task"
-    plan = server.plan_launch(cfg, "/opt/hermes", record, "do it", folder, task_file)
+    plan = plan_launch(cfg, "/opt/hermes", record, "do it", folder, task_file)
     assert plan is not None
     assert plan.argv == ["/opt/hermes", *[part.replace("<folder>", folder) for part in argv]]
     assert plan.stdin_path == (task_file if on_stdin else None) and plan.folder == folder and plan.task == "do it"
@@ -456,9 +473,9 @@ def test_the_launch_plan_is_the_drivers_with_the_task_where_this_hermes_reads_it
 
 
 def test_a_launch_plan_whose_command_line_cannot_hold_the_task_is_refused_and_unknown_options_wait(tmp_path):
-    cfg = server.Config(path=tmp_path / "config.json", hermes_cli_form="query-arg")
-    record = server.JobRecord(id="20261201-000000-1", cwd=str(tmp_path), driver="cli")
-    with pytest.raises(server.Refused, match="shorten it"):
-        server.plan_launch(cfg, "/opt/hermes", record, "x" * (server.POSIX_ARGUMENT_LIMIT + 1), str(tmp_path))
-    auto = server.Config(path=tmp_path / "config.json", jobs_dir=str(tmp_path / "jobs"))
-    assert server.plan_launch(auto, "/opt/hermes", record, "t", str(tmp_path), probe=lambda _c, _e: None) is None
+    cfg = Config(path=tmp_path / "config.json", hermes_cli_form="query-arg")
+    record = JobRecord(id="20261201-000000-1", cwd=str(tmp_path), driver="cli")
+    with pytest.raises(Refused, match="shorten it"):
+        plan_launch(cfg, "/opt/hermes", record, "x" * (POSIX_ARGUMENT_LIMIT + 1), str(tmp_path))
+    auto = Config(path=tmp_path / "config.json", jobs_dir=str(tmp_path / "jobs"))
+    assert plan_launch(auto, "/opt/hermes", record, "t", str(tmp_path), probe=lambda _c, _e: None) is None

@@ -1,158 +1,119 @@
-"""server.py's layout as its contents promise it: sections in the order data flows, each marked with the
-program that uses it, nothing used above the section that defines it, and the supervisor (`--supervise`), a
-program of its own in the same file, kept free of the MCP stack and of the server's sections."""
+"""The package's layout as server.py's map promises it: one module per layer in the order data flows, each
+marked with the program that uses it, importing only from the modules above it in the map, none too long, and
+the supervisor (`--supervise`), a program of its own, kept free of the MCP stack and of the server's modules."""
 import ast
 import re
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
-from typing import cast
 
-import server
+from claude_hermes_bridge.config import load_config
+from claude_hermes_bridge.jobs import JobState, JobStore
+from claude_hermes_bridge.launch import JobRequest, supervisor_argv
+from claude_hermes_bridge.preflight import PACKAGE_DIR, SERVER_DIR
+from claude_hermes_bridge.processes import JOB_MARKER
+from claude_hermes_bridge.safe_io import open_append
+from harness import SERVER
 
-SOURCE = Path(server.__file__).read_text(encoding="utf-8")
-BANNER_RE = re.compile(r"^# -{5,} (.+?) \[(server|supervisor|both)\]$")
-PROGRAMS = {"server", "supervisor", "both"}
+MAP_LINE_RE = re.compile(r"^  (\w+) \.+ \[(server|supervisor|both)\]")
+PROGRAM_RE = re.compile(r"^\[(server|supervisor|both)\] ")
+MAX_LINES = 800
 
 
 @dataclass
-class Section:
-    title: str
+class Module:
+    name: str
     program: str
-    first_line: int
-    defines: set[str]
+    rank: int
+    source: str
 
 
-def sections() -> list[Section]:
-    """The file's sections in order, from their banners, with the top-level names each defines."""
-    found = [Section("(before the first banner)", "both", 1, set())]
-    for number, line in enumerate(SOURCE.splitlines(), start=1):
-        if line.startswith("# ---"):
-            match = BANNER_RE.match(line)
-            assert match, f"line {number}: a banner without its program mark: {line!r}"
-            found.append(Section(match.group(1), match.group(2), number, set()))
-    for node in ast.parse(SOURCE).body:
-        for name in defined_names(node):
-            section_of(found, node.lineno).defines.add(name)
+def package_map() -> list[tuple[str, str]]:
+    """server.py's map of the package: (module, program) in layer order."""
+    doc = ast.get_docstring(ast.parse(SERVER.read_text(encoding="utf-8"))) or ""
+    return [(m.group(1), m.group(2)) for line in doc.splitlines() if (m := MAP_LINE_RE.match(line))]
+
+
+def modules() -> list[Module]:
+    ranked = {name: (rank, program) for rank, (name, program) in enumerate(package_map())}
+    found = []
+    for path in sorted(PACKAGE_DIR.glob("*.py")):
+        if path.stem in ("__init__", "__main__"):
+            continue
+        assert path.stem in ranked, f"{path.name} is not in server.py's map of the package"
+        rank, program = ranked[path.stem]
+        found.append(Module(path.stem, program, rank, path.read_text(encoding="utf-8")))
     return found
 
 
-def defined_names(node: ast.stmt) -> list[str]:
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return [node.name]
-    if isinstance(node, (ast.Assign, ast.AnnAssign)):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        return [t.id for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)]
-    return []
+def package_imports(module: Module) -> list[tuple[str, int]]:
+    """Every module of the package this one imports, at the top or inside a function: (name, line)."""
+    found = []
+    for node in ast.walk(ast.parse(module.source)):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level == 1 and base:
+                found.append((base.split(".")[0], node.lineno))
+            elif node.level == 1 or base == "claude_hermes_bridge":
+                found += [(alias.name, node.lineno) for alias in node.names]
+            elif base.startswith("claude_hermes_bridge."):
+                found.append((base.split(".")[1], node.lineno))
+        elif isinstance(node, ast.Import):
+            found += [(alias.name.split(".")[1], node.lineno) for alias in node.names
+                      if alias.name.startswith("claude_hermes_bridge.")]
+    return found
 
 
-def section_of(found: list[Section], line: int) -> Section:
-    return [s for s in found if s.first_line <= line][-1]
+def test_the_map_lists_every_module_once_and_each_says_its_program_first():
+    listed = [name for name, _ in package_map()]
+    assert len(listed) == len(set(listed)) >= 15
+    on_disk = {path.stem for path in PACKAGE_DIR.glob("*.py")} - {"__init__", "__main__"}
+    assert set(listed) == on_disk
+    for module in modules():
+        doc = ast.get_docstring(ast.parse(module.source)) or ""
+        assert PROGRAM_RE.match(doc), f"{module.name}'s docstring does not open with its program"
+        assert f"[{module.program}]" in doc.split("\n")[0], f"{module.name}: the map and its docstring disagree"
 
 
-def uses() -> list[tuple[Section, str, int]]:
-    """Every load of a top-level name of the file, with the section it is loaded in; a function's own
-    arguments and locals that share a top-level name are not uses of it."""
-    found = sections()
-    top = {name for section in found for name in section.defines}
-    loads: list[tuple[Section, str, int]] = []
-
-    def visit(node: ast.AST, local: frozenset[str]) -> None:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            for default in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
-                visit(default, local)
-            if not isinstance(node, ast.Lambda):
-                for decorator in node.decorator_list:
-                    visit(decorator, local)
-                for annotation in [a.annotation for a in all_arguments(node.args)] + [node.returns]:
-                    if annotation is not None:
-                        visit(annotation, local)
-            names = {a.arg for a in all_arguments(node.args)} | assigned(node)
-            body: list[ast.AST] = list(node.body) if isinstance(node.body, list) else [node.body]
-            for child in body:
-                visit(child, local | names)
-            return
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in top and node.id not in local:
-            loads.append((section_of(found, node.lineno), node.id, node.lineno))
-        for child in ast.iter_child_nodes(node):
-            visit(child, local)
-
-    visit(ast.parse(SOURCE), frozenset())
-    return loads
-
-
-def all_arguments(arguments: ast.arguments) -> list[ast.arg]:
-    return [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs,
-            *[a for a in (arguments.vararg, arguments.kwarg) if a is not None]]
-
-
-def assigned(function: ast.AST) -> set[str]:
-    """The names a function binds itself (not those of the functions inside it)."""
-    names: set[str] = set()
-    todo = list(ast.iter_child_nodes(function))
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-            continue
-        if isinstance(node, ast.Lambda):
-            continue
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
-        todo.extend(ast.iter_child_nodes(node))
-    return names
-
-
-def definer(found: list[Section], name: str) -> Section:
-    return next(section for section in found if name in section.defines)
-
-
-def contents_entries() -> dict[str, str]:
-    """The contents at the top of the file: each chapter's name and its whole entry (continuation lines
-    included)."""
-    entries: dict[str, str] = {}
-    name = ""
-    for line in (server.__doc__ or "").splitlines():
-        if re.match(r"^  \S", line):
-            name = re.split(r" \.\.|  \[", line.strip(), maxsplit=1)[0]
-            entries[name] = line
-        elif name and line.startswith("    "):
-            entries[name] += line
-        else:
-            name = ""
-    return entries
-
-
-def test_every_section_is_marked_with_its_program_and_listed_in_the_contents():
-    found = sections()[1:]
-    assert len(found) >= 15
-    entries = contents_entries()
-    for section in found:
-        chapter = section.title.split(":")[0].split(" (")[0]
-        assert chapter in entries, f"the contents do not list {chapter!r}"
-        assert f"[{section.program}]" in entries[chapter], f"the contents do not mark {chapter!r} [{section.program}]"
-
-
-def test_nothing_is_used_above_the_section_that_defines_it():
-    found = sections()
-    upward = [f"line {line}: {name} (defined in {definer(found, name).title!r}, used in {section.title!r})"
-              for section, name, line in uses() if definer(found, name).first_line > section.first_line]
+def test_a_module_imports_only_from_the_modules_above_it():
+    """The layer order, and so no cycle: every edge points up the map."""
+    rank = {module.name: module.rank for module in modules()}
+    upward = [f"{module.name} line {line} imports {name}" for module in modules()
+              for name, line in package_imports(module) if rank[name] >= module.rank]
     assert upward == []
 
 
-def test_the_supervisors_sections_use_nothing_of_the_servers():
-    """main, which picks the program from the command line, is the one place that names both."""
-    found = sections()
-    main = next(node for node in ast.parse(SOURCE).body if isinstance(node, ast.FunctionDef) and node.name == "main")
-    in_main = range(main.lineno, cast(int, main.end_lineno) + 1)
-    crossing = [f"line {line}: {name} (a [server] name from {definer(found, name).title!r}, used in the "
-                f"[{section.program}] section {section.title!r})"
-                for section, name, line in uses()
-                if section.program in ("supervisor", "both") and definer(found, name).program == "server"
-                and line not in in_main]
+def test_the_supervisors_modules_import_nothing_of_the_servers():
+    """entry, which picks the program, is the one module that names both."""
+    program = {module.name: module.program for module in modules()}
+    crossing = [f"{module.name} line {line} imports the [server] module {name}" for module in modules()
+                if module.program in ("supervisor", "both") and module.name != "entry"
+                for name, line in package_imports(module) if program[name] == "server"]
     assert crossing == []
+
+
+def test_no_module_is_longer_than_the_limit():
+    assert [(m.name, m.source.count("\n")) for m in modules() if m.source.count("\n") > MAX_LINES] == []
+
+
+def test_only_the_mcp_edge_and_the_command_lines_client_import_mcp():
+    importers = sorted(module.name for module in modules()
+                       if re.search(r"^\s*(from|import) mcp\b", module.source, re.MULTILINE))
+    assert importers == ["cli", "mcp_edge"]
+
+
+def test_server_py_is_a_short_entry_that_guards_stdio_before_any_other_import():
+    source = SERVER.read_text(encoding="utf-8")
+    code = ast.parse(source).body[1:]  # after the docstring
+    assert len(source.splitlines()) < 80
+    assert [ast.unparse(node) for node in code][:4] == [
+        "import os", "import sys", "sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))",
+        "from claude_hermes_bridge.entry import console_main"]
+    entry = (PACKAGE_DIR / "entry.py").read_text(encoding="utf-8")
+    top_level = [node for node in ast.parse(entry).body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert [ast.unparse(node) for node in top_level] == [
+        "import sys", "from claude_hermes_bridge.stdio_guard import guard_stdio, serves_protocol"]
+    package_init = ast.parse((PACKAGE_DIR / "__init__.py").read_text(encoding="utf-8")).body
+    assert all(isinstance(node, ast.Expr) for node in package_init)  # a docstring, nothing imported
 
 
 SERVER_STACK = ("mcp", "anyio", "pydantic", "argparse", "starlette", "httpx")
@@ -162,23 +123,23 @@ def test_a_supervisor_running_a_job_never_imports_the_mcp_stack(bridge):
     """The supervisor is started as start_job starts it, with -X importtime added (a flag of this process
     only: Hermes, a child, does not inherit it), runs a whole job, and its stderr lists every module it
     imported, including those imported late, inside functions."""
-    launched = server.JobRequest(kind="run", task="say hi !sleep=1", cwd=str(bridge.root), max_turns=None,
+    launched = JobRequest(kind="run", task="say hi !sleep=1", cwd=str(bridge.root), max_turns=None,
                                  timeout_s=60, skills=[], toolsets=[])
-    cfg = server.load_config(bridge.config)
-    store = server.JobStore.of(cfg)
+    cfg = load_config(bridge.config)
+    store = JobStore.of(cfg)
     store.ensure()
     job_id = store.claim_id(launched.task.encode())
     record = launched.record(job_id, str(store.log_path(job_id)))
     store.write(record)
     store.mark_active(job_id)
-    env = dict(bridge.env, **{server.JOB_MARKER: record.marker})
-    boot = server.supervisor_argv(job_id)
-    with server.open_append(store.log_path(job_id)) as log:
+    env = dict(bridge.env, **{JOB_MARKER: record.marker})
+    boot = supervisor_argv(job_id)
+    with open_append(store.log_path(job_id)) as log:
         done = subprocess.run([boot[0], "-X", "importtime", *boot[1:]], stdin=subprocess.DEVNULL, stdout=log,
-                              stderr=log, env=env, timeout=120, cwd=str(server.SERVER_DIR))
+                              stderr=log, env=env, timeout=120, cwd=str(SERVER_DIR))
     assert done.returncode == 0
     final = store.read(job_id)
-    assert final.state is server.JobState.OK, final.reason
+    assert final.state is JobState.OK, final.reason
     listing = store.log_path(job_id).read_text()
     imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*([\w.]+)", listing, re.MULTILINE))
     assert "psutil" in imported and "json" in imported  # the listing is real

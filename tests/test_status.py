@@ -12,7 +12,38 @@ from typing import Any
 import psutil
 import pytest
 
-import server
+from claude_hermes_bridge.bodies import cancel_tool, status_tool
+from claude_hermes_bridge.config import START_GRACE_S, Config
+from claude_hermes_bridge.hermes_cli import describe_exit, ends_with_session_line, session_id_from_log
+from claude_hermes_bridge.hermes_store import (
+    STORE_DEADLINE_S,
+    STORE_READS_IN_FLIGHT,
+    StoreUnavailable,
+    blocked_commands,
+    current_tool,
+    final_answer,
+    matched_session,
+    read_store,
+)
+from claude_hermes_bridge.jobs import CHANGED_LINES, JobRecord, JobState, JobStore, JobView, observe
+from claude_hermes_bridge.render import (
+    ANSWER_PREFIX,
+    changes_lines,
+    job_details,
+    log_excerpt,
+    quoted_answer,
+    render_status,
+)
+from claude_hermes_bridge.safe_io import ProcessId, Refused, clean_str, shown
+from claude_hermes_bridge.skills import (
+    SKILL_TREE_DEPTH,
+    SKILL_YAML_EVENTS,
+    SkillIndex,
+    SkippedSkill,
+    capabilities,
+    front_matter,
+)
+from claude_hermes_bridge.supervisor import FolderSnapshot, compare_snapshots, snapshot_folder
 from harness import (
     BOUND_STRETCH,
     BridgeClient,
@@ -50,15 +81,15 @@ def session_db(sessions, messages=()):
     return db
 
 
-def store_config(tmp_path: Path) -> server.Config:
-    return server.Config(path=tmp_path / "config.json", hermes_home=str(tmp_path / "home"))
+def store_config(tmp_path: Path) -> Config:
+    return Config(path=tmp_path / "config.json", hermes_home=str(tmp_path / "home"))
 
 
-def finished_view(tmp_path: Path, session: str = "s1") -> server.JobView:
+def finished_view(tmp_path: Path, session: str = "s1") -> JobView:
     now = time.time()
-    record = server.JobRecord(id="20261201-000000-1", state=server.JobState.OK, created_at=now - 10,
+    record = JobRecord(id="20261201-000000-1", state=JobState.OK, created_at=now - 10,
                               started_at=now - 10, ended_at=now, cwd=str(tmp_path), session_id=session, exit_code=0)
-    return server.observe(record)
+    return observe(record)
 
 
 BAD_ROWS = {
@@ -271,22 +302,22 @@ def test_a_later_server_process_reports_the_same_final_block(bridge):
 
 
 def test_observe_reports_orphaned_jobs_and_supervisors_that_never_started():
-    dead = server.ProcessId(2**22 + 9, 1.0)
+    dead = ProcessId(2**22 + 9, 1.0)
     record = running_record(supervisor=dead, hermes=dead, created_at=time.time() - 100)
-    view = server.observe(record)
+    view = observe(record)
     assert view.state == "orphaned" and "Hermes is not running" in str(view.reason)
-    record.hermes = server.ProcessId.of(psutil.Process())
-    assert "still running" in str(server.observe(record).reason)
-    never_started = server.JobRecord(id="x", state=server.JobState.STARTING, created_at=time.time())
-    assert server.observe(never_started).state == "starting" and server.observe(never_started).running
-    never_started.created_at -= server.START_GRACE_S + 1
-    assert server.observe(never_started).state == "orphaned"  # not "starting" for ever
+    record.hermes = ProcessId.of(psutil.Process())
+    assert "still running" in str(observe(record).reason)
+    never_started = JobRecord(id="x", state=JobState.STARTING, created_at=time.time())
+    assert observe(never_started).state == "starting" and observe(never_started).running
+    never_started.created_at -= START_GRACE_S + 1
+    assert observe(never_started).state == "orphaned"  # not "starting" for ever
 
 
 def test_log_excerpt_is_bounded_and_says_how_much_was_cut(tmp_path):
     log = tmp_path / "job.log"
     log.write_bytes(b"\x1b[31m" + b"a" * 50_000 + b"\xff\xfe\n" + b"tail line\n")
-    text = server.log_excerpt(log, 1000)
+    text = log_excerpt(log, 1000)
     assert "[cut: the first" in text and "hermes_read" in text
     body = text.split("\n...", 1)[1]
     assert len(body) <= 1000 and body.endswith("tail line\n") and "\x1b" not in text
@@ -294,14 +325,14 @@ def test_log_excerpt_is_bounded_and_says_how_much_was_cut(tmp_path):
 
 @pytest.mark.posix("a negative exit code is a POSIX signal")
 def test_describe_exit_names_signals_and_tells_a_crash_from_a_kill():
-    assert server.describe_exit(-9) == "Hermes was killed by SIGKILL (9) from outside the bridge"
-    assert "hermes_health" in server.describe_exit(2, usage_error=True)
-    assert server.describe_exit(2) == "Hermes exited with code 2"  # exit 2 without a usage error (issue 27)
-    assert server.describe_exit(-6).startswith("Hermes crashed (SIGABRT, 6) before its turn was known to have ended")
-    assert server.describe_exit(0xC0000005, turn_saved=True).startswith(
+    assert describe_exit(-9) == "Hermes was killed by SIGKILL (9) from outside the bridge"
+    assert "hermes_health" in describe_exit(2, usage_error=True)
+    assert describe_exit(2) == "Hermes exited with code 2"  # exit 2 without a usage error (issue 27)
+    assert describe_exit(-6).startswith("Hermes crashed (SIGABRT, 6) before its turn was known to have ended")
+    assert describe_exit(0xC0000005, turn_saved=True).startswith(
         "Hermes crashed (Windows status 0xC0000005) on its way out")
-    assert server.describe_exit(-9, turn_saved=True).startswith("Hermes was killed by SIGKILL")
-    assert server.describe_exit(1, turn_saved=True) == "Hermes exited with code 1"
+    assert describe_exit(-9, turn_saved=True).startswith("Hermes was killed by SIGKILL")
+    assert describe_exit(1, turn_saved=True) == "Hermes exited with code 1"
 
 
 @pytest.mark.parametrize(("log", "ends"), [
@@ -314,7 +345,7 @@ def test_describe_exit_names_signals_and_tells_a_crash_from_a_kill():
 def test_a_turn_counts_as_saved_only_when_the_session_line_is_the_logs_last(tmp_path, log, ends):
     path = tmp_path / "job.log"
     path.write_text(log)
-    assert server.ends_with_session_line(path) is ends
+    assert ends_with_session_line(path) is ends
 
 
 def test_skill_index_cache_sees_added_edited_and_removed_skills(tmp_path):
@@ -326,7 +357,7 @@ def test_skill_index_cache_sees_added_edited_and_removed_skills(tmp_path):
         path.write_text(f"---\nname: {name}\ndescription: {description}\n---\n")
         return path
     first = write("cat/one", "one", "first")
-    index = server.SkillIndex()
+    index = SkillIndex()
     assert [s["name"] for s in index.skills(skills)[0]] == ["one"]
     write("cat/two", "two", "second")
     write("other/deep/three", "three", "third")
@@ -344,46 +375,46 @@ def test_the_captured_session_id_is_the_last_session_line(tmp_path):
     """A compressed session continues under a new id: the last line names the session to resume."""
     log = tmp_path / "job.log"
     log.write_text("session_id: 20261130_000000_aaaaaa\nworking\nsession_id: 20261130_000001_bbbbbb\n")
-    assert server.session_id_from_log(log) == "20261130_000001_bbbbbb"
+    assert session_id_from_log(log) == "20261130_000001_bbbbbb"
     log.write_text("session_id: --yolo\n")
-    assert server.session_id_from_log(log) is None
+    assert session_id_from_log(log) is None
 
 
 def test_a_same_size_edit_is_listed_as_modified():
-    before = server.FolderSnapshot({"a.txt": (5, 1_000), "b.txt": (3, 1_000)}, taken_ns=2_000)
-    after = server.FolderSnapshot({"a.txt": (5, 3_000), "b.txt": (3, 1_000)}, taken_ns=4_000)
-    changes = server.compare_snapshots(before, after)
+    before = FolderSnapshot({"a.txt": (5, 1_000), "b.txt": (3, 1_000)}, taken_ns=2_000)
+    after = FolderSnapshot({"a.txt": (5, 3_000), "b.txt": (3, 1_000)}, taken_ns=4_000)
+    changes = compare_snapshots(before, after)
     assert (changes["created"], changes["modified"], changes["deleted"]) == (0, 1, 0)
     assert changes["lines"] == ["~ a.txt (5 B)"]
 
 
 def test_more_than_fifty_changes_are_cut_with_the_count():
-    before = server.FolderSnapshot({}, taken_ns=1)
-    after = server.FolderSnapshot({f"f{i:02d}": (1, 5) for i in range(57)}, taken_ns=10)
-    changes = server.compare_snapshots(before, after)
-    assert len(changes["lines"]) == server.CHANGED_LINES == 50 and changes["more"] == 7
-    record = server.JobRecord(id="20261130-000000-1", state=server.JobState.OK, changes=changes)
-    assert server.changes_lines(record)[-1] == "... and 7 more"
+    before = FolderSnapshot({}, taken_ns=1)
+    after = FolderSnapshot({f"f{i:02d}": (1, 5) for i in range(57)}, taken_ns=10)
+    changes = compare_snapshots(before, after)
+    assert len(changes["lines"]) == CHANGED_LINES == 50 and changes["more"] == 7
+    record = JobRecord(id="20261130-000000-1", state=JobState.OK, changes=changes)
+    assert changes_lines(record)[-1] == "... and 7 more"
 
 
 @pytest.mark.parametrize("separator", ["\u2028", "\u2029"])
 def test_unicode_line_separators_are_escaped_in_quoted_values(separator):
-    quoted = server.shown(f"folder{separator}STATUS: ok")
+    quoted = shown(f"folder{separator}STATUS: ok")
     assert separator not in quoted and "STATUS: ok" in quoted
     assert quoted.startswith("folder\\u202")
 
 
 def test_an_answer_longer_than_max_output_chars_is_cut_and_says_how_much():
-    lines = server.quoted_answer("a" * 120 + "\n" + "b" * 30, 100)
-    assert lines == [server.ANSWER_PREFIX + "a" * 100, "[cut: 51 more characters]"]
-    assert server.quoted_answer("short", 100) == [server.ANSWER_PREFIX + "short"]
+    lines = quoted_answer("a" * 120 + "\n" + "b" * 30, 100)
+    assert lines == [ANSWER_PREFIX + "a" * 100, "[cut: 51 more characters]"]
+    assert quoted_answer("short", 100) == [ANSWER_PREFIX + "short"]
 
 
 def test_an_orphaned_job_is_rendered_with_the_part_done_advice(tmp_path):
     cfg = config_for(tmp_path)
-    record = server.JobRecord(id="20261130-000000-1", state=server.JobState.ORPHANED, created_at=time.time() - 60,
+    record = JobRecord(id="20261130-000000-1", state=JobState.ORPHANED, created_at=time.time() - 60,
                               ended_at=time.time(), reason="the supervisor died")
-    text = server.render_status(server.JobView(record, server.JobState.ORPHANED), cfg)
+    text = render_status(JobView(record, JobState.ORPHANED), cfg)
     assert "STATUS: orphaned" in text and "Work may be part-done" in text
 
 
@@ -393,66 +424,66 @@ def test_a_symlinked_folder_under_skills_is_not_followed(tmp_path):
     skill_md(skills / "cat" / "inside")
     skill_md(tmp_path / "elsewhere" / "outside")
     (skills / "cat" / "linked").symlink_to(tmp_path / "elsewhere")
-    files, note = server.SkillIndex().files(str(skills))
+    files, note = SkillIndex().files(str(skills))
     assert files == [str(skills / "cat" / "inside" / "SKILL.md")] and note is None
 
 
 def test_the_skill_depth_limit_holds_at_exactly_its_boundary(tmp_path):
     skills = tmp_path / "skills"
-    at_limit = skills.joinpath(*[f"d{i}" for i in range(server.SKILL_TREE_DEPTH)])
+    at_limit = skills.joinpath(*[f"d{i}" for i in range(SKILL_TREE_DEPTH)])
     skill_md(at_limit)
-    files, note = server.SkillIndex().files(str(skills))
+    files, note = SkillIndex().files(str(skills))
     assert files == [str(at_limit / "SKILL.md")] and note is None
     skill_md(at_limit / "one-deeper")
-    files, note = server.SkillIndex().files(str(skills))
+    files, note = SkillIndex().files(str(skills))
     assert files == [str(at_limit / "SKILL.md")]
-    assert note == f"folders deeper than {server.SKILL_TREE_DEPTH} levels are not searched"
+    assert note == f"folders deeper than {SKILL_TREE_DEPTH} levels are not searched"
 
 
 def test_the_skill_folder_cap_stops_the_walk_and_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(server, "SKILL_TREE_FOLDERS", 5)
+    monkeypatch.setattr("claude_hermes_bridge.skills.SKILL_TREE_FOLDERS", 5)
     skills = tmp_path / "skills"
     for i in range(8):
         skill_md(skills / f"c{i}")
-    files, note = server.SkillIndex().files(str(skills))
+    files, note = SkillIndex().files(str(skills))
     assert note == "stopped after 5 folders" and len(files) == 4
 
 
 def test_front_matter_with_more_plain_yaml_events_than_the_limit_is_skipped(tmp_path):
-    items = ", ".join("x" for _ in range(server.SKILL_YAML_EVENTS))
+    items = ", ".join("x" for _ in range(SKILL_YAML_EVENTS))
     path = tmp_path / "SKILL.md"
     path.write_text(f"---\nname: many\ntags: [{items}]\n---\n")
-    with pytest.raises(server.SkippedSkill, match=f"more than {server.SKILL_YAML_EVENTS} YAML nodes"):
-        server.front_matter(str(path))
+    with pytest.raises(SkippedSkill, match=f"more than {SKILL_YAML_EVENTS} YAML nodes"):
+        front_matter(str(path))
     path.write_text("---\nname: few\ntags: [" + ", ".join("x" for _ in range(100)) + "]\n---\n")
-    assert server.front_matter(str(path))["name"] == "few"
+    assert front_matter(str(path))["name"] == "few"
 
 
 def test_two_sessions_started_in_the_jobs_folder_during_one_job_capture_none(tmp_path):
     folder = str(tmp_path)
     one = session_db([("20261201_100000_aaaaaa", folder, 100.0)])
-    assert server.matched_session(one, folder, 100.0) == ("20261201_100000_aaaaaa", "found in the session store")
+    assert matched_session(one, folder, 100.0) == ("20261201_100000_aaaaaa", "found in the session store")
     two = session_db([("20261201_100000_aaaaaa", folder, 100.0), ("20261201_100001_bbbbbb", folder, 101.0)])
-    session, why = server.matched_session(two, folder, 100.0)
+    session, why = matched_session(two, folder, 100.0)
     assert session is None and why == f"2 sessions in the store started in {folder} during the job"
 
 
 def test_an_older_reply_of_a_resumed_session_is_never_its_answer():
     session = "20261201_100000_aaaaaa"
     db = session_db([(session, "/w", 10.0)], [(session, "assistant", "the earlier job's reply", 50.0)])
-    assert server.final_answer(db, session, since=100.0) is None
+    assert final_answer(db, session, since=100.0) is None
     db.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, 'assistant', 'this job', 120)",
                (session,))
-    assert server.final_answer(db, session, since=100.0) == "this job"
+    assert final_answer(db, session, since=100.0) == "this job"
 
 
 def test_capabilities_checks_its_arguments_before_walking_the_skills_tree(tmp_path, monkeypatch):
     def walked(_self, _skills_dir):
         raise AssertionError("the skills tree was walked for arguments that are refused anyway")
-    monkeypatch.setattr(server.SkillIndex, "skills", walked)
+    monkeypatch.setattr(SkillIndex, "skills", walked)
     not_text: Any = 5  # what a host may send for query
-    with pytest.raises(server.Refused, match="query and category must be text"):
-        server.capabilities(config_for(tmp_path), server.SkillIndex(), not_text, None, None)
+    with pytest.raises(Refused, match="query and category must be text"):
+        capabilities(config_for(tmp_path), SkillIndex(), not_text, None, None)
 
 
 def test_parallel_tool_calls_are_running_until_every_one_has_its_result():
@@ -468,10 +499,10 @@ def test_parallel_tool_calls_are_running_until_every_one_has_its_result():
                (session, json.dumps(calls)))
     db.execute("INSERT INTO messages (session_id, role, tool_call_id, timestamp) VALUES (?, 'tool', 'call_1', 101)",
                (session,))
-    assert server.current_tool(db, session, since=50, now=110) == "terminal: make part2 (running 10 s)"
+    assert current_tool(db, session, since=50, now=110) == "terminal: make part2 (running 10 s)"
     db.execute("INSERT INTO messages (session_id, role, tool_call_id, timestamp) VALUES (?, 'tool', 'call_2', 102)",
                (session,))
-    assert server.current_tool(db, session, since=50, now=110) == "terminal: make part2 (finished)"
+    assert current_tool(db, session, since=50, now=110) == "terminal: make part2 (finished)"
 
 
 @pytest.mark.posix("FIFOs, symlinks and POSIX signals")
@@ -481,8 +512,8 @@ def test_a_fifo_beside_or_as_the_store_is_unavailable_at_once(tmp_path, planted)
     if planted == "state.db":
         path.unlink()
     os.mkfifo(tmp_path / "home" / planted)
-    with pytest.raises(server.StoreUnavailable, match="not a regular file"):
-        server.read_store(store_config(tmp_path), lambda db: db.execute("SELECT 1").fetchall())
+    with pytest.raises(StoreUnavailable, match="not a regular file"):
+        read_store(store_config(tmp_path), lambda db: db.execute("SELECT 1").fetchall())
 
 
 @pytest.mark.posix("FIFOs, symlinks and POSIX signals")
@@ -492,9 +523,9 @@ def test_a_store_held_by_an_exclusive_lock_is_unavailable_within_its_deadline(tm
     holder.execute("BEGIN EXCLUSIVE")
     try:
         started = time.monotonic()
-        with pytest.raises(server.StoreUnavailable, match="locked|did not answer"):
-            server.read_store(store_config(tmp_path), lambda db: db.execute("SELECT * FROM sessions").fetchall())
-        assert time.monotonic() - started < server.STORE_DEADLINE_S + 2
+        with pytest.raises(StoreUnavailable, match="locked|did not answer"):
+            read_store(store_config(tmp_path), lambda db: db.execute("SELECT * FROM sessions").fetchall())
+        assert time.monotonic() - started < STORE_DEADLINE_S + 2
     finally:
         holder.close()
 
@@ -506,17 +537,17 @@ def test_a_read_that_never_answers_is_abandoned_and_the_next_fails_at_once(tmp_p
     path = make_store(tmp_path / "home")
     journal = tmp_path / "home" / "state.db-journal"
     os.mkfifo(journal)
-    monkeypatch.setattr(server, "check_store_files", lambda _path: None)
+    monkeypatch.setattr("claude_hermes_bridge.hermes_store.check_store_files", lambda _path: None)
     cfg = store_config(tmp_path)
     try:
-        with pytest.raises(server.StoreUnavailable, match="did not answer within"):
-            server.read_store(cfg, lambda db: db.execute("SELECT * FROM sessions").fetchall(), deadline_s=1)
-        with pytest.raises(server.StoreUnavailable, match="has not returned"):
-            server.read_store(cfg, lambda db: db.execute("SELECT 1").fetchall(), deadline_s=1)
+        with pytest.raises(StoreUnavailable, match="did not answer within"):
+            read_store(cfg, lambda db: db.execute("SELECT * FROM sessions").fetchall(), deadline_s=1)
+        with pytest.raises(StoreUnavailable, match="has not returned"):
+            read_store(cfg, lambda db: db.execute("SELECT 1").fetchall(), deadline_s=1)
     finally:
         fd = os.open(journal, os.O_WRONLY | os.O_NONBLOCK)  # lets the stuck read go on, and end
         os.close(fd)
-        wait_until(lambda: not server.STORE_READS_IN_FLIGHT[str(path.absolute())].is_alive(), 10, "the read to end")
+        wait_until(lambda: not STORE_READS_IN_FLIGHT[str(path.absolute())].is_alive(), 10, "the read to end")
 
 
 @pytest.mark.posix("FIFOs, symlinks and POSIX signals")
@@ -536,12 +567,12 @@ def test_a_bad_row_of_the_store_is_shown_as_unavailable_never_raised(tmp_path, b
             BAD_ROWS[bad]]
     make_store(tmp_path / "home", rows)
     cfg = store_config(tmp_path)
-    running = server.JobView(finished_view(tmp_path).record, server.JobState.RUNNING)
-    details = server.job_details(cfg, running)
+    running = JobView(finished_view(tmp_path).record, JobState.RUNNING)
+    details = job_details(cfg, running)
     assert details.activity and details.activity.startswith("unavailable: "), details
     assert "not what Hermes writes" in details.activity or "session store" in details.activity
     finished = finished_view(tmp_path)
-    text = server.render_status(finished, cfg, details=server.job_details(cfg, finished))
+    text = render_status(finished, cfg, details=job_details(cfg, finished))
     assert text.startswith("STATUS: ok\nJOB_ID: 20261201-000000-1")
 
 
@@ -554,7 +585,7 @@ def test_hermes_answer_cannot_forge_field_lines_or_smuggle_escapes(tmp_path):
          (forged, time.time()))])
     cfg = store_config(tmp_path)
     view = finished_view(tmp_path)
-    text = server.render_status(view, cfg, details=server.job_details(cfg, view))
+    text = render_status(view, cfg, details=job_details(cfg, view))
     assert [line for line in text.splitlines() if line.startswith(("STATUS:", "JOB_ID:", "EXIT_CODE:"))] == [
         "STATUS: ok", "JOB_ID: 20261201-000000-1", "EXIT_CODE: 0"]
     assert "\x1b" not in text and "\u2028" not in text
@@ -584,11 +615,11 @@ def test_changed_files_are_not_listed_when_the_folder_was_swapped_for_a_symlink(
     work.mkdir()
     elsewhere.mkdir()
     (elsewhere / "private.txt").write_text("x")
-    before = server.snapshot_folder(str(work), [], 1000, 5)
+    before = snapshot_folder(str(work), [], 1000, 5)
     work.rename(tmp_path / "moved")
     work.symlink_to(elsewhere)
-    after = server.snapshot_folder(str(work), [], 1000, 5)
-    changes = server.compare_snapshots(before, after)
+    after = snapshot_folder(str(work), [], 1000, 5)
+    changes = compare_snapshots(before, after)
     assert "note" in changes and "private.txt" not in json.dumps(changes)
 
 
@@ -610,10 +641,10 @@ def test_a_waiting_status_sends_its_first_progress_at_once(bridge):
 def test_load_concurrent_status_many_records_and_a_1gib_log(bridge):
     bridge.configure(max_running_jobs=20, retention_max_jobs=100_000)
     bridge.jobs.mkdir()
-    store = server.JobStore(bridge.jobs)
+    store = JobStore(bridge.jobs)
 
-    def finished(job_id: str) -> server.JobRecord:
-        return server.JobRecord(id=job_id, state=server.JobState.OK, exit_code=0, created_at=1.0, ended_at=2.0,
+    def finished(job_id: str) -> JobRecord:
+        return JobRecord(id=job_id, state=JobState.OK, exit_code=0, created_at=1.0, ended_at=2.0,
                                 cwd=str(bridge.root), task_preview="old")
     yesterday = time.strftime("%Y%m%d", time.localtime(time.time() - 86400))
     for n in range(10_000):
@@ -719,8 +750,8 @@ def test_damaged_records_and_a_deleted_log_do_not_stop_the_server(bridge):
                               "backticks", "newline"])
 def test_job_id_tricks_are_refused(playground, monkeypatch, tool, job_id):
     bridge, _ = playground
-    bodies = {"hermes_status": lambda cfg: server.status_tool(cfg, job_id, 0),
-              "hermes_cancel": lambda cfg: server.cancel_tool(cfg, job_id)}
+    bodies = {"hermes_status": lambda cfg: status_tool(cfg, job_id, 0),
+              "hermes_cancel": lambda cfg: cancel_tool(cfg, job_id)}
     refused(bridge.call_body(monkeypatch, tool, bodies[tool]), "is not a job id")
     nothing_started(bridge, settle_s=0)
 
@@ -729,10 +760,10 @@ def test_text_that_reorders_or_hides_is_escaped_wherever_hermes_text_is_shown():
     """Issue 27: bidi controls, zero-width characters and every line separator splitlines knows, as escapes:
     in a value shown (a command, a path), in Hermes' answer and in the log tail."""
     hiding = "a\u202eb\u2066c\u200bd\ufeffe\x85f\x0bg\u2028h"
-    assert server.shown(hiding) == "a\\u202eb\\u2066c\\u200bd\\ufeffe\\x85f\\x0bg\\u2028h"
-    cleaned = server.clean_str("answer \u202eevil\u200f")
+    assert shown(hiding) == "a\\u202eb\\u2066c\\u200bd\\ufeffe\\x85f\\x0bg\\u2028h"
+    cleaned = clean_str("answer \u202eevil\u200f")
     assert cleaned == "answer \\u202eevil\\u200f"
-    assert all(char not in "".join(server.quoted_answer("x\u202ey\u2069", 100)) for char in "\u202e\u2069")
+    assert all(char not in "".join(quoted_answer("x\u202ey\u2069", 100)) for char in "\u202e\u2069")
 
 
 def test_the_commands_hermes_blocked_are_read_with_the_command_of_their_call(tmp_path):
@@ -749,9 +780,9 @@ def test_the_commands_hermes_blocked_are_read_with_the_command_of_their_call(tmp
         (insert, ("s1", "tool", json.dumps({"status": "blocked"}), "call_0", None, 1.0)),  # before the job
     ])
     db = sqlite3.connect(path)
-    assert server.blocked_commands(db, "s1", 50.0) == ["rm -rf ./build", "a command Hermes deemed dangerous"]
+    assert blocked_commands(db, "s1", 50.0) == ["rm -rf ./build", "a command Hermes deemed dangerous"]
 
 
 def test_hermes_answer_starts_at_its_text_not_at_blank_lines():
     """Issue 28: under the ACP driver the answer opened with two empty `| ` lines."""
-    assert server.quoted_answer("\n\nhello\nworld\n\n", 100) == ["| hello", "| world"]
+    assert quoted_answer("\n\nhello\nworld\n\n", 100) == ["| hello", "| world"]

@@ -18,7 +18,22 @@ from typing import Any
 import psutil
 import pytest
 
-import server
+from claude_hermes_bridge.config import Config, load_config
+from claude_hermes_bridge.hermes_cli import describe_exit
+from claude_hermes_bridge.jobs import FINAL_STATES, JobRecord, JobState, JobStore
+from claude_hermes_bridge.launch import JobRequest, launch_job
+from claude_hermes_bridge.preflight import SERVER_DIR
+from claude_hermes_bridge.processes import (
+    JOB_MARKER,
+    Ownership,
+    carries_marker,
+    marked_processes,
+    still_running,
+    stop_tree,
+)
+from claude_hermes_bridge.safe_io import ProcessId, running_process
+from claude_hermes_bridge.supervisor import Supervisor
+from claude_hermes_bridge.tools import LaunchArguments, job_request, request_cancel
 from harness import (
     Bridge,
     live_pids,
@@ -49,35 +64,35 @@ class FakeStarter:
 
 
 def supervised(tmp_path: Path, program: str, task: str = "-do it", timeout_s: float = 60,
-               form: str = "query-arg") -> tuple[server.Supervisor, FakeStarter]:
+               form: str = "query-arg") -> tuple[Supervisor, FakeStarter]:
     """A job on disk as a launch leaves it, and its supervisor with the fake starter."""
     root = tmp_path / "root"
     root.mkdir()
     exe = tmp_path / "hermes"
     exe.write_text("#!/bin/sh\nexit 9\n")  # never run: the starter is the fake
     exe.chmod(0o755)
-    cfg = server.Config(path=tmp_path / "config.json", allowed_roots=[str(root)], jobs_dir=str(tmp_path / "jobs"),
+    cfg = Config(path=tmp_path / "config.json", allowed_roots=[str(root)], jobs_dir=str(tmp_path / "jobs"),
                         logs_dir=str(tmp_path / "logs"), hermes_exe=str(exe), hermes_home=str(tmp_path / "home"),
                         hermes_cli_form=form, kill_grace_s=1)
-    store = server.JobStore(cfg.jobs_path)
-    request = server.JobRequest(kind="run", task=task, cwd=str(root), max_turns=None, timeout_s=timeout_s,
+    store = JobStore(cfg.jobs_path)
+    request = JobRequest(kind="run", task=task, cwd=str(root), max_turns=None, timeout_s=timeout_s,
                                 skills=[], toolsets=[])
     job_id = store.claim_id(task.encode())
     store.write(request.record(job_id, str(store.log_path(job_id))))
     store.mark_active(job_id)
     starter = FakeStarter(program, store.log_path(job_id))
-    return server.Supervisor(job_id, cfg, store, starter), starter
+    return Supervisor(job_id, cfg, store, starter), starter
 
 
 def test_a_job_that_exits_0_is_ok_and_the_record_says_who_ran_it(tmp_path):
     supervisor, starter = supervised(tmp_path, "print('done')")
     supervisor.run()
     record = supervisor.store.read(supervisor.job_id)
-    assert record.state is server.JobState.OK and record.exit_code == 0 and record.ended_at
+    assert record.state is JobState.OK and record.exit_code == 0 and record.ended_at
     [call] = starter.calls
     assert call["argv"][2] == "--query=-do it" and record.argv and record.argv[2] == "--query=<task>"
-    assert call["folder"] == str(tmp_path / "root") and call["env"][server.JOB_MARKER] == supervisor.job_id
-    assert record.hermes and record.supervisor and record.supervisor.pid == server.psutil.Process().pid
+    assert call["folder"] == str(tmp_path / "root") and call["env"][JOB_MARKER] == supervisor.job_id
+    assert record.hermes and record.supervisor and record.supervisor.pid == psutil.Process().pid
     assert supervisor.store.active_ids() == []
 
 
@@ -93,8 +108,8 @@ def test_a_failing_exit_is_an_error_that_names_the_code(tmp_path):
     supervisor, _ = supervised(tmp_path, "raise SystemExit(3)")
     supervisor.run()
     record = supervisor.store.read(supervisor.job_id)
-    assert record.state is server.JobState.ERROR and record.exit_code == 3
-    assert record.reason == server.describe_exit(3)
+    assert record.state is JobState.ERROR and record.exit_code == 3
+    assert record.reason == describe_exit(3)
 
 
 CRASH_AT_EXIT = ("import os, signal, sys; print('the answer'); sys.stdout.flush(); {session}"
@@ -112,7 +127,7 @@ def test_a_crash_is_told_from_a_kill_and_one_after_the_saved_turn_from_one_durin
     supervisor, _ = supervised(tmp_path, CRASH_AT_EXIT.format(session=session if session_line else ""))
     supervisor.run()
     record = supervisor.store.read(supervisor.job_id)
-    assert record.state is server.JobState.ERROR and record.exit_code == -11
+    assert record.state is JobState.ERROR and record.exit_code == -11
     assert record.reason and record.reason.startswith("Hermes crashed (SIGSEGV, 11)") and says in record.reason
     assert "from outside the bridge" not in record.reason
     assert record.session_id == ("20261202_013955_eebde4" if session_line else None)
@@ -123,7 +138,7 @@ def test_a_cancel_before_hermes_starts_starts_nothing(tmp_path):
     supervisor.store.cancel_path(supervisor.job_id).write_text("now")
     supervisor.run()
     record = supervisor.store.read(supervisor.job_id)
-    assert record.state is server.JobState.CANCELLED and starter.calls == [] and record.hermes is None
+    assert record.state is JobState.CANCELLED and starter.calls == [] and record.hermes is None
     assert not supervisor.store.cancel_path(supervisor.job_id).exists()
 
 
@@ -145,7 +160,7 @@ def test_a_cancel_or_a_timeout_stops_the_whole_tree_and_says_work_may_be_part_do
     supervisor.run()
     record = supervisor.store.read(supervisor.job_id)
     child = child_of_fake(root)
-    assert record.state is (server.JobState.CANCELLED if ending == "cancel" else server.JobState.TIMEOUT)
+    assert record.state is (JobState.CANCELLED if ending == "cancel" else JobState.TIMEOUT)
     assert child in {process_id.pid for process_id in record.tree}
     assert record.hermes is not None
     assert wait_gone([record.hermes.pid, child]) == [], live_pids([record.hermes.pid, child])
@@ -156,7 +171,7 @@ def announce(log: Path, text: str) -> None:
         out.write(text.encode())
 
 
-def resumed(tmp_path: Path) -> server.Supervisor:
+def resumed(tmp_path: Path) -> Supervisor:
     supervisor, _ = supervised(tmp_path, "pass")
     supervisor.record.session_requested = "20261201_100000_aaaaaa"  # the backstop watches resumes only
     return supervisor
@@ -192,27 +207,27 @@ def test_a_failed_resume_on_a_hermes_that_prints_no_session_line_captures_nothin
     supervisor.record.session_requested = "20261201_100000_aaaaaa"
     supervisor.run()
     record = supervisor.store.read(supervisor.job_id)
-    assert record.state is server.JobState.ERROR and record.exit_code == 1
+    assert record.state is JobState.ERROR and record.exit_code == 1
     assert record.session_id is None  # the session it was asked to resume was not continued: nothing to resume
 
 
 def test_a_job_that_already_has_an_outcome_when_its_supervisor_starts_never_starts_hermes(tmp_path):
     supervisor, starter = supervised(tmp_path, "print('must not run')")
     record = supervisor.store.read(supervisor.job_id)
-    record.change_state(server.JobState.CANCELLED, "cancelled as an orphan")
+    record.change_state(JobState.CANCELLED, "cancelled as an orphan")
     supervisor.store.write(record)
     supervisor.record = supervisor.store.read(supervisor.job_id)
     assert supervisor.run() == 0
     assert starter.calls == []
-    assert supervisor.store.read(supervisor.job_id).state is server.JobState.CANCELLED
+    assert supervisor.store.read(supervisor.job_id).state is JobState.CANCELLED
 
 
-def config_of(bridge: Bridge) -> server.Config:
-    return server.load_config(bridge.config)
+def config_of(bridge: Bridge) -> Config:
+    return load_config(bridge.config)
 
 
-def final_record(store: server.JobStore, job_id: str, timeout: float = 60) -> server.JobRecord:
-    return wait_until(lambda: record if (record := store.read(job_id)).state in server.FINAL_STATES else None,
+def final_record(store: JobStore, job_id: str, timeout: float = 60) -> JobRecord:
+    return wait_until(lambda: record if (record := store.read(job_id)).state in FINAL_STATES else None,
                       timeout, f"job {job_id} to end")
 
 
@@ -238,11 +253,11 @@ while True:
 STOPS_ITS_OWN_MARKER = """
 import json, os, subprocess, sys, psutil
 sys.path.insert(0, sys.argv[1])
-import server
+from claude_hermes_bridge.processes import Ownership, stop_tree
 victim = subprocess.Popen(["sleep", "60"])
 ancestor = psutil.Process().parent()
-owner = server.Ownership(os.environ["HERMES_BRIDGE_JOB"], frozenset({ancestor.pid}), require_descent=sys.argv[2] == "1")
-report = server.stop_tree(owner, ancestor, [], grace_s=1)
+owner = Ownership(os.environ["HERMES_BRIDGE_JOB"], frozenset({ancestor.pid}), require_descent=sys.argv[2] == "1")
+report = stop_tree(owner, ancestor, [], grace_s=1)
 print(json.dumps({"stopped": len(report.stopped), "victim": victim.wait(timeout=10)}), flush=True)
 """
 
@@ -368,9 +383,9 @@ def test_a_tree_that_ignores_sigterm_and_forks_new_sessions_is_gone_after_timeou
 def test_a_reused_pid_is_not_taken_for_the_jobs_supervisor(bridge):
     bridge.jobs.mkdir()
     me = psutil.Process()
-    impostor = server.ProcessId(me.pid, me.create_time() - 3600)
-    server.JobStore(bridge.jobs).write(server.JobRecord(
-        id="20261101-000000-9", state=server.JobState.RUNNING, created_at=time.time() - 60, cwd=str(bridge.root),
+    impostor = ProcessId(me.pid, me.create_time() - 3600)
+    JobStore(bridge.jobs).write(JobRecord(
+        id="20261101-000000-9", state=JobState.RUNNING, created_at=time.time() - 60, cwd=str(bridge.root),
         supervisor=impostor, hermes=impostor, timeout_s=60))
     with bridge.client() as client:
         status = client.call("hermes_status", job_id="20261101-000000-9", wait_s=0)
@@ -410,22 +425,22 @@ def test_a_cancel_stops_only_its_own_job_when_another_jobs_folder_has_the_same_i
     first, second = Bridge.create(tmp_path / "first"), Bridge.create(tmp_path / "second")
     cfgs = [config_of(first), config_of(second)]
     tasks = ["keeps running !sleep=4", "is cancelled !sleep=60 !grandchild=60"]
-    requests = [server.job_request(cfg, "run", server.LaunchArguments(task)).value
+    requests = [job_request(cfg, "run", LaunchArguments(task)).value
                 for cfg, task in zip(cfgs, tasks, strict=True)]
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() + 3600))
     for cfg in cfgs:  # ids never sort before the newest on disk, so both folders claim the same next one
-        server.JobStore(cfg.jobs_path).ensure()
+        JobStore(cfg.jobs_path).ensure()
         (cfg.jobs_path / f"{stamp}-1.json").write_text("{}")
-    records = [server.launch_job(cfg, request)[0] for cfg, request in zip(cfgs, requests, strict=True)]
+    records = [launch_job(cfg, request)[0] for cfg, request in zip(cfgs, requests, strict=True)]
     assert records[0].id == records[1].id == f"{stamp}-2"
     try:
-        stores = [server.JobStore(cfg.jobs_path) for cfg in cfgs]
+        stores = [JobStore(cfg.jobs_path) for cfg in cfgs]
         job_id = records[0].id
         wait_until(lambda: all(store.read(job_id).hermes for store in stores), 20, "both Hermes to start")
-        server.request_cancel(cfgs[1], job_id)
-        assert final_record(stores[1], job_id).state is server.JobState.CANCELLED
+        request_cancel(cfgs[1], job_id)
+        assert final_record(stores[1], job_id).state is JobState.CANCELLED
         kept = final_record(stores[0], job_id)
-        assert kept.state is server.JobState.OK, kept.reason
+        assert kept.state is JobState.OK, kept.reason
     finally:
         first.kill_leftovers()
         second.kill_leftovers()
@@ -437,7 +452,7 @@ def test_a_tool_that_drops_the_marker_and_double_forks_is_stopped_and_the_stop_i
         job_id = client.call("hermes_run", task="!escape !sleep=60", wait_s=0).field("JOB_ID")
         runs = bridge.wait_for_runs(1)
         escaped = wait_until(lambda: [int(p.stem) for p in bridge.trace.glob("*.child")], 20, "the escaped tool")
-        assert psutil.Process(escaped[0]).environ().get(server.JOB_MARKER) is None
+        assert psutil.Process(escaped[0]).environ().get(JOB_MARKER) is None
         assert psutil.Process(escaped[0]).ppid() != runs[0]["pid"]
         client.call("hermes_cancel", job_id=job_id)
         final = client.wait_final(job_id)
@@ -452,7 +467,7 @@ def test_a_process_that_only_copies_the_marker_is_never_signalled(bridge):
         job_id = client.call("hermes_run", task="!sleep=60", wait_s=0).field("JOB_ID")
         bridge.wait_for_runs(1)
         marker = bridge.record(job_id).marker
-        impostor = subprocess.Popen(["sleep", "120"], env=dict(os.environ, **{server.JOB_MARKER: marker}),
+        impostor = subprocess.Popen(["sleep", "120"], env=dict(os.environ, **{JOB_MARKER: marker}),
                                     start_new_session=True)
         try:
             time.sleep(0.3)
@@ -476,7 +491,7 @@ def test_many_concurrent_cancels_all_answer(bridge):
 
         def cancel() -> None:
             try:
-                answers.append(server.request_cancel(cfg, job_id)[1])
+                answers.append(request_cancel(cfg, job_id)[1])
             except Exception as exc:  # noqa: BLE001
                 answers.append(f"raised {exc!r}")
         threads = [threading.Thread(target=cancel) for _ in range(40)]
@@ -490,10 +505,10 @@ def test_many_concurrent_cancels_all_answer(bridge):
 
 def test_liveness_needs_pid_and_start_time():
     me = psutil.Process()
-    assert server.ProcessId.of(me).process() is not None
-    assert server.ProcessId(me.pid, me.create_time() - 100).process() is None  # a reused pid
-    assert server.ProcessId(2**22 + 7, 1.0).process() is None
-    assert server.running_process(None) is None
+    assert ProcessId.of(me).process() is not None
+    assert ProcessId(me.pid, me.create_time() - 100).process() is None  # a reused pid
+    assert ProcessId(2**22 + 7, 1.0).process() is None
+    assert running_process(None) is None
 
 
 @pytest.mark.posix("POSIX signals, sh and env")
@@ -512,12 +527,12 @@ def test_a_process_forked_during_a_stop_is_caught_by_a_later_sweep(tmp_path, for
         ready, root = supervisor.stdout.readline().split()
         started.append(int(root))
         assert ready == "ready"
-        owner = server.Ownership(marker, frozenset({supervisor.pid}), require_descent=require_descent)
-        report = server.stop_tree(owner, psutil.Process(int(root)), [], grace_s=2)
+        owner = Ownership(marker, frozenset({supervisor.pid}), require_descent=require_descent)
+        report = stop_tree(owner, psutil.Process(int(root)), [], grace_s=2)
         started.append(late := int(late_pid.read_text()))
         assert report.survivors == [] and len(report.stopped) == 2, report
         with contextlib.suppress(psutil.NoSuchProcess):
-            assert server.still_running([psutil.Process(late)], 5) == []
+            assert still_running([psutil.Process(late)], 5) == []
     finally:
         supervisor.kill()
         supervisor.wait()
@@ -532,7 +547,7 @@ def test_a_protected_process_carrying_the_marker_is_never_signalled_by_a_stop(re
     """The stopping process and its ancestor both carry the job's marker, and a record names the ancestor
     as the job's root: only the marked child below is stopped; the stopper and the ancestor live on."""
     marker = "20261130-000000-1:" + secrets.token_hex(16)
-    stopper = [sys.executable, "-c", STOPS_ITS_OWN_MARKER, str(server.SERVER_DIR), "1" if require_descent else "0"]
+    stopper = [sys.executable, "-c", STOPS_ITS_OWN_MARKER, str(SERVER_DIR), "1" if require_descent else "0"]
     ancestor = subprocess.run([sys.executable, "-c", WAITS, *stopper], capture_output=True, text=True, timeout=60,
                               env=dict(os.environ, HERMES_BRIDGE_JOB=marker))
     assert ancestor.returncode == 0, ancestor.stderr
@@ -545,14 +560,14 @@ def test_where_the_marker_is_the_proof_a_stop_never_signals_another_folders_job_
     job_id = "20261201-000000-1"
     mine, theirs = f"{job_id}:{'a' * 32}", f"{job_id}:{'b' * 32}"
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
-    ours = subprocess.Popen(sleeper, env={**server.os.environ, server.JOB_MARKER: mine}, start_new_session=True)
-    other = subprocess.Popen(sleeper, env={**server.os.environ, server.JOB_MARKER: theirs}, start_new_session=True)
+    ours = subprocess.Popen(sleeper, env={**os.environ, JOB_MARKER: mine}, start_new_session=True)
+    other = subprocess.Popen(sleeper, env={**os.environ, JOB_MARKER: theirs}, start_new_session=True)
     try:
-        wait_until(lambda: server.carries_marker(server.psutil.Process(other.pid), theirs), 10, "the other's marker")
-        owner = server.Ownership(mine, require_descent=False)
-        seen = [server.ProcessId.of(server.psutil.Process(pid)) for pid in (ours.pid, other.pid)]
-        assert {proc.pid for proc in server.marked_processes(mine)} == {ours.pid}
-        server.stop_tree(owner, None, seen, 1)
+        wait_until(lambda: carries_marker(psutil.Process(other.pid), theirs), 10, "the other's marker")
+        owner = Ownership(mine, require_descent=False)
+        seen = [ProcessId.of(psutil.Process(pid)) for pid in (ours.pid, other.pid)]
+        assert {proc.pid for proc in marked_processes(mine)} == {ours.pid}
+        stop_tree(owner, None, seen, 1)
         assert wait_gone([ours.pid]) == [] and live_pids([other.pid]) == [other.pid]
     finally:
         for proc in (ours, other):

@@ -1,11 +1,16 @@
 """Native background tasks (issue 21): the MCP tasks extension on protocol 2026-07-28, over raw JSON-RPC with
 the extension declared per request; the same calls without it, and on the legacy handshake, get today's
 replies. Needs the 2.x SDK line (the 1.x line has no extension API: hermes_health says so)."""
+import time
 from typing import Any
 
 import pytest
 
-import server
+from claude_hermes_bridge.config import Config
+from claude_hermes_bridge.health import tasks_line
+from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore
+from claude_hermes_bridge.mcp_edge import TASK_MESSAGE_CHARS, JobTasks
+from claude_hermes_bridge.safe_io import ProcessId
 from harness import MCP_LINE, TASKS_EXTENSION, Bridge, ModernClient, Result, raw_exchange, text_of
 
 pytestmark = [pytest.mark.posix("the fake hermes is a shell script"),
@@ -40,8 +45,8 @@ def test_a_run_is_a_task_polled_to_completed_with_the_block_hermes_status_gives(
         done = client.poll(task_id, terminal)
         status = client.call("hermes_status", tasks=False, job_id=task_id)
     assert working["status"] == "working" and working["statusMessage"].startswith("Hermes")
-    assert len(working["statusMessage"]) <= server.TASK_MESSAGE_CHARS
-    assert bridge.record(task_id).state is server.JobState.OK  # the task id is the job id
+    assert len(working["statusMessage"]) <= TASK_MESSAGE_CHARS
+    assert bridge.record(task_id).state is JobState.OK  # the task id is the job id
     assert done["status"] == "completed" and done["result"]["isError"] is False
     assert text_of(done["result"]) == text_of(status)
     assert Result(text_of(done["result"]), False).field("STATUS") == "ok"
@@ -73,7 +78,7 @@ def test_cancel_twice_is_idempotent_and_the_task_ends_cancelled_for_good(bridge)
     for reply in (first, second, third):
         assert "error" not in reply and set(reply["result"]) <= {"resultType", "_meta"}, reply
     assert cancelled["status"] == "cancelled"
-    assert bridge.record(task_id).state is server.JobState.CANCELLED
+    assert bridge.record(task_id).state is JobState.CANCELLED
     assert again["status"] == "cancelled" and "result" not in again
 
 
@@ -183,42 +188,42 @@ def test_a_modern_client_that_declares_elicitation_but_not_tasks_is_shown_the_qu
 
 
 def test_health_says_whether_this_sdk_line_serves_tasks():
-    assert server.tasks_line("2.3.0").startswith("served")
-    assert server.tasks_line("1.24.0").startswith("not served on the 1.x SDK line (mcp 1.24.0)")
+    assert tasks_line("2.3.0").startswith("served")
+    assert tasks_line("1.24.0").startswith("not served on the 1.x SDK line (mcp 1.24.0)")
 
 
 # ------------------------------------------------------------------ JobTasks as a unit
-def job_on_disk(tmp_path: Any, **fields: Any) -> tuple[server.Config, str]:
-    cfg = server.Config(path=tmp_path / "config.json", allowed_roots=[str(tmp_path)], jobs_dir=str(tmp_path / "jobs"))
-    store = server.JobStore.of(cfg)
+def job_on_disk(tmp_path: Any, **fields: Any) -> tuple[Config, str]:
+    cfg = Config(path=tmp_path / "config.json", allowed_roots=[str(tmp_path)], jobs_dir=str(tmp_path / "jobs"))
+    store = JobStore.of(cfg)
     store.ensure()
     job_id = store.claim_id(b"t")
-    store.write(server.JobRecord(id=job_id, created_at=server.time.time() - 100, log=str(store.log_path(job_id)),
+    store.write(JobRecord(id=job_id, created_at=time.time() - 100, log=str(store.log_path(job_id)),
                                  **fields))
     return cfg, job_id
 
 
-DEAD = server.ProcessId(2**22 + 11, 1.0)
+DEAD = ProcessId(2**22 + 11, 1.0)
 
 
 @pytest.mark.parametrize("fields", [
-    {"state": server.JobState.TIMEOUT, "reason": "hit timeout_s=5", "ended_at": 1.0},
-    {"state": server.JobState.RUNNING, "supervisor": DEAD},
+    {"state": JobState.TIMEOUT, "reason": "hit timeout_s=5", "ended_at": 1.0},
+    {"state": JobState.RUNNING, "supervisor": DEAD},
 ], ids=["timed-out", "orphaned"])
 def test_a_timed_out_or_orphaned_job_is_a_completed_task_with_is_error_never_cancelled(tmp_path, fields):
     cfg, job_id = job_on_disk(tmp_path, **fields)
-    task = server.JobTasks().task(cfg, job_id)
+    task = JobTasks().task(cfg, job_id)
     assert task["status"] == "completed" and task["result"]["isError"] is True
 
 
 def test_cancelling_a_task_already_reported_terminal_changes_nothing(tmp_path):
-    cfg, job_id = job_on_disk(tmp_path, state=server.JobState.RUNNING, supervisor=DEAD)
-    tasks = server.JobTasks()
+    cfg, job_id = job_on_disk(tmp_path, state=JobState.RUNNING, supervisor=DEAD)
+    tasks = JobTasks()
     assert tasks.task(cfg, job_id)["status"] == "completed"  # an orphan, reported terminal
-    before = server.JobStore.of(cfg).record_path(job_id).read_bytes()
+    before = JobStore.of(cfg).record_path(job_id).read_bytes()
     tasks.cancel(cfg, job_id)
-    assert server.JobStore.of(cfg).record_path(job_id).read_bytes() == before
-    assert not server.JobStore.of(cfg).cancel_path(job_id).exists()
+    assert JobStore.of(cfg).record_path(job_id).read_bytes() == before
+    assert not JobStore.of(cfg).cancel_path(job_id).exists()
     assert tasks.task(cfg, job_id)["status"] == "completed"
 
 

@@ -12,7 +12,16 @@ import psutil
 import pytest
 from test_real_hermes import write_hermes_home
 
-import server
+from claude_hermes_bridge.config import Config, confine_cwd
+from claude_hermes_bridge.drivers import usable_hermes
+from claude_hermes_bridge.launch import JobRequest
+from claude_hermes_bridge.processes import (
+    WindowsJob,
+    hermes_creation_flags,
+    supervisor_creation_flags,
+)
+from claude_hermes_bridge.safe_io import Refused
+from claude_hermes_bridge.tools import check_launch
 from conftest import require_component
 from harness import REPO, wait_gone
 from scripted_model import ScriptedModel
@@ -24,18 +33,18 @@ pytestmark = pytest.mark.skipif(os.name != "nt", reason="Windows only: job objec
 def test_a_batch_file_hermes_is_refused_before_anything_starts(tmp_path):
     shim = tmp_path / "hermes.cmd"
     shim.write_text("@echo off\r\necho started > %~dp0started.txt\r\n")
-    cfg = server.Config(path=tmp_path / "config.json", hermes_exe=str(shim), allowed_roots=[str(tmp_path)])
-    request = server.JobRequest(kind="run", task='"&calc&"', cwd=str(tmp_path), max_turns=None, timeout_s=60,
+    cfg = Config(path=tmp_path / "config.json", hermes_exe=str(shim), allowed_roots=[str(tmp_path)])
+    request = JobRequest(kind="run", task='"&calc&"', cwd=str(tmp_path), max_turns=None, timeout_s=60,
                                 skills=[], toolsets=[])
-    with pytest.raises(server.Refused, match="cmd.exe"):
-        server.check_launch(cfg, server.usable_hermes(cfg), request)
+    with pytest.raises(Refused, match="cmd.exe"):
+        check_launch(cfg, usable_hermes(cfg), request)
     assert not (tmp_path / "started.txt").exists()
 
 
 def test_a_root_reached_in_another_case_is_the_same_folder(tmp_path):
     (tmp_path / "Work").mkdir()
-    cfg = server.Config(path=tmp_path / "config.json", allowed_roots=[str(tmp_path / "Work")])
-    assert server.confine_cwd(cfg, str(tmp_path / "work"))
+    cfg = Config(path=tmp_path / "config.json", allowed_roots=[str(tmp_path / "Work")])
+    assert confine_cwd(cfg, str(tmp_path / "work"))
 
 
 @pytest.mark.wine_lacks("junctions: Wine 8's mklink /J and CreateJunction answer 'Request not supported'")
@@ -44,9 +53,9 @@ def test_a_junction_pointing_out_of_the_root_is_outside(tmp_path):
     (tmp_path / "outside").mkdir()
     subprocess.run(["cmd", "/c", "mklink", "/J", str(tmp_path / "root" / "out"), str(tmp_path / "outside")],
                    check=True, capture_output=True)
-    cfg = server.Config(path=tmp_path / "config.json", allowed_roots=[str(tmp_path / "root")])
-    with pytest.raises(server.Refused, match="outside"):
-        server.confine_cwd(cfg, str(tmp_path / "root" / "out"))
+    cfg = Config(path=tmp_path / "config.json", allowed_roots=[str(tmp_path / "root")])
+    with pytest.raises(Refused, match="outside"):
+        confine_cwd(cfg, str(tmp_path / "root" / "out"))
 
 
 def test_the_job_object_stops_a_tree_whose_middle_process_exited():
@@ -54,8 +63,8 @@ def test_the_job_object_stops_a_tree_whose_middle_process_exited():
     code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
             " creationflags=0x00000200); time.sleep(1)")
     sentinel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    proc = subprocess.Popen([sys.executable, "-c", code], creationflags=server.hermes_creation_flags(True) or 0)
-    job = server.WindowsJob()
+    proc = subprocess.Popen([sys.executable, "-c", code], creationflags=hermes_creation_flags(True) or 0)
+    job = WindowsJob()
     job.adopt(proc)
     proc.wait(30)
     time.sleep(0.5)
@@ -72,11 +81,12 @@ def test_a_supervisors_own_console_host_is_never_one_of_the_jobs_processes():
     """A process with a hidden console of its own (as start_job starts a supervisor) has a conhost.exe child
     that inherits its environment, the job's marker included: the bridge must count it as its own."""
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); "  # the embeddable CPython ignores the folder
-            "import json, server; import psutil; hosts = server.own_console_hosts(); "
-            "print(json.dumps([hosts, sorted(server.protected_pids()), "
+            "import json, psutil; from claude_hermes_bridge.processes import own_console_hosts, protected_pids; "
+            "hosts = own_console_hosts(); "
+            "print(json.dumps([hosts, sorted(protected_pids()), "
             "[psutil.Process(pid).cmdline()[0] for pid in hosts]]))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=str(REPO),
-                          stdin=subprocess.DEVNULL, creationflags=server.supervisor_creation_flags(True)[-1] or 0)
+                          stdin=subprocess.DEVNULL, creationflags=supervisor_creation_flags(True)[-1] or 0)
     assert done.returncode == 0, done.stderr
     hosts, protected, programs = json.loads(done.stdout)
     assert hosts and set(hosts) <= set(protected)
@@ -99,12 +109,12 @@ def test_a_root_reached_through_a_subst_drive_is_the_same_folder_and_no_more(tmp
     drive = free_drive_letter()
     subprocess.run(["subst", drive, str(tmp_path)], check=True, capture_output=True)
     try:
-        root_by_drive = server.Config(path=tmp_path / "config.json", allowed_roots=[drive + "\\work"])
-        root_by_path = server.Config(path=tmp_path / "config.json", allowed_roots=[str(tmp_path / "work")])
-        assert server.confine_cwd(root_by_drive, str(tmp_path / "work" / "sub"))
-        assert server.confine_cwd(root_by_path, drive + "\\work\\sub")
-        with pytest.raises(server.Refused, match="outside"):
-            server.confine_cwd(root_by_drive, drive + "\\other")
+        root_by_drive = Config(path=tmp_path / "config.json", allowed_roots=[drive + "\\work"])
+        root_by_path = Config(path=tmp_path / "config.json", allowed_roots=[str(tmp_path / "work")])
+        assert confine_cwd(root_by_drive, str(tmp_path / "work" / "sub"))
+        assert confine_cwd(root_by_path, drive + "\\work\\sub")
+        with pytest.raises(Refused, match="outside"):
+            confine_cwd(root_by_drive, drive + "\\other")
     finally:
         subprocess.run(["subst", drive, "/d"], capture_output=True)
 

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-import server
+from claude_hermes_bridge.config import load_config
+from claude_hermes_bridge.jobs import JobStore
+from claude_hermes_bridge.launch import drop_worktree, prune_jobs, recover_worktrees
 from harness import Bridge, BridgeClient, refused, wait_gone, wait_until
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script")
@@ -197,7 +199,7 @@ def test_a_worktree_launch_is_refused_naming_why_and_starts_nothing(bridge, setu
     with bridge.client() as client:
         result = client.call("hermes_run", task="anything", cwd=str(folder), wait_s=0, **arguments)
     assert refused(result) and words in result.text, result.text
-    assert bridge.runs() == [] and server.JobStore(bridge.jobs).list_ids() == []
+    assert bridge.runs() == [] and JobStore(bridge.jobs).list_ids() == []
 
 
 def test_working_tree_base_carries_the_users_uncommitted_work_and_touches_nothing_of_theirs(bridge, repo):
@@ -301,7 +303,7 @@ def test_a_worktree_whose_supervisor_died_has_its_work_saved_at_the_next_start(b
         wait_gone([record.supervisor.pid, record.hermes.pid])
         orphan = client.call("hermes_status", job_id=job_id, wait_s=0)
     assert orphan.field("STATUS") == "orphaned"
-    assert server.recover_worktrees(server.load_config(bridge.config)) == 1
+    assert recover_worktrees(load_config(bridge.config)) == 1
     saved = bridge.record(job_id)
     assert saved.diff and saved.diff["files"] == 2
     assert "c.txt" in (bridge.jobs / f"{job_id}.patch").read_text()
@@ -320,9 +322,9 @@ def test_retention_removes_a_pruned_jobs_worktree_and_branch_and_health_counts_t
         health = client.call("hermes_health")
     assert health.field("WORKTREES").startswith("1 kept in")
     now = time.time()
-    monkeypatch.setattr(server.time, "time", lambda: now + 2 * 86400)  # two days on: past a one-day retention
-    cfg = dataclasses.replace(server.load_config(bridge.config), retention_days=1)
-    assert server.prune_jobs(server.JobStore(bridge.jobs), cfg) == 1
+    monkeypatch.setattr(time, "time", lambda: now + 2 * 86400)  # two days on: past a one-day retention
+    cfg = dataclasses.replace(load_config(bridge.config), retention_days=1)
+    assert prune_jobs(JobStore(bridge.jobs), cfg) == 1
     assert not (bridge.jobs / "worktrees" / job_id).exists() and not (bridge.jobs / f"{job_id}.json").exists()
     assert git(repo, "branch", "--list", "hermes-bridge/*") == ""
     assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
@@ -338,5 +340,5 @@ def test_a_record_rewritten_to_name_another_branch_or_repository_is_never_landed
                           .replace(f'"repo": "{repo}"', f'"repo": "{other}"'))
         discard = client.call("hermes_land", job_id=job_id, action="discard")
     assert refused(discard) and "did not make for it" in discard.text
-    server.drop_worktree(server.JobStore(bridge.jobs), job_id)
+    drop_worktree(JobStore(bridge.jobs), job_id)
     assert git(other, "branch", "--list", "main") and git(repo, "branch", "--list", "main")

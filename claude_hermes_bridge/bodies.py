@@ -1,0 +1,258 @@
+"""[server] The async tool bodies: disk work off the event loop, no MCP; the job view's one-time tokens."""
+import contextlib
+import dataclasses
+import functools
+import time
+import traceback
+from typing import Any, Awaitable, Callable
+
+from .config import Config, audit, first_words, load_config
+from .hermes_acp import ACP_EXTRA_FIX
+from .jobs import JobView, validate_job_id
+from .launch import JobRequest, launch_job
+from .render import ToolResult, elapsed_s, job_details, refused_result, status_result
+from .safe_io import Refused, T, machine_clock, shown
+from .supervisor import disk_error
+from .tools import (
+    LaunchArguments,
+    Noted,
+    answer_approval,
+    applied_answer,
+    clamp_number,
+    job_request,
+    job_view,
+    land_job,
+    request_cancel,
+    resolve_resume,
+)
+
+# The tool bodies: plain async functions returning a ToolResult, callable without MCP. Everything that
+# touches the disk runs in a worker thread with a deadline (off_loop), so a slow disk or a hostile file
+# never holds the event loop, and one slow call never delays another.
+DISK_DEADLINE_S = 20.0
+PROGRESS_EVERY_S = 5.0
+APPROVAL_RELAY_S = 5.0  # how long hermes_approve waits to see the supervisor take the answer
+Progress = Callable[[float, float, str], Awaitable[None]]
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    import anyio
+
+    with anyio.fail_after(DISK_DEADLINE_S):
+        return await anyio.to_thread.run_sync(functools.partial(fn, *args), abandon_on_cancel=True)
+
+
+AskUser = Callable[[str, dict[str, Any], float], Awaitable[str | None]]  # job id, the question, seconds to wait
+
+
+async def wait_for_end(cfg: Config, job_id: str, wait_s: float, progress: Progress | None,
+                       ask_user: AskUser | None = None, questions_end_wait: bool = True) -> JobView:
+    """Poll the record on disk until the job ends, Hermes asks a question (unless questions_end_wait is off,
+    as for a cancel, which waits for the end), or wait_s passes; sends progress while it waits. A question
+    goes to the user at once when the host can ask them (ask_user, elicitation); their answer is relayed like
+    hermes_approve's and the wait goes on."""
+    import anyio
+
+    deadline = time.monotonic() + wait_s
+    next_progress = time.monotonic()  # the first notification at once, then every PROGRESS_EVERY_S
+    asked: set[str] = set()  # put to the user (answered, or left to another channel)
+    while True:
+        view = await off_loop(job_view, cfg, job_id)
+        now = time.monotonic()
+        unasked = [q for q in view.pending_questions if q["id"] not in asked]
+        if unasked and ask_user is not None:
+            question = unasked[0]
+            asked.add(question["id"])
+            decision = await ask_user(job_id, question, min(question["expires_clock"] - machine_clock(),
+                                                                     max(0.0, deadline - now)))
+            if decision:
+                with contextlib.suppress(Refused):  # answered meanwhile by someone else: theirs stands
+                    await off_loop(answer_approval, cfg, job_id, question["id"], decision, "user")
+                continue
+        if not view.running or now >= deadline or (unasked and questions_end_wait):
+            return view
+        if progress is not None and now >= next_progress:
+            next_progress = now + PROGRESS_EVERY_S
+            try:
+                details = await off_loop(job_details, cfg, view)
+                await progress(wait_s - (deadline - now), wait_s, details.progress_line(job_id))
+            except Exception:  # progress is a courtesy; a closed stream must not fail the call
+                pass
+        await anyio.sleep(min(0.25, max(0.0, deadline - now)))
+
+
+async def launch_and_wait(cfg: Config, launch: Noted[JobRequest], wait_s: float | None, progress: Progress | None,
+                          ask_user: AskUser | None = None) -> ToolResult:
+    request = launch.value
+    wait = clamp_number("wait_s", wait_s, min(5.0, cfg.max_wait_s), 0, cfg.max_wait_s)
+    record, duplicate = await off_loop(launch_job, cfg, request)
+    notes = [*launch.notes, *wait.notes, *([duplicate] if duplicate else [])]
+    if request.driver == "cli" and request.approval_mode == "ask":
+        notes.append(CLI_CANNOT_ASK)
+    view = await wait_for_end(cfg, record.id, wait.value, progress, ask_user)
+    return await off_loop(status_result, view, cfg, notes)
+
+
+CLI_CANNOT_ASK = ("approvals is ask, but this Hermes runs with the CLI driver (no ACP extra), which cannot forward "
+                  "its questions: a command it deems dangerous is denied. " + ACP_EXTRA_FIX[0].upper()
+                  + ACP_EXTRA_FIX[1:] + " to have them forwarded")
+
+
+async def run_tool(cfg: Config, arguments: LaunchArguments, wait_s: Any, progress: Progress | None = None,
+                   ask_user: AskUser | None = None) -> ToolResult:
+    launch = await off_loop(job_request, cfg, "run", arguments)
+    return await launch_and_wait(cfg, launch, wait_s, progress, ask_user)
+
+
+async def resume_tool(cfg: Config, session_id: Any, arguments: LaunchArguments, wait_s: Any,
+                      progress: Progress | None = None, ask_user: AskUser | None = None) -> ToolResult:
+    """A resume runs where Hermes recorded the session: that folder is confined, and reported (the record
+    keeps the note, so every later status says it)."""
+    target = await off_loop(resolve_resume, cfg, session_id, arguments.cwd)
+    session, folder, worktree = target.value
+    launch = await off_loop(job_request, cfg, "resume", dataclasses.replace(arguments, cwd=folder), session,
+                            "; ".join(target.notes) or None, worktree)
+    return await launch_and_wait(cfg, launch, wait_s, progress, ask_user)
+
+
+async def status_tool(cfg: Config, job_id: Any, wait_s: Any, progress: Progress | None = None,
+                      ask_user: AskUser | None = None, job_ids: Any = None, until: Any = None) -> ToolResult:
+    if job_ids is not None:
+        return await status_of_many(cfg, job_ids, until, wait_s)
+    view = await off_loop(job_view, cfg, job_id)
+    wait = clamp_number("wait_s", wait_s, min(30.0, cfg.max_wait_s), 0, cfg.max_wait_s)
+    final = await wait_for_end(cfg, view.record.id, wait.value, progress, ask_user)
+    return await off_loop(status_result, final, cfg, list(wait.notes))
+
+
+JOB_IDS_MAX = 50
+
+
+async def status_of_many(cfg: Config, job_ids: Any, until: Any, wait_s: Any) -> ToolResult:
+    """hermes_status over several jobs (a planner that fanned out): wait up to wait_s until any (or all) of
+    them has ended, then the final block of each that ended and one line for each still running."""
+    import anyio
+
+    if not isinstance(job_ids, list) or not job_ids or len(job_ids) > JOB_IDS_MAX:
+        raise Refused(f"job_ids must be a list of 1 to {JOB_IDS_MAX} job ids, got {shown(job_ids, 100)}")
+    if until not in (None, "any", "all"):
+        raise Refused(f'until must be "any" or "all", got {shown(until, 40)}')
+    ids = list(dict.fromkeys(validate_job_id(job_id) for job_id in job_ids))
+    wait = clamp_number("wait_s", wait_s, min(30.0, cfg.max_wait_s), 0, cfg.max_wait_s)
+    deadline = time.monotonic() + wait.value
+    while True:
+        views = [await off_loop(job_view, cfg, job_id) for job_id in ids]
+        ended = [view for view in views if not view.running]
+        enough = len(ended) == len(views) if until == "all" else bool(ended)
+        if enough or time.monotonic() >= deadline or any(view.pending_questions for view in views):
+            break
+        await anyio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    lines = [f"JOBS: {len(ended)} of {len(views)} ended" + (f" (waited for {until})" if until else ""),
+             *(f"NOTE: {note}" for note in wait.notes)]
+    lines += [f"- {view.record.id}: {view.shown_state}, {elapsed_s(view.record, True)} s; "
+              f'hermes_status(job_id="{view.record.id}") shows it' for view in views if view.running]
+    for view in ended:
+        lines.append(f"\n=== {view.record.id} ===\n{(await off_loop(status_result, view, cfg)).text}")
+    return ToolResult("\n".join(lines), "ok" if ended else "running")
+
+
+async def approve_tool(cfg: Config, job_id: Any, approval_id: Any, decision: Any, by: str = "planner") -> ToolResult:
+    """hermes_approve (by the planner) and the job view's answer (by the user): the answer to Hermes' question,
+    relayed through the job's answer file; then the job's block once the supervisor has taken it (a few
+    seconds at most)."""
+    import anyio
+
+    view = await off_loop(answer_approval, cfg, job_id, approval_id, decision, by)
+    deadline = time.monotonic() + APPROVAL_RELAY_S
+    while view.running and any(q["id"] == approval_id for q in view.record.questions) and time.monotonic() < deadline:
+        await anyio.sleep(0.2)
+        view = await off_loop(job_view, cfg, view.record.id)
+    return await off_loop(status_result, view, cfg, [applied_answer(view, approval_id)])
+
+
+async def cancel_tool(cfg: Config, job_id: Any, progress: Progress | None = None) -> ToolResult:
+    view, note = await off_loop(request_cancel, cfg, job_id)
+    if view.running:
+        view = await wait_for_end(cfg, view.record.id, min(cfg.kill_grace_s + 5, cfg.max_wait_s), progress,
+                                  questions_end_wait=False)
+    return await off_loop(status_result, view, cfg, [note])
+
+
+async def view_job_tool(cfg: Config, job_id: Any) -> ToolResult:
+    """The job view's poll: the block and its facts now, without waiting."""
+    return await off_loop(status_result, await off_loop(job_view, cfg, job_id), cfg)
+
+
+async def view_answer_tool(cfg: Config, tokens: "ViewTokens", job_id: Any, approval_id: Any, decision: Any,
+                           token: Any) -> ToolResult:
+    """The user's answer from the job view, which must carry a one-time token a result gave the view: a model
+    that calls this tool without one is refused (hermes_approve is the planner's way, recorded as such)."""
+    if not tokens.redeem(token):
+        raise Refused("this answer carries no valid one-time token of the job view; answer in the job view, or "
+                      "ask the user and use hermes_approve")
+    return await approve_tool(cfg, job_id, approval_id, decision, "view")
+
+
+async def land_tool(cfg: Config, job_id: Any, action: Any) -> ToolResult:
+    view, how = await off_loop(land_job, cfg, job_id, action)
+    return await off_loop(status_result, view, cfg, [f"{action}: {how}"])
+
+
+async def listing_tool(fn: Callable[..., str], cfg: Config, *args: Any) -> ToolResult:
+    """hermes_jobs, hermes_read, hermes_capabilities, hermes_health: text from the disk, nothing started."""
+    return ToolResult(await off_loop(fn, cfg, *args))
+
+
+async def run_tool_body(tool: str, body: Callable[[Config], Awaitable[ToolResult]], task: Any = None) -> ToolResult:
+    """Run a tool body with a fresh config; a refusal, a deadline or a bug becomes an error result, never a
+    crash. Every call leaves one audit line, from the result's fields."""
+    cfg: Config | None = None
+    try:
+        cfg = await off_loop(load_config)
+        outcome = await body(cfg)
+    except Refused as exc:
+        outcome = refused_result(str(exc))
+    except TimeoutError:
+        outcome = ToolResult(f"STATUS: error\nREASON: {tool} gave up after {DISK_DEADLINE_S:g} s waiting for the "
+                             "disk (a slow disk, or a file that never ends?). The server keeps running; "
+                             "hermes_health may show why.", "error", reason="disk deadline")
+    except OSError as exc:  # a disk that refuses (full, read-only) where no step above said so itself
+        reason = f"{tool} could not use the disk: {disk_error(exc)}"
+        outcome = ToolResult(f"STATUS: error\nREASON: {reason}. Free space or make the folder writable, then try "
+                             "again; hermes_health shows the jobs folder's state.", "error", reason=reason)
+    except Exception as exc:
+        traceback.print_exc()
+        reason = f"internal error in {tool}: {type(exc).__name__}: {shown(str(exc))}"
+        outcome = ToolResult(f"STATUS: error\nREASON: {reason}. The server keeps running; hermes_health may show "
+                             "why.", "error", reason=reason)
+    if cfg is not None:
+        with contextlib.suppress(TimeoutError):
+            await off_loop(lambda: audit(cfg, event="tool", tool=tool, job_id=outcome.job_id, cwd=outcome.cwd,
+                                         outcome=outcome.status, reason=outcome.reason,
+                                         task=first_words(task) if task is not None else None))
+    return outcome
+
+
+VIEW_TOKEN_S = 3600.0
+
+
+class ViewTokens:
+    """One-time tokens a result carries in its _meta for the job view, which echoes one back with the user's
+    answer: the best a server can do to tell the view's click from the model calling the same tool (both are
+    tools/call on one connection; keeping app-only tools from the model is the host's part)."""
+
+    def __init__(self) -> None:
+        self.issued: dict[str, float] = {}
+
+    def issue(self) -> str:
+        import secrets
+
+        now = time.monotonic()
+        self.issued = {token: until for token, until in self.issued.items() if until > now}
+        token = secrets.token_urlsafe(18)
+        self.issued[token] = now + VIEW_TOKEN_S
+        return token
+
+    def redeem(self, token: Any) -> bool:
+        until = self.issued.pop(token, None) if isinstance(token, str) else None
+        return until is not None and until > time.monotonic()

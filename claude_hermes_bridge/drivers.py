@@ -1,0 +1,299 @@
+"""[both] The driver seam (HermesRun, CliRun, AcpRun, DRIVERS) and the launch plan (plan_launch)."""
+import contextlib
+import dataclasses
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, cast
+
+from .config import Config
+from .hermes_acp import ACP_CANCEL_GRACE_S, ACP_EXIT_GRACE_S, COMMAND_SHOWN_CHARS, AcpConversation, approval_policy_dir
+from .hermes_cli import (
+    QUERY_OPTION,
+    UNKNOWN_OPTION_RE,
+    USAGE_ERROR_RE,
+    HermesCli,
+    argv_problem,
+    describe_exit,
+    ends_with_session_line,
+    forget_probe,
+    hermes_command,
+    known_cli,
+    locate_hermes,
+    probe_cli,
+    read_tail,
+    session_id_from_log,
+)
+from .hermes_store import StoreUnavailable, Usage, blocked_commands, read_store, session_started_in, session_usage
+from .jobs import JobRecord, JobState, JobStore, Outcome, write_record
+from .processes import hermes_creation_flags, interrupt_group, popen_kwargs
+from .safe_io import IS_WINDOWS, Refused, open_regular, shown_whole
+
+
+# The ways to drive Hermes, behind one seam: `hermes chat` with the task on its command line or stdin (CliRun)
+# and `hermes acp` spoken to over JSON-RPC (AcpRun). The server plans a launch with them to refuse early; the
+# supervisor starts, pumps, stops and reads the outcome of one. A third driver is one class and one entry in
+# DRIVERS (its name in DRIVER_NAMES, and where choose_driver picks it).
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """The command the supervisor will start, once every check before it passed."""
+
+    argv: list[str]
+    shown_argv: list[str]  # the argv with the task elided, for the record
+    folder: str
+    stdin_path: Path | None  # the task file, for a Hermes that reads the task on stdin
+    cli_flags: list[str]
+    task: str = ""
+
+
+def usable_hermes(cfg: Config) -> str:
+    """The Hermes executable a job would start, or Refused naming the path, where it came from, and why."""
+    hermes = locate_hermes(cfg)
+    if not hermes.usable:
+        raise Refused(f"Hermes cannot be started: {hermes.problem}. hermes_health (or `server.py --check` in a "
+                      "terminal) shows what the bridge finds")
+    return hermes.usable
+
+
+def start_hermes(argv: list[str], folder: str, env: dict[str, str], stdin: Any, stdout: Any,
+                 stderr: Any) -> subprocess.Popen[bytes]:
+    """Hermes in the job's folder, in a process group of its own, never through a shell (every driver)."""
+    return subprocess.Popen(argv, cwd=folder, stdin=stdin, stdout=stdout, stderr=stderr, env=env, close_fds=True,
+                            **popen_kwargs(hermes_creation_flags(IS_WINDOWS)))
+
+
+Probe = Callable[[Config, str], "HermesCli | None"]
+ProcessStarter = Callable[[list[str], str, Any, dict[str, str]], subprocess.Popen[bytes]]
+LogWriter = Callable[[str], None]
+
+
+class HermesRun:
+    """One job's Hermes, driven one way. The supervisor calls start, then pump on every poll until the
+    process exits (ask_to_stop when the job must stop, close once the turn is over while the process still
+    runs), then drain, outcome and session. Everything a job has whatever the driver (the record, the
+    deadline, the tree stop, the outcome written) stays in Supervisor."""
+
+    stop_grace_s = 0.0  # how long Hermes gets to stop by itself after ask_to_stop, before the tree stop
+    stop_request = "nothing asked"  # what ask_to_stop sends, in words
+    exit_grace_s = 0.0  # how long Hermes gets to exit by itself after close, before the tree stop
+
+    def __init__(self, cfg: Config, store: JobStore, record: JobRecord, exe: str, log: LogWriter,
+                 start_process: ProcessStarter | None = None, save: Callable[[], None] | None = None):
+        self.cfg, self.store, self.record, self.exe, self.log = cfg, store, record, exe, log
+        self.start_process = start_process or self.start_default
+        self.save = save or functools.partial(write_record, store, record)
+        self.policy_dir: Path | None = None
+
+    @classmethod
+    def plan(cls, cfg: Config, exe: str, record: JobRecord, task: str, folder: str, task_path: Path | None,
+             probe: Probe) -> LaunchPlan | None:
+        raise NotImplementedError
+
+    @staticmethod
+    def start_default(argv: list[str], folder: str, stdin: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        raise NotImplementedError
+
+    def start(self, plan: LaunchPlan, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        raise NotImplementedError
+
+    def pump(self) -> None:
+        """Handle what Hermes sent since the last poll."""
+
+    @property
+    def finished(self) -> bool:
+        """Whether Hermes' turn is over while its process still runs (then close ends it)."""
+        return False
+
+    def close(self) -> None:
+        """Let a Hermes whose turn is over exit by itself."""
+
+    def ask_to_stop(self) -> None:
+        """Ask Hermes to stop by itself, before the tree stop that follows after stop_grace_s."""
+
+    def drain(self) -> None:
+        """After the process exited: what it wrote last."""
+
+    def outcome(self, exit_code: int) -> Outcome:
+        raise NotImplementedError
+
+    def session(self, exit_code: int | None) -> tuple[str | None, str | None]:
+        """The session the job ran in, and where that came from (None: as the record already says)."""
+        raise NotImplementedError
+
+    def usage(self, session_id: str) -> "Usage | None":
+        """The session's counters, from Hermes' session store (StoreUnavailable when it cannot answer)."""
+        return read_store(self.cfg, lambda db: session_usage(db, session_id))
+
+    def report(self, session_id: str | None) -> None:
+        """What the driver adds to the record once the job's session is known."""
+
+    def with_policy(self, env: dict[str, str], timeout_s: int) -> dict[str, str]:
+        """The environment with this job's own managed policy (approval_policy_dir), removed by cleanup."""
+        self.policy_dir = approval_policy_dir(timeout_s)
+        return dict(env, HERMES_MANAGED_DIR=str(self.policy_dir))
+
+    def cleanup(self) -> None:
+        """Remove what the driver made for the job: its managed policy folder."""
+        if self.policy_dir is not None:
+            import shutil
+
+            shutil.rmtree(self.policy_dir, ignore_errors=True)
+
+
+CLI_INTERRUPT_GRACE_S = 3.0  # how long a CLI Hermes gets to end its turn after Ctrl-C, before the tree stop
+
+
+class CliRun(HermesRun):
+    """`hermes chat` answering one task and exiting: the task on its command line or on stdin, its output
+    straight into the job's log, its exit code the outcome, its session id from its last `session_id:` line
+    (or from the session store, for a Hermes that prints none). A stop is Ctrl-C first, as at a terminal."""
+
+    stop_grace_s = CLI_INTERRUPT_GRACE_S
+    stop_request = "Ctrl-C: SIGINT to its process group"
+    popen: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def plan(cls, cfg: Config, exe: str, record: JobRecord, task: str, folder: str, task_path: Path | None,
+             probe: Probe) -> LaunchPlan | None:
+        cli = known_cli(cfg, exe) or probe(cfg, exe)
+        if cli is None:
+            return None
+        argv = hermes_command(cli, exe, record, task, cfg)
+        if problem := argv_problem(argv):
+            raise Refused(problem)
+        shown_argv = [QUERY_OPTION + "<task>" if part == QUERY_OPTION + task else part for part in argv]
+        return LaunchPlan(argv, shown_argv, folder, task_path if cli.task_on_stdin else None,
+                          sorted(cli.flags & {"--query-file", "--in", "--oneshot"}), task)
+
+    @staticmethod
+    def start_default(argv: list[str], folder: str, stdin: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Hermes' output goes to the supervisor's stderr, which is the job's log."""
+        return start_hermes(argv, folder, env, stdin, sys.stderr.fileno(), subprocess.STDOUT)
+
+    def start(self, plan: LaunchPlan, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Unless yolo, with a policy that denies a dangerous command at once: a one-shot CLI has nobody to
+        ask, and Hermes 0.19 would otherwise wait its approval timeout (60 s) for an answer that never comes."""
+        if (self.record.approval_mode or self.cfg.approval_mode) != "yolo":
+            env = self.with_policy(env, 0)
+        with open_regular(plan.stdin_path) if plan.stdin_path else open(os.devnull, "rb") as stdin:
+            self.popen = self.start_process(plan.argv, plan.folder, stdin, env)
+            return self.popen
+
+    def ask_to_stop(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            interrupt_group(self.popen.pid)
+
+    def report(self, session_id: str | None) -> None:
+        """The commands Hermes denied by itself (nobody can answer the CLI), read from its session store."""
+        if not session_id or self.record.started_at is None:
+            return
+        since = self.record.started_at
+        with contextlib.suppress(StoreUnavailable):
+            for number, command in enumerate(read_store(self.cfg, lambda db: blocked_commands(db, session_id, since))):
+                self.record.add_decision({"id": f"cli-{number + 1}",
+                                          "what": f"run `{shown_whole(command, COMMAND_SHOWN_CHARS)}`",
+                                          "decision": "deny", "by": "Hermes itself: the CLI driver cannot ask "
+                                          "anyone, so a command Hermes deems dangerous is denied at once"})
+
+    def outcome(self, exit_code: int) -> Outcome:
+        """Its exit code; a command line Hermes rejected forgets the cached options, so the next launch asks."""
+        if exit_code == 0:
+            return Outcome(JobState.OK, exit_code, None)
+        log = self.store.log_path(self.record.id)
+        tail = read_tail(log, 65536)[0]
+        if exit_code == 2 and UNKNOWN_OPTION_RE.search(tail):
+            forget_probe(self.cfg, self.exe)
+        return Outcome(JobState.ERROR, exit_code, describe_exit(exit_code, ends_with_session_line(log),
+                                                                USAGE_ERROR_RE.search(tail) is not None))
+
+    def session(self, exit_code: int | None) -> tuple[str | None, str | None]:
+        record = self.record
+        session_id = session_id_from_log(self.store.log_path(record.id))
+        if session_id is not None:
+            return session_id, None
+        if record.session_requested and exit_code == 0:
+            return record.session_requested, "the session resumed (this Hermes prints no session line)"
+        if record.started_at and record.cwd:
+            return session_started_in(self.cfg, record.cwd, record.started_at)
+        return None, None
+
+
+class AcpRun(HermesRun):
+    """`hermes acp` in the job's folder, spoken to over its stdin and stdout (AcpConversation): Hermes' questions
+    are decided or relayed, a stop is asked with session/cancel first, and a finished turn closes its input.
+    Each job has its own managed policy folder (approval_policy_dir), removed at the end."""
+
+    stop_grace_s = ACP_CANCEL_GRACE_S
+    stop_request = "session/cancel"
+    exit_grace_s = ACP_EXIT_GRACE_S
+
+    def __init__(self, cfg: Config, store: JobStore, record: JobRecord, exe: str, log: LogWriter,
+                 start_process: ProcessStarter | None = None, save: Callable[[], None] | None = None):
+        super().__init__(cfg, store, record, exe, log, start_process, save)
+        self.conversation: AcpConversation | None = None
+
+    @classmethod
+    def plan(cls, cfg: Config, exe: str, record: JobRecord, task: str, folder: str,  # noqa: ARG003 (the seam's)
+             task_path: Path | None, probe: Probe) -> LaunchPlan | None:  # noqa: ARG003
+        return LaunchPlan([exe, "acp"], [exe, "acp"], folder, None, [], task)  # the task goes in the prompt
+
+    @staticmethod
+    def start_default(argv: list[str], folder: str, stdin: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Pipes for the protocol; its stderr (Hermes' own log lines) goes to the job's log."""
+        return start_hermes(argv, folder, env, stdin, subprocess.PIPE, sys.stderr.fileno())
+
+    def start(self, plan: LaunchPlan, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        proc = self.start_process(plan.argv, plan.folder, subprocess.PIPE,
+                                  self.with_policy(env, int(self.cfg.approval_timeout_s)))
+        self.conversation = AcpConversation(proc, self.record, self.cfg, self.store, plan.task, self.log, self.save)
+        return proc
+
+    @property
+    def talk(self) -> AcpConversation:
+        return cast(AcpConversation, self.conversation)
+
+    def pump(self) -> None:
+        self.talk.pump()
+
+    @property
+    def finished(self) -> bool:
+        return self.talk.finished
+
+    def close(self) -> None:
+        self.talk.close()
+
+    def ask_to_stop(self) -> None:
+        self.talk.cancel()
+
+    def drain(self) -> None:
+        self.talk.drain()
+
+    def outcome(self, exit_code: int) -> Outcome:
+        """The conversation's outcome; a `hermes acp` that did not even open a session forgets the cached
+        "speaks ACP" answer, so the next launch asks again."""
+        talk = self.talk
+        if talk.session_id is None and talk.failure is None:
+            forget_probe(self.cfg, self.exe, "|acp")
+        return talk.outcome(exit_code)
+
+    def session(self, exit_code: int | None) -> tuple[str | None, str | None]:  # noqa: ARG002 (the seam's)
+        return self.record.session_id, None  # the protocol's, or none when Hermes never opened one
+
+
+DRIVERS: dict[str, type[HermesRun]] = {"cli": CliRun, "acp": AcpRun}
+
+
+def driver_of(record: JobRecord) -> type[HermesRun]:
+    """The driver a job runs with (a record of an older bridge names none: the CLI)."""
+    return DRIVERS[record.driver or "cli"]
+
+
+def plan_launch(cfg: Config, exe: str, record: JobRecord, task: str, folder: str, task_path: Path | None = None,
+                probe: Probe = probe_cli) -> LaunchPlan | None:
+    """The one launch plan, made by the server to refuse a launch early and by the supervisor to start
+    Hermes: the command line for the record's driver and this Hermes' options, the folder, and where the
+    task goes. Refused when the command line cannot hold the task; None while the options are unknown (the
+    server's probe failed: the supervisor probes again and reports what it finds)."""
+    return driver_of(record).plan(cfg, exe, record, task, folder, task_path, probe)

@@ -1,0 +1,23 @@
+"""[both] The program picker: guard stdio first, then the supervisor (`--supervise ID`) or the server.
+
+Only the stdio guard is imported before the guard runs, and the supervisor's way never imports a server
+module: server.py, `python -m claude_hermes_bridge`, the wheel's console script and the supervisor's boot all
+come here."""
+import sys
+
+from claude_hermes_bridge.stdio_guard import guard_stdio, serves_protocol
+
+
+def console_main() -> None:
+    argv = sys.argv[1:]
+    protocol_fds = guard_stdio() if serves_protocol(argv) else None
+    from claude_hermes_bridge import preflight
+
+    preflight.exit_if_missing(need_mcp=False)
+    if len(argv) == 2 and argv[0] == "--supervise":
+        with preflight.bytecode_cached():
+            from claude_hermes_bridge import supervisor
+        sys.exit(supervisor.main(argv[1]))
+    with preflight.bytecode_cached():
+        from claude_hermes_bridge import cli
+    sys.exit(cli.main(argv, protocol_fds))

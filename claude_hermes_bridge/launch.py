@@ -1,0 +1,270 @@
+"""[server] JobRequest, launch_job (dedupe, limits, the record), start_job, which starts the supervisor."""
+import contextlib
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import psutil
+
+from .config import Config, audit
+from .jobs import JOB_ID_RE, JobRecord, JobState, JobStore, job_sort_key, observe
+from .preflight import PACKAGE_DIR, SERVER_DIR
+from .processes import JOB_MARKER, popen_kwargs, supervisor_creation_flags
+from .safe_io import (
+    IS_WINDOWS,
+    DamagedRecord,
+    LockTimeout,
+    ProcessId,
+    Refused,
+    locked,
+    machine_clock,
+    open_append,
+    read_json,
+    running_process,
+    shown,
+    write_atomic,
+)
+from .supervisor import disk_error
+from .worktrees import WORKTREE_BRANCH_PREFIX, GitFailed, git, remove_worktree, save_worktree_work, worktree_of
+
+# The package's own entry, found from the folder that holds it (a clone, a bundle or site-packages), whatever
+# the interpreter's path: entry.console_main imports the supervisor's modules only, never the MCP stack.
+SUPERVISOR_BOOT = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
+                   "from claude_hermes_bridge.entry import console_main; console_main()")
+
+
+def supervisor_argv(job_id: str) -> list[str]:
+    """The command that starts a job's supervisor."""
+    return [sys.executable, "-c", SUPERVISOR_BOOT, str(PACKAGE_DIR.parent), "--supervise", job_id]
+
+
+@dataclasses.dataclass
+class JobRequest:
+    kind: str
+    task: str
+    cwd: str
+    max_turns: int | None
+    timeout_s: float
+    skills: list[str]
+    toolsets: list[str]
+    session_requested: str | None = None
+    cwd_note: str | None = None
+    driver: str = "cli"
+    approval_mode: str = "deny"
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
+    worktree: dict[str, Any] | None = None  # isolation "worktree": the repository and base, as the launch found them
+
+    def dedupe_key(self) -> str:
+        import hashlib  # here, not at the top: it maps OpenSSL (3 MB) into every supervisor, which needs none
+
+        identity = [self.kind, self.task, self.cwd, self.session_requested, self.skills, self.toolsets,
+                    *([self.worktree.get("from")] if self.worktree else [])]
+        return hashlib.sha256(json.dumps(identity).encode()).hexdigest()
+
+    def record(self, job_id: str, log: str | None = None) -> JobRecord:
+        """The record a launch of this request starts with."""
+        return JobRecord(id=job_id, state=JobState.STARTING, created_at=time.time(), created_clock=machine_clock(),
+                         task_preview=" ".join(self.task.split())[:120], cwd=self.cwd,
+                         session_requested=self.session_requested, skills=self.skills, toolsets=self.toolsets,
+                         max_turns=self.max_turns, timeout_s=self.timeout_s, dedupe_key=self.dedupe_key(), log=log,
+                         cwd_note=self.cwd_note, driver=self.driver, approval_mode=self.approval_mode,
+                         max_tokens=self.max_tokens, max_cost_usd=self.max_cost_usd,
+                         worktree=dict(self.worktree) if self.worktree else None)
+
+
+def launch_job(cfg: Config, request: JobRequest) -> tuple[JobRecord, str | None]:
+    """Start a job, or return the identical one already running; atomic across server processes."""
+    store = JobStore.of(cfg)
+    try:
+        store.ensure()
+    except OSError as exc:
+        raise Refused(f"cannot create the jobs folder {store.root}: {exc.strerror or exc}") from None
+    key = request.dedupe_key()
+    try:
+        with locked(store.root / "launch.lock", 10):
+            running = []
+            for _, view, _ in store.views(store.active_ids()):
+                if view is None:
+                    continue
+                if view.running and view.record.dedupe_key == key:
+                    return view.record, ("an identical job is already running; this is that job, "
+                                         "no second Hermes was started")
+                if view.running:
+                    running.append(view.record)
+            if len(running) >= cfg.max_running_jobs:
+                listing = "; ".join(f"{r.id} ({r.task_preview[:40]})" for r in running)
+                raise Refused(f"{len(running)} jobs are running, the most max_running_jobs allows: {listing}. "
+                              "Wait for one (hermes_status) or cancel one (hermes_cancel)")
+            prune_jobs(store, cfg)
+            return start_job(cfg, store, request), None
+    except LockTimeout:
+        raise Refused("another server process holds the launch lock; try again in a moment") from None
+    except OSError as exc:  # the launch lock itself could not be made: the disk refuses writes
+        raise Refused(f"the jobs folder refuses writes ({disk_error(exc)}); nothing started. Free space on its "
+                      f"disk or make {store.root} writable, then try again") from None
+
+
+def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
+    """Claim an id, write the record, start the supervisor. Runs under the launch lock, so nothing here
+    opens, reads or waits on a file a job could have planted (see claim_id, open_append, write_atomic)."""
+    import secrets
+
+    try:
+        job_id = store.claim_id(request.task.encode())
+    except OSError as exc:
+        raise Refused(f"cannot write to the jobs folder {store.root} ({disk_error(exc)}); nothing started") from None
+    record = request.record(job_id, str(store.log_path(job_id)))
+    record.nonce = secrets.token_hex(16)
+    if record.worktree and "path" not in record.worktree:  # a fresh worktree: its place follows from the id
+        path = str(store.worktree_path(job_id))
+        record.worktree.update(path=path, branch=WORKTREE_BRANCH_PREFIX + job_id)
+        record.cwd = os.path.join(path, *record.worktree["subdir"].split("/")) if record.worktree["subdir"] else path
+    try:
+        store.write(record)
+        store.mark_active(job_id)
+        log = open_append(store.log_path(job_id))
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            store.clear_active(job_id)
+        with contextlib.suppress(OSError):
+            store.remove(job_id)
+        raise Refused(f"cannot write the job record in {store.root} ({disk_error(exc)}); nothing started") from None
+    env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path), **{JOB_MARKER: record.marker})
+    argv = supervisor_argv(job_id)
+    with log:
+        for attempt, flags in enumerate(supervisor_creation_flags(IS_WINDOWS)):
+            try:
+                supervisor = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                              cwd=str(SERVER_DIR), env=env, close_fds=True, **popen_kwargs(flags))
+                # its exit status is collected by a thread of its own, so it never lingers as a zombie
+                threading.Thread(target=supervisor.wait, name=f"reap {job_id}", daemon=True).start()
+                note_supervisor(store, job_id, supervisor.pid)
+                record_detach_mode(store, attempt == 0)
+                return record
+            except OSError as exc:
+                failure = exc
+    record.change_state(JobState.ERROR, f"the supervisor could not start: {failure}")
+    try:
+        store.write(record)
+        store.clear_active(job_id)
+    except OSError as exc:
+        raise Refused(f"the supervisor could not start ({failure}), and the jobs folder refuses writes "
+                      f"({disk_error(exc)})") from None
+    return record
+
+
+def note_supervisor(store: JobStore, job_id: str, pid: int) -> None:
+    """The supervisor's identity in its record as soon as it is started, so a supervisor that dies before
+    its own first write is seen gone at once (orphaned), not after START_GRACE_S. Best effort: the supervisor
+    writes itself there too."""
+    try:
+        started = ProcessId.of(psutil.Process(pid))
+    except psutil.Error:
+        return
+    with contextlib.suppress(OSError, LockTimeout, DamagedRecord, Refused):
+        store.update(job_id, lambda record: None if record.supervisor else setattr(record, "supervisor", started))
+
+
+def record_detach_mode(store: JobStore, survives_host: bool) -> None:
+    """Remember whether jobs outlive the host (Windows job objects may forbid breakaway) for hermes_health.
+    Best effort: the job has started by now, and a failure here must not make the launch look failed."""
+    recorded = read_json(store.detach_path)
+    if isinstance(recorded, dict) and recorded.get("survives_host") == survives_host:
+        return
+    with contextlib.suppress(OSError):
+        write_atomic(store.detach_path, json.dumps({"survives_host": survives_host}).encode())
+
+
+def drop_worktree(store: JobStore, job_id: str) -> None:
+    """Retention of a worktree job: its worktree, branch and ref go with it (best effort: a repository that
+    is gone or busy leaves its branch; the folder in the jobs folder goes regardless)."""
+    import shutil
+
+    try:
+        worktree = worktree_of(store, store.read(job_id))
+    except (Refused, DamagedRecord):
+        worktree = None
+    if worktree:
+        with contextlib.suppress(GitFailed, LockTimeout, OSError):
+            remove_worktree(store, worktree, branch_too=True, job_id=job_id)
+    shutil.rmtree(store.worktree_path(job_id), ignore_errors=True)
+
+
+def worktree_count(store: JobStore) -> str:
+    """hermes_health's count of the worktrees the bridge keeps, and where."""
+    folder = store.root / "worktrees"
+    try:
+        count = sum(1 for entry in os.scandir(folder) if entry.is_dir(follow_symlinks=False))
+    except OSError:
+        count = 0
+    return (f"{count} kept in {shown(str(folder))} (each until hermes_land merges or discards it, or retention "
+            "removes its job)")
+
+
+def recover_worktrees(cfg: Config) -> int:
+    """At a server's start: a worktree whose job ended without saving its work (its supervisor died) has it
+    saved now, as the patch, the ref and the record's DIFF, then is unlocked (retention or hermes_land removes
+    it); nothing of a job still running is touched. Returns how many were saved."""
+    store = JobStore.of(cfg)
+    try:
+        job_ids = [entry.name for entry in os.scandir(store.root / "worktrees") if JOB_ID_RE.fullmatch(entry.name)]
+    except OSError:
+        return 0
+    saved = 0
+    for job_id in job_ids:
+        try:
+            view = observe(store.read(job_id), store.root)
+        except (Refused, DamagedRecord):
+            continue
+        record = view.record
+        worktree = worktree_of(store, record)
+        if not worktree or "work" in worktree or view.running or running_process(record.hermes) is not None:
+            continue
+        try:
+            save_worktree_work(store, record)
+            git(worktree["repo"], "worktree", "unlock", worktree["path"], check=False)
+        except (GitFailed, OSError) as exc:
+            audit(cfg, event="worktree", job_id=job_id, problem=f"its work could not be saved: {exc}")
+            continue
+
+        def keep(stored: JobRecord, found: JobRecord = record) -> None:
+            stored.worktree, stored.diff, stored.changes = found.worktree, found.diff, found.changes
+        store.update(job_id, keep, final_too=True)
+        audit(cfg, event="worktree", job_id=job_id, saved=record.diff)
+        saved += 1
+    return saved
+
+
+def prune_jobs(store: JobStore, cfg: Config) -> int:
+    """Remove finished jobs past retention_days or beyond retention_max_jobs; never a running one. An
+    orphaned job (its supervisor and its Hermes gone) counts as finished.
+
+    Runs under the launch lock, where every unfinished job has its active marker, so only their records are
+    read."""
+    active = set(store.active_ids())
+    dead = {job_id for job_id, view, _ in store.views(sorted(active, key=job_sort_key))
+            if view is not None and view.state is JobState.ORPHANED and running_process(view.record.hermes) is None}
+    finished = [job_id for job_id in store.list_ids() if job_id not in active or job_id in dead]
+
+    def stamp(seconds_ago: float) -> str:
+        return time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() - seconds_ago))
+    cutoff, recent = stamp(cfg.retention_days * 86400), stamp(60)
+    excess = max(0, len(finished) - cfg.retention_max_jobs)
+    # A job of the last minute is kept whatever the count: its id could otherwise be claimed again.
+    doomed = [job_id for i, job_id in enumerate(finished) if (i < excess or job_id < cutoff) and job_id < recent]
+    removed = 0
+    for job_id in doomed:
+        try:
+            drop_worktree(store, job_id)
+            store.clear_active(job_id)
+            store.remove(job_id)
+            removed += 1
+        except OSError:  # left for a later launch; pruning must never block one
+            continue
+    return removed

@@ -1,0 +1,409 @@
+"""[server] The status block the model reads: job_details, render_status, ToolResult."""
+import contextlib
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, cast
+
+from .config import Config
+from .hermes_cli import read_tail, retry_advice
+from .hermes_store import (
+    StoreUnavailable,
+    Usage,
+    current_tool,
+    final_answer,
+    matched_session,
+    read_store,
+    session_usage,
+)
+from .jobs import CHANGED_LINES, FINAL_STATES, PART_DONE_STATES, JobRecord, JobState, JobStore, JobView
+from .safe_io import clean_str, clean_text, clock_words, is_number, machine_clock, plural, shown
+from .supervisor import human_size
+
+RUNNING_TAIL_CHARS = 2000
+
+
+def log_excerpt(path: Path, max_chars: int) -> str:
+    """The end of a log, bounded by max_chars, saying how much was cut and how to read the rest."""
+    tail, size = read_tail(path, max_chars * 4)
+    raw = tail.decode("utf-8", "replace")
+    start = 0
+    if len(clean_text(tail)) > max_chars:  # keep the longest end of the raw text whose clean form fits
+        low, high = 0, len(raw)
+        while low < high:
+            middle = (low + high) // 2
+            if len(clean_str(raw[middle:])) <= max_chars:
+                high = middle
+            else:
+                low = middle + 1
+        start = low
+    text = clean_str(raw[start:])
+    kept_bytes = len(tail) if start == 0 else len(raw[start:].encode("utf-8", "replace"))
+    hidden = size - kept_bytes
+    if hidden <= 0:
+        return text if text else "(no output)"
+    return (f"[cut: the first {hidden} of {size} bytes are not shown; read them with "
+            f"hermes_read(path=\"{shown(str(path))}\", offset=0, max_bytes=...)]\n...{text}")
+
+
+def elapsed_s(record: JobRecord, running: bool) -> int:
+    """How long Hermes has run (or ran): the supervisor's own monotonic measure once it ended, the shared
+    machine clock while it runs; wall-clock differences only for records of older bridges."""
+    if not running and record.duration_s is not None:
+        return max(0, int(record.duration_s))
+    if running and record.started_clock is not None:
+        return max(0, int(machine_clock() - record.started_clock))
+    if running and record.started_at is None and record.created_clock is not None:
+        return max(0, int(machine_clock() - record.created_clock))
+    start = record.started_at or record.created_at or time.time()
+    end = record.ended_at or time.time()
+    return max(0, int(end - start))
+
+
+@dataclasses.dataclass
+class JobDetails:
+    """What Hermes' session store (and the record) say about a job beyond its state, for one status block."""
+
+    activity: str | None = None
+    current_tool: str | None = None
+    usage: str | None = None
+    answer: str | None = None
+
+    def progress_line(self, job_id: str) -> str:
+        tool = f"; {self.current_tool}" if self.current_tool and self.current_tool != "none yet" else ""
+        return f"job {job_id} is running: {self.activity}{tool}"
+
+
+def job_details(cfg: Config, view: JobView) -> JobDetails:
+    """One short read of the session store: live counters and the current tool while the job runs; the
+    usage and Hermes' own answer when it has ended. Never raises: an unreadable store is 'unavailable'."""
+    record = view.record
+    started = record.started_at
+    if started is None:
+        reason = "unavailable: Hermes has not started yet" if view.running else "unavailable: Hermes never started"
+        return JobDetails(activity=reason, usage=reason, answer=reason)
+    if record.acp is not None:
+        return acp_details(record, view.running)
+    kept_usage = None
+    if not view.running and record.usage:
+        with contextlib.suppress(TypeError):
+            kept_usage = Usage(**record.usage).line()
+    try:
+        return read_store(cfg, lambda db: store_details(db, view, started, kept_usage))
+    except StoreUnavailable as exc:
+        unavailable = f"unavailable: {exc}"
+        return JobDetails(activity=unavailable, usage=kept_usage or unavailable, answer=unavailable)
+
+
+def store_details(db: Any, view: JobView, started: float, kept_usage: str | None) -> JobDetails:
+    """The session store's part of job_details: live counters and the current tool of a running job, or the
+    usage (the record's own copy first) and Hermes' answer of an ended one."""
+    record = view.record
+    session = record.session_id or record.session_requested
+    if not session and view.running and record.cwd:
+        session, why = matched_session(db, record.cwd, started)
+        if not session:
+            raise StoreUnavailable(why)
+    if not session:
+        raise StoreUnavailable(record.session_source or "no session was captured")
+    usage = session_usage(db, session)
+    if view.running:
+        return JobDetails(activity=usage.line() if usage else f"unavailable: no session {session} in the store yet",
+                          current_tool=current_tool(db, session, started, time.time()) or "none yet")
+    return JobDetails(usage=kept_usage or (usage.line() if usage else f"unavailable: no session {session}"),
+                      answer=final_answer(db, session, started) or "unavailable: Hermes wrote no reply")
+
+
+def acp_details(record: JobRecord, running: bool) -> JobDetails:
+    """The activity of a job driven over ACP, from Hermes' own events as the supervisor kept them."""
+    acp = cast(dict[str, Any], record.acp)
+    context = (f", context {int(acp['context_used']):,} / {int(acp['context_size']):,} tokens"
+               if is_number(acp.get("context_used")) and is_number(acp.get("context_size")) else "")
+    activity = f"{plural(int(acp.get('tool_calls', 0)), 'tool call')}{context}"
+    tool = None
+    if isinstance(acp.get("tool"), str):
+        started = acp.get("tool_started")
+        seconds = int(time.time() - cast(float, started)) if is_number(started) else 0
+        status = acp.get("tool_status")
+        tool = f"{acp['tool']} ({status if status in ('completed', 'failed') else f'running {seconds} s'})"
+    if is_number(acp.get("tokens_in")) and is_number(acp.get("tokens_out")):
+        usage = f"{activity}, tokens in {int(acp['tokens_in']):,} / out {int(acp['tokens_out']):,}"
+    else:
+        usage = f"{activity}, tokens unavailable: Hermes reported none"
+    answer = acp.get("answer") if isinstance(acp.get("answer"), str) else None
+    if running:
+        return JobDetails(activity=activity, current_tool=tool or "none yet")
+    return JobDetails(usage=usage, answer=answer or "unavailable: Hermes wrote no reply")
+
+
+def changes_lines(record: JobRecord) -> list[str]:
+    changes = record.changes
+    if changes is None:
+        return []
+    if "note" in changes:
+        return [f"CHANGED_FILES: {shown(changes['note'])}"]
+    lines = [f"CHANGED_FILES: {changes['created']} created, {changes['modified']} modified, "
+             f"{changes['deleted']} deleted " + ("(in the worktree, against its base, paths from the repository's top)"
+                                                 if record.worktree else "(under CWD, since the job started)")]
+    lines += [shown(line, 400) for line in changes["lines"][:CHANGED_LINES]]
+    if changes["more"] > 0:
+        lines.append(f"... and {changes['more']} more")
+    return lines
+
+
+QUESTIONS_SHOWN = 10
+
+
+def seconds_left(question: dict[str, Any]) -> int:
+    return max(0, int(question["expires_clock"] - machine_clock()))
+
+
+def deadline_words(question: dict[str, Any]) -> str:
+    """When Hermes stops waiting and denies a question by itself, as a person reads it: the clock time and
+    how long from now."""
+    return (f"Hermes denies this by itself{clock_words(question['expires_at'])} (in {seconds_left(question)} s) if "
+            "nobody answers")
+
+
+def approval_lines(view: JobView) -> list[str]:
+    """The questions Hermes waits on, oldest first, each with its id, how long Hermes still waits, and how to
+    answer it (at most QUESTIONS_SHOWN; the rest are counted and come next)."""
+    pending = view.pending_questions
+    job_id = view.record.id
+    lines = [f"QUESTIONS_WAITING: {len(pending)} (answer each by its APPROVAL_ID)"] if len(pending) > 1 else []
+    for question in pending[:QUESTIONS_SHOWN]:
+        approval_id = shown(question["id"], 40)
+        lines += [f"APPROVAL_ID: {approval_id}",
+                  f"APPROVAL: Hermes asks to {shown(question['what'], 2400)}",
+                  f"APPROVAL_WAITS_S: {seconds_left(question)} ({deadline_words(question)})"]
+    if len(pending) > QUESTIONS_SHOWN:
+        lines.append(f"... and {len(pending) - QUESTIONS_SHOWN} more questions, shown once these are answered")
+    if pending:
+        lines.append("Ask the user, then answer with hermes_approve(job_id=\"" + job_id + "\", approval_id=<an "
+                     "APPROVAL_ID above>, decision=\"allow\" or \"deny\"; \"allow_for_job\" also allows this exact "
+                     "command when the job asks again).")
+    return lines
+
+
+def decision_lines(record: JobRecord) -> list[str]:
+    """The questions Hermes asked in this job, and who answered what: counts of all, the newest listed."""
+    decisions = record.decisions
+    counts = record.decided or {}
+    total = sum(counts.values()) or len(decisions)
+    if not total:
+        return []
+    by_kind = ", ".join(f"{count} {decision}" for decision, count in sorted(counts.items()))
+    lines = [f"APPROVALS: {plural(total, 'question')} answered" + (f" ({by_kind})" if by_kind else "")
+             + (f"; the newest {min(20, len(decisions))} listed" if total > 20 else "")]
+    lines += [f"- {shown(d['id'], 40)}: {shown(d['what'], 2400)} -> {shown(d['decision'], 20)} by {shown(d['by'], 400)}"
+              for d in decisions[-20:]]
+    return lines
+
+
+def spend_line(record: JobRecord) -> list[str]:
+    """The job's spend against its budgets, as Hermes' store counted it (a price Hermes does not know is said,
+    never shown as zero)."""
+    spend = record.spend
+    if not spend:
+        return []
+    tokens = int(spend.get("tokens_in", 0)) + int(spend.get("tokens_out", 0))
+    parts = [f"{plural(int(spend.get('api_calls', 0)), 'API call')}"
+             + (f" (max_turns {record.max_turns})" if record.max_turns else ""),
+             f"tokens {tokens:,}" + (f" of {record.max_tokens:,}" if record.max_tokens else "")]
+    if spend.get("priced"):
+        parts.append(f"cost ${float(spend.get('cost_usd', 0)):.4f}" + (f" of ${record.max_cost_usd:g}"
+                                                                       if record.max_cost_usd else "")
+                     + " (Hermes' estimate)")
+    else:
+        parts.append(f"cost not priced by Hermes ({shown(spend.get('model') or 'its model', 100)})"
+                     + ("; max_cost_usd cannot be enforced, the token and turn caps still hold"
+                        if record.max_cost_usd else ""))
+    return ["SPEND: " + "; ".join(parts)]
+
+
+def late_answer_lines(record: JobRecord) -> list[str]:
+    """Answers that came after their question was decided (a dialog left open past Hermes' deadline): refused
+    when they came, listed so nobody takes them for decisions."""
+    late = record.late_answers
+    if not late:
+        return []
+    decided = {d["id"]: d for d in record.decisions}
+    lines = [f"LATE_ANSWERS: {plural(len(late), 'answer')} came after the question was decided, and were not relayed"]
+    for answer in late:
+        earlier = decided.get(answer["id"])
+        before = (f" (it was decided: {shown(earlier['decision'], 20)} by {shown(earlier['by'], 200)}"
+                  f"{clock_words(earlier.get('at'))})" if earlier else "")
+        lines.append(f"- {shown(answer['id'], 40)}: {shown(answer['decision'], 20)} by {shown(answer['by'], 100)}"
+                     f"{clock_words(answer['at'])}{before}")
+    return lines
+
+
+ANSWER_PREFIX = "| "
+
+
+def quoted_answer(answer: str, max_chars: int) -> list[str]:
+    """Hermes' reply as lines of its section: escapes and control characters removed as in the log tail,
+    every line (U+2028 and U+2029 break lines too) behind ANSWER_PREFIX, so no text of Hermes can pass for a
+    field line such as STATUS: or JOB_ID:. Cut at max_chars, saying how much."""
+    text = clean_str(answer).strip("\n")  # ACP's answer can open with blank lines: a reply starts at its text
+    cut = len(text) - max_chars
+    lines = [ANSWER_PREFIX + line for line in text[:max_chars].splitlines()] or [ANSWER_PREFIX]
+    if cut > 0:
+        lines.append(f"[cut: {cut} more characters]")
+    return lines
+
+
+def worktree_lines(record: "JobRecord") -> list[str]:
+    """WORKTREE, DIFF, PATCH and LANDED lines of a worktree job."""
+    worktree = record.worktree
+    if not worktree:
+        return []
+    origin = "the working tree at launch" if worktree.get("from") == "working-tree" else "HEAD at launch"
+    submodules = worktree.get("submodules")
+    lines = [f"WORKTREE: {shown(worktree['path'])} (branch {shown(worktree['branch'])}, base "
+             f"{shown(worktree['base'])[:12]}, {origin}, in repository {shown(worktree['repo'])}"
+             + (f"; submodules {shown(str(submodules), 300)}" if submodules not in (None, "none", "present") else "")
+             + ")"]
+    diff = record.diff
+    if diff:
+        lines.append(f"DIFF: {plural(int(diff['files']), 'file')} changed, +{int(diff['insertions'])} "
+                     f"-{int(diff['deletions'])} against the base (the job's commits and its uncommitted changes)")
+        lines.append(f"PATCH: {shown(str(diff['patch']))} ({human_size(int(diff['patch_bytes']))}; read it with "
+                     "hermes_read, page by page)")
+    landed = record.landed
+    if landed:
+        lines.append(f"LANDED: {shown(str(landed['action']))}{clock_words(landed.get('at'))}: "
+                     f"{shown(str(landed['how']), 600)}")
+    elif record.state in FINAL_STATES and diff:
+        lines.append(f'LAND: not yet. hermes_land(job_id="{record.id}", action="merge") applies it to '
+                     f"{shown(worktree['repo'])}; \"discard\" drops it; \"keep\" leaves it for retention")
+    return lines
+
+
+def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
+                  details: JobDetails | None = None) -> str:
+    """The status block. The log shown is always the job's own <id>.log in the store, never a path taken
+    from the record, and every value that came from disk is shown escaped."""
+    record = view.record
+    notes = list(notes or [])
+    if record.cwd_note:
+        notes.insert(0, record.cwd_note)
+    log = JobStore.of(cfg).log_path(record.id)
+    head = [f"STATUS: {view.shown_state}", f"JOB_ID: {record.id}"]
+    body = running_lines(view, log, details) if view.running else final_lines(view, cfg, log, details)
+    note_lines = [f"NOTE: {shown(note, 1000)}" for note in notes]
+    return "\n".join(head + body[0] + note_lines + body[1])
+
+
+def running_lines(view: JobView, log: Path, details: JobDetails | None) -> tuple[list[str], list[str]]:
+    """A running job's lines before the notes, and after them."""
+    record = view.record
+    lines = [f"CWD: {shown(record.cwd, 1000)}", f"ELAPSED_S: {elapsed_s(record, view.running)}",
+             f"TIMEOUT_S: {record.timeout_s:g} (hard cap we enforce)", f"FULL_LOG: {shown(str(log))}"]
+    if view.condition:
+        lines.append(f"CONDITION: {shown(view.condition, 600)}")
+    lines += spend_line(record) + worktree_lines(record)
+    if details:
+        lines.append(f"ACTIVITY: {shown(details.activity, 400)}")
+        if details.current_tool:
+            lines.append(f"CURRENT_TOOL: {shown(details.current_tool, 400)}")
+    lines += approval_lines(view) + decision_lines(record)
+    over = record.hermes is not None and view.condition is not None and view.condition.startswith("Hermes has exited")
+    first = ("Hermes has ended; the job's outcome is not written yet. This is NOT a failure." if over
+             else "Still running. This is NOT a failure and NOT a timeout.")
+    return lines, [first, f'Collect the result with hermes_status(job_id="{record.id}").',
+                   "Do not re-run the task -- it is already executing.",
+                   "--- OUTPUT SO FAR (tail) ---", log_excerpt(log, RUNNING_TAIL_CHARS)]
+
+
+def final_lines(view: JobView, cfg: Config, log: Path, details: JobDetails | None) -> tuple[list[str], list[str]]:
+    """An ended job's lines before the notes, and after them: advice, usage, changes, answer, output."""
+    record = view.record
+    exit_code, session = record.exit_code, record.session_id
+    lines = [f"EXIT_CODE: {'none' if exit_code is None else exit_code}",
+             f"SESSION_ID: {shown(session) if session else 'none captured'}",
+             f"CWD: {shown(record.cwd, 1000)}", f"ELAPSED_S: {elapsed_s(record, view.running)}",
+             f"FULL_LOG: {shown(str(log))}"]
+    if view.reason and view.state is not JobState.OK:
+        lines.append(f"REASON: {shown(view.reason, 2000)}")
+    elif view.state is JobState.OK:
+        lines.append("REASON: Hermes finished its turn" + (f" (exit {exit_code})" if exit_code is not None else ""))
+    if advice := retry_advice(view.state, view.reason or ""):
+        lines.append(f"RETRY: {advice}")
+    if not session and record.session_source:
+        lines.append(f"SESSION_NOTE: none captured: {shown(record.session_source, 1000)}")
+    if record.session_note:
+        lines.append(f"SESSION_NOTE: {shown(record.session_note, 1000)}")
+    if record.swept:
+        lines.append(f"STOPPED: {shown(record.swept, 1000)}")
+    if record.outcome_note:
+        lines.append(f"OUTCOME_NOTE: {shown(record.outcome_note, 600)}")
+    lines += decision_lines(record) + late_answer_lines(record)
+    after: list[str] = []
+    if view.state is JobState.ORPHANED:
+        after.append(f'Stop what is left with hermes_cancel(job_id="{record.id}").')
+    if view.state in PART_DONE_STATES:
+        after.append("Work may be part-done: inspect the files with hermes_read before re-running.")
+    if details:
+        after.append(f"USAGE: {shown(details.usage, 400)}")
+    after += spend_line(record)
+    after += changes_lines(record) + worktree_lines(record)
+    if details:
+        after += ["--- HERMES ANSWER ---", *quoted_answer(details.answer or "", cfg.max_output_chars)]
+    return lines, after + ["--- HERMES OUTPUT ---", log_excerpt(log, cfg.max_output_chars)]
+
+
+@dataclasses.dataclass
+class ToolResult:
+    """What a tool answers, and what its audit line records: taken from these fields, never parsed back out
+    of the text (which quotes files and Hermes' output)."""
+
+    text: str
+    status: str = "ok"
+    job_id: str | None = None
+    cwd: str | None = None
+    reason: str | None = None
+    facts: dict[str, Any] | None = None  # the same facts as fields (structuredContent), for the job view
+
+    @property
+    def is_error(self) -> bool:
+        return self.status in ("refused", "error")
+
+
+def status_result(view: JobView, cfg: Config, notes: list[str] | None = None) -> ToolResult:
+    """The status block with what the session store adds; reads the disk, so it runs off the event loop."""
+    record = view.record
+    details = job_details(cfg, view)
+    text = render_status(view, cfg, notes, details)
+    return ToolResult(text, view.shown_state, record.id, record.cwd, None if view.running else view.reason,
+                      job_facts(view, details, notes or []))
+
+
+def job_facts(view: JobView, details: JobDetails, notes: list[str]) -> dict[str, Any]:
+    """What the status block says, as fields (the structuredContent a job view renders); every text that came
+    from disk or from Hermes escaped as in the block."""
+    record = view.record
+    questions = [{"id": shown(q["id"], 40), "what": shown(q["what"], 2400), "expires_at": q["expires_at"],
+                  "seconds_left": seconds_left(q), "deadline": deadline_words(q)}
+                 for q in view.pending_questions[:QUESTIONS_SHOWN]]
+    changes = record.changes or {}
+    return {"job_id": record.id, "status": view.shown_state, "running": view.running,
+            "cwd": shown(record.cwd, 1000), "elapsed_s": elapsed_s(record, view.running),
+            "timeout_s": record.timeout_s,
+            "deadline_at": (record.started_at or record.created_at) + record.timeout_s if view.running else None,
+            "reason": shown(view.reason, 2000) if view.reason and not view.running else None,
+            "activity": shown(details.activity, 400) if details.activity else None,
+            "current_tool": shown(details.current_tool, 400) if details.current_tool else None,
+            "spend": (spend_line(record) or [""])[0].removeprefix("SPEND: ") or None,
+            "changes": {"created": changes.get("created", 0), "modified": changes.get("modified", 0),
+                        "deleted": changes.get("deleted", 0),
+                        "lines": [shown(line, 400) for line in changes.get("lines", [])[:CHANGED_LINES]],
+                        "note": shown(changes["note"]) if "note" in changes else None},
+            "answer": clean_str(details.answer[:20000]) if details.answer and not view.running else None,
+            "questions": questions, "worktree": [line.split(": ", 1) for line in worktree_lines(record)],
+            "landable": bool(record.worktree and record.diff and not record.landed and not view.running),
+            "notes": [shown(note, 1000) for note in notes]}
+
+
+def refused_result(reason: str) -> ToolResult:
+    return ToolResult(f"STATUS: refused\nREASON: {reason}\nNothing was started.", "refused", reason=reason)
