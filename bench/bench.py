@@ -26,6 +26,8 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 import psutil  # noqa: E402
 
 from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore  # noqa: E402
+from claude_hermes_bridge.launch import JobRequest, supervisor_argv  # noqa: E402
+from claude_hermes_bridge.processes import JOB_MARKER  # noqa: E402
 from claude_hermes_bridge.supervisor import snapshot_folder  # noqa: E402
 from harness import Bridge, BridgeClient, wait_until  # noqa: E402
 
@@ -261,6 +263,51 @@ def wait_for_hermes(bridge: Bridge, job_id: str) -> JobRecord:
                       f"job {job_id} to start Hermes", interval=0.001)
 
 
+SINGLE_FILE_COMMIT = "13ddf65"  # the last commit whose server.py held everything (issue 36 split it)
+
+
+def supervisor_start(bridge: Bridge, runs: int) -> tuple[Row, Row]:
+    """A real supervisor from spawn until its record names Hermes' pid, and its RSS then: booted from the package
+    (through entry, the supervisor's modules only) against the single server.py before the split, alternating,
+    each with its bytecode cache warm (one unmeasured run first)."""
+    import importlib.util
+
+    folder = Path(tempfile.mkdtemp(prefix="single-file-"))
+    for name in ("server.py", "job_view.html"):
+        shown = subprocess.run(["git", "show", f"{SINGLE_FILE_COMMIT}:{name}"], cwd=Path(__file__).parent,
+                               capture_output=True, check=True)
+        (folder / name).write_bytes(shown.stdout)
+    spec = importlib.util.spec_from_file_location("single_file_server", folder / "server.py")
+    assert spec is not None and spec.loader is not None
+    single_file = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(single_file)
+    boots = {"package": supervisor_argv, "single file": single_file.supervisor_argv}
+    times: dict[str, list[float]] = {side: [] for side in boots}
+    rss: dict[str, list[float]] = {side: [] for side in boots}
+    store = JobStore(bridge.jobs)
+    store.ensure()
+    for n in range(runs + 1):
+        for side, argv in boots.items():
+            request = JobRequest(kind="run", task=f"supervisor {side} {n} !sleep=1", cwd=str(bridge.root),
+                                 max_turns=None, timeout_s=60, skills=[], toolsets=[])
+            job_id = store.claim_id(request.task.encode())
+            record = request.record(job_id, str(store.log_path(job_id)))
+            store.write(record)
+            store.mark_active(job_id)
+            started = time.perf_counter()
+            proc = subprocess.Popen(argv(job_id), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, env=dict(bridge.env, **{JOB_MARKER: record.marker}))
+            wait_for_hermes(bridge, job_id)
+            if n:
+                times[side].append(ms_since(started))
+                rss[side].append(psutil.Process(proc.pid).memory_info().rss / MB)
+            proc.wait(60)
+    return (ratio_row(f"supervisor spawn until Hermes' pid (floor: the single server.py of {SINGLE_FILE_COMMIT})",
+                      times["package"], times["single file"], "ms", 1.1),
+            ratio_row("supervisor RSS at Hermes' start (floor: the same, single server.py)", rss["package"],
+                      rss["single file"], "MB", 1.05))
+
+
 def activity_rows(bridge: Bridge, client: BridgeClient, files: int, messages: int, runs: int,
                   calls: int) -> list[Row]:
     """The costs issue 14 added: the activity lines on a big session store, the start listing of a big
@@ -362,6 +409,7 @@ def main(argv: list[str]) -> int:
                 rows.append(status_of_big_log(bridge, ours, floor, log_mb, calls))
                 rows += activity_rows(bridge, ours, files, messages, runs, calls)
             rows.append(capabilities(bridge, skills, max(3, runs)))
+            rows += supervisor_start(bridge, runs)
         finally:
             bridge.kill_leftovers()
     rows += jobs_listing(sizes, runs)

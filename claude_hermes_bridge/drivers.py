@@ -78,6 +78,7 @@ class HermesRun:
     stop_grace_s = 0.0  # how long Hermes gets to stop by itself after ask_to_stop, before the tree stop
     stop_request = "nothing asked"  # what ask_to_stop sends, in words
     exit_grace_s = 0.0  # how long Hermes gets to exit by itself after close, before the tree stop
+    enforces_max_turns = True  # whether Hermes stops at max_turns by itself; if not, the supervisor does
 
     def __init__(self, cfg: Config, store: JobStore, record: JobRecord, exe: str, log: LogWriter,
                  start_process: ProcessStarter | None = None, save: Callable[[], None] | None = None):
@@ -225,6 +226,7 @@ class AcpRun(HermesRun):
     are decided or relayed, a stop is asked with session/cancel first, and a finished turn closes its input.
     Each job has its own managed policy folder (approval_policy_dir), removed at the end."""
 
+    enforces_max_turns = False  # Hermes' ACP adapter ignores agent.max_turns
     stop_grace_s = ACP_CANCEL_GRACE_S
     stop_request = "session/cancel"
     exit_grace_s = ACP_EXIT_GRACE_S

@@ -438,15 +438,16 @@ class Supervisor:
                                     "runs in its recorded folder); the job was stopped at once")
         if time.monotonic() >= self.next_spend_read and self.watches_spend:
             self.next_spend_read = time.monotonic() + SPEND_EVERY_S
-            return self._over_budget(stop_at_turns=self.record.driver == "acp", fresh=False)
+            return self._over_budget(stop_at_turns=not driver_of(self.record).enforces_max_turns, fresh=False)
         return None
 
     @property
     def watches_spend(self) -> bool:
-        """Whether this job has a budget the bridge enforces: tokens, cost, or max_turns under ACP (which
-        ignores Hermes' own agent.max_turns; the CLI enforces its --max-turns itself)."""
+        """Whether this job has a budget the bridge enforces: tokens, cost, or max_turns where the driver's
+        Hermes does not stop at it by itself."""
         record = self.record
-        return bool(record.max_tokens or record.max_cost_usd or (record.max_turns and record.driver == "acp"))
+        return bool(record.max_tokens or record.max_cost_usd
+                    or (record.max_turns and not driver_of(record).enforces_max_turns))
 
     def _spend(self, fresh: bool) -> dict[str, Any] | None:
         """This job's spend so far (a resumed session's earlier counters taken off), kept in the record. While
