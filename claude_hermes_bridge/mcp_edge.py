@@ -8,7 +8,7 @@ import re
 import signal
 import sys
 import threading
-from typing import Any, Awaitable, Callable, cast
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, cast
 
 from .bodies import (
     DISK_DEADLINE_S,
@@ -35,6 +35,10 @@ from .render import QUESTIONS_SHOWN, ToolResult, deadline_words, job_details, st
 from .safe_io import Refused, T, plural, shown
 from .skills import SkillIndex, capabilities
 from .tools import LaunchArguments, answer_approval, job_view, list_jobs, read_path, request_cancel
+
+if TYPE_CHECKING:
+    from mcp.types import CallToolResult
+
 
 # io.modelcontextprotocol/tasks (SEP-2663, protocol 2026-07-28, the 2.x SDK line only): a client that declares
 # it on a request gets hermes_run and hermes_resume answered with a task whose id is the job id, and polls
@@ -318,80 +322,62 @@ def hints(read_only: bool, destructive: bool, idempotent: bool, open_world: bool
                                            "idempotentHint": idempotent, "openWorldHint": open_world})
 
 
-def register_review(mcp: Any, tool: Callable[..., Callable[[Callable[..., Any]], Any]],
-                    respond: Callable[..., Awaitable[Any]], view_tokens: ViewTokens) -> None:
-    """What a person reviews a job with: hermes_land for a worktree job's work, and the job view (its page and
-    its two app-only tools)."""
-    from mcp.types import CallToolResult
+class ToolRegistry:
+    """What registering a tool needs: the server, the installed SDK line, the task table and the view's
+    one-time tokens; `tool` registers, `respond` turns a body's outcome into the result a host reads."""
 
-    destructive = hints(read_only=False, destructive=True, idempotent=True, open_world=False)
-    read_only = hints(read_only=True, destructive=False, idempotent=True, open_world=False)
+    def __init__(self, cfg: Config, edge: McpEdge) -> None:
+        self.tasks = JobTasks()
+        self.view_tokens = ViewTokens()
+        self.edge = edge
+        self.mcp = edge.new_server(server_instructions(cfg), self.tasks)
+        self.read_only = hints(read_only=True, destructive=False, idempotent=True, open_world=False)
+        self.launches = hints(read_only=False, destructive=False, idempotent=False, open_world=True)
+        self.destructive = hints(read_only=False, destructive=True, idempotent=True, open_world=False)
 
-    def job_view_page() -> str:
-        return JOB_VIEW_FILE.read_text(encoding="utf-8")
-    mcp.resource(JOB_VIEW_URI, name="job view", title="Hermes job", mime_type=JOB_VIEW_MIME,
-                 description="A job's state, its question, Allow, Deny, Cancel, Merge, Discard")(job_view_page)
-
-    @tool(destructive, "Land a worktree job's work")
-    async def hermes_land(job_id: str, action: str) -> CallToolResult:
-        """What becomes of a finished worktree job's work (its WORKTREE, DIFF and PATCH lines): "merge"
-        applies it to the repository's main tree (refused on a conflict, naming the paths, with the tree left
-        as it was), "discard" removes the worktree and its branch, "keep" leaves them for retention. Show the
-        user the DIFF and ask first."""
-        return cast(CallToolResult, await respond("hermes_land", lambda cfg: land_tool(cfg, job_id, action)))
-
-    @tool(read_only, "Job view: the job now", APP_ONLY)
-    async def hermes_view_job(job_id: str) -> CallToolResult:
-        """For the job view only (the host keeps it off the model's list): the job's block and its facts."""
-        return cast(CallToolResult, await respond("hermes_view_job", lambda cfg: view_job_tool(cfg, job_id)))
-
-    @tool(destructive, "Job view: the user's answer", APP_ONLY)
-    async def hermes_view_answer(job_id: str, approval_id: str, decision: str, token: str) -> CallToolResult:
-        """For the job view only: the user's answer to Hermes' question, with the view's one-time token.
-        The model answers with hermes_approve instead."""
-        return cast(CallToolResult, await respond(
-            "hermes_view_answer", lambda cfg: view_answer_tool(cfg, view_tokens, job_id, approval_id, decision, token)))
-
-
-def build_server(cfg: Config, edge: McpEdge) -> Any:
-    """The MCP server: the tools and the job view's page over the bodies above. The only place tools meet MCP."""
-    import inspect
-
-    from mcp.types import CallToolResult, ToolAnnotations
-
-    tasks = JobTasks()
-    view_tokens = ViewTokens()
-    skill_index = SkillIndex()
-    mcp = edge.new_server(server_instructions(cfg), tasks)
-
-    read_only = hints(read_only=True, destructive=False, idempotent=True, open_world=False)
-    launches = hints(read_only=False, destructive=False, idempotent=False, open_world=True)
-    destructive = hints(read_only=False, destructive=True, idempotent=True, open_world=False)
-
-    def tool(annotations: ToolAnnotations, title: str, meta: dict[str, Any] | None = None
+    def tool(self, annotations: Any, title: str, meta: dict[str, Any] | None = None
              ) -> Callable[[Callable[..., Any]], Any]:
         """Register a tool; its docstring, without the source's indentation, is the description. A `ctx`
         parameter gets the installed line's Context class, by which the SDK recognises it."""
+        import inspect
+
         def register(fn: Callable[..., Any]) -> Any:
             if "ctx" in fn.__annotations__:
-                fn.__annotations__["ctx"] = edge.context_class
-            return mcp.tool(annotations=annotations, title=title, description=inspect.cleandoc(fn.__doc__ or ""),
-                            meta=meta)(fn)
+                fn.__annotations__["ctx"] = self.edge.context_class
+            return self.mcp.tool(annotations=annotations, title=title, description=inspect.cleandoc(fn.__doc__ or ""),
+                                 meta=meta)(fn)
         return register
 
-    async def respond(tool_name: str, body: Callable[[Config], Awaitable[ToolResult]],
-                      task: Any = None) -> CallToolResult:
+    async def respond(self, tool_name: str, body: Callable[[Config], Awaitable[ToolResult]],
+                      task: Any = None) -> "CallToolResult":
         """The text as the model reads it; a job's facts as structuredContent, with a one-time token for the
         job view in _meta."""
+        from mcp.types import CallToolResult
+
         outcome = await run_tool_body(tool_name, body, task)
-        tasks.keep(outcome)
+        self.tasks.keep(outcome)
         result: dict[str, Any] = {"content": [{"type": "text", "text": outcome.text}], "isError": outcome.is_error}
         if outcome.facts is not None:
-            result.update(structuredContent=outcome.facts, _meta={"viewToken": view_tokens.issue()})
+            result.update(structuredContent=outcome.facts, _meta={"viewToken": self.view_tokens.issue()})
         return CallToolResult.model_validate(result)
 
 
-    @tool(launches, "Run a task with Hermes", VIEW_LINK)
+def build_server(cfg: Config, edge: McpEdge) -> Any:
+    """The MCP server: the tools and the job view's page over the bodies. The only place tools meet MCP."""
+    registry = ToolRegistry(cfg, edge)
+    register_job_tools(registry)
+    register_lookup_tools(registry, cfg)
+    register_review(registry)
+    return registry.mcp
+
+
+def register_job_tools(registry: ToolRegistry) -> None:
+    """The tools that start, wait on, answer for and stop a job."""
+    from mcp.types import CallToolResult
+
+    tool = registry.tool
+
+    @tool(registry.launches, "Run a task with Hermes", VIEW_LINK)
     async def hermes_run(task: str, ctx: Any, cwd: str | None = None, max_turns: int | None = None,
                          timeout_s: float | None = None, wait_s: float | None = None,
                          skills: list[str] | str | None = None, toolsets: list[str] | str | None = None,
@@ -404,12 +390,13 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
         isolation "worktree" runs the job in a git worktree of its own (cwd must be in a repository): its
         work lands only through hermes_land; isolation_base "working-tree" starts it from the user's
         uncommitted files too (default: HEAD)."""
-        wait, ask = 0 if tasks.as_task() else wait_s, user_asker(ctx, tasks)
+        wait, ask = 0 if registry.tasks.as_task() else wait_s, user_asker(ctx, registry.tasks)
         arguments = LaunchArguments(task, cwd, max_turns, timeout_s, skills, toolsets, max_tokens, max_cost_usd,
                                     isolation, isolation_base)
-        return await respond("hermes_run", lambda cfg: run_tool(cfg, arguments, wait, ctx.report_progress, ask), task)
+        return await registry.respond(
+            "hermes_run", lambda cfg: run_tool(cfg, arguments, wait, ctx.report_progress, ask), task)
 
-    @tool(launches, "Continue a Hermes session", VIEW_LINK)
+    @tool(registry.launches, "Continue a Hermes session", VIEW_LINK)
     async def hermes_resume(session_id: str, task: str, ctx: Any, cwd: str | None = None,
                             max_turns: int | None = None, timeout_s: float | None = None,
                             wait_s: float | None = None, max_tokens: int | None = None,
@@ -418,62 +405,101 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
         newest session a job of this bridge captured). Hermes resumes a session in the folder recorded for
         it, so the job runs there (it must be inside the allowed roots); cwd is only checked against it.
         Same waiting rules as hermes_run."""
-        wait, ask = 0 if tasks.as_task() else wait_s, user_asker(ctx, tasks)
+        wait, ask = 0 if registry.tasks.as_task() else wait_s, user_asker(ctx, registry.tasks)
         arguments = LaunchArguments(task, cwd, max_turns, timeout_s, max_tokens=max_tokens, max_cost_usd=max_cost_usd)
-        return await respond("hermes_resume",
+        return await registry.respond("hermes_resume",
                              lambda cfg: resume_tool(cfg, session_id, arguments, wait, ctx.report_progress, ask), task)
 
-    @tool(read_only, "Wait for a Hermes job", VIEW_LINK)
+    @tool(registry.read_only, "Wait for a Hermes job", VIEW_LINK)
     async def hermes_status(ctx: Any, job_id: str | None = None, wait_s: float | None = None,
                             job_ids: list[str] | None = None, until: str | None = None) -> CallToolResult:
         """Wait up to wait_s (default 30) for a job to end, then return its final block, or STATUS: running
         again. It waits for you: do not call it in a tight loop. Reads only the disk. For several jobs give
         job_ids (a list) instead, and until "any" (default: return once one has ended) or "all"."""
-        return await respond("hermes_status", lambda cfg: status_tool(cfg, job_id, wait_s, ctx.report_progress,
-                                                                      user_asker(ctx, tasks), job_ids, until))
+        return await registry.respond("hermes_status", lambda cfg: status_tool(cfg, job_id, wait_s, ctx.report_progress,
+                                                                      user_asker(ctx, registry.tasks), job_ids, until))
 
-    @tool(read_only, "List Hermes jobs")
-    async def hermes_jobs(limit: int | None = None, state: str | None = None) -> CallToolResult:
-        """Jobs on disk, newest first (default limit 50): id, state, duration, cwd, first words of the task.
-        state filters: running, ok, error, timeout, cancelled, over_budget, orphaned, damaged."""
-        return await respond("hermes_jobs", lambda cfg: listing_tool(list_jobs, cfg, limit, state))
-
-    @tool(read_only, "Read a file or folder")
-    async def hermes_read(path: str, max_bytes: int | None = None, offset: int | None = None) -> CallToolResult:
-        """Read a file (a byte range: offset, negative = from the end, to page a job log; max_bytes, default
-        20000) or list a folder, to verify Hermes' work without waking an agent. Confined to the allowed
-        roots and the job files."""
-        return await respond("hermes_read", lambda cfg: listing_tool(read_path, cfg, path, max_bytes, offset))
-
-    @tool(read_only, "Hermes skills")
-    async def hermes_capabilities(query: str | None = None, category: str | None = None,
-                                  limit: int | None = None) -> CallToolResult:
-        """Hermes' installed skills, read from disk. No arguments: categories with counts. query: ranked
-        matches over name, description and tags. category: the skills of one category."""
-        return await respond("hermes_capabilities",
-                             lambda cfg: listing_tool(capabilities, cfg, skill_index, query, category, limit))
-
-    @tool(read_only, "Bridge health")
-    async def hermes_health() -> CallToolResult:
-        """Is Hermes found, which options its command line declares, config problems, allowed roots, job
-        counts. Instant: starts no process."""
-        return await respond("hermes_health", lambda now: listing_tool(health, now, cfg))
-
-    @tool(destructive, "Answer Hermes' question")
+    @tool(registry.destructive, "Answer Hermes' question")
     async def hermes_approve(job_id: str, approval_id: str, decision: str) -> CallToolResult:
         """Answer the question a job waits on (STATUS: needs_approval): decision "allow" lets Hermes run what
         its APPROVAL line says, "deny" blocks it, "allow_for_job" also allows the same exact command when this
         job asks again. Ask the user first: this lets an agent run a command it
         deems dangerous. An answer after Hermes stopped waiting is refused."""
-        return await respond("hermes_approve", lambda cfg: approve_tool(cfg, job_id, approval_id, decision))
+        return await registry.respond("hermes_approve", lambda cfg: approve_tool(cfg, job_id, approval_id, decision))
 
-    @tool(destructive, "Cancel a Hermes job")
+    @tool(registry.destructive, "Cancel a Hermes job")
     async def hermes_cancel(job_id: str, ctx: Any) -> CallToolResult:
         """Stop a running job and its whole process tree; the job ends as cancelled. Work may be part-done."""
-        return await respond("hermes_cancel", lambda cfg: cancel_tool(cfg, job_id, ctx.report_progress))
+        return await registry.respond("hermes_cancel", lambda cfg: cancel_tool(cfg, job_id, ctx.report_progress))
 
-    register_review(mcp, tool, respond, view_tokens)
-    return mcp
+
+def register_lookup_tools(registry: ToolRegistry, cfg: Config) -> None:
+    """The tools that only read: the job list, files, Hermes' skills, the bridge's health."""
+    from mcp.types import CallToolResult
+
+    tool = registry.tool
+    skill_index = SkillIndex()
+
+    @tool(registry.read_only, "List Hermes jobs")
+    async def hermes_jobs(limit: int | None = None, state: str | None = None) -> CallToolResult:
+        """Jobs on disk, newest first (default limit 50): id, state, duration, cwd, first words of the task.
+        state filters: running, ok, error, timeout, cancelled, over_budget, orphaned, damaged."""
+        return await registry.respond("hermes_jobs", lambda cfg: listing_tool(list_jobs, cfg, limit, state))
+
+    @tool(registry.read_only, "Read a file or folder")
+    async def hermes_read(path: str, max_bytes: int | None = None, offset: int | None = None) -> CallToolResult:
+        """Read a file (a byte range: offset, negative = from the end, to page a job log; max_bytes, default
+        20000) or list a folder, to verify Hermes' work without waking an agent. Confined to the allowed
+        roots and the job files."""
+        return await registry.respond("hermes_read", lambda cfg: listing_tool(read_path, cfg, path, max_bytes, offset))
+
+    @tool(registry.read_only, "Hermes skills")
+    async def hermes_capabilities(query: str | None = None, category: str | None = None,
+                                  limit: int | None = None) -> CallToolResult:
+        """Hermes' installed skills, read from disk. No arguments: categories with counts. query: ranked
+        matches over name, description and tags. category: the skills of one category."""
+        return await registry.respond("hermes_capabilities",
+                             lambda cfg: listing_tool(capabilities, cfg, skill_index, query, category, limit))
+
+    @tool(registry.read_only, "Bridge health")
+    async def hermes_health() -> CallToolResult:
+        """Is Hermes found, which options its command line declares, config problems, allowed roots, job
+        counts. Instant: starts no process."""
+        return await registry.respond("hermes_health", lambda now: listing_tool(health, now, cfg))
+
+
+def register_review(registry: ToolRegistry) -> None:
+    """What a person reviews a job with: hermes_land for a worktree job's work, and the job view (its page and
+    its two app-only tools)."""
+    from mcp.types import CallToolResult
+
+    mcp, tool, respond, view_tokens = registry.mcp, registry.tool, registry.respond, registry.view_tokens
+    destructive, read_only = registry.destructive, registry.read_only
+
+    def job_view_page() -> str:
+        return JOB_VIEW_FILE.read_text(encoding="utf-8")
+    mcp.resource(JOB_VIEW_URI, name="job view", title="Hermes job", mime_type=JOB_VIEW_MIME,
+                 description="A job's state, its question, Allow, Deny, Cancel, Merge, Discard")(job_view_page)
+
+    @tool(destructive, "Land a worktree job's work")
+    async def hermes_land(job_id: str, action: str) -> CallToolResult:
+        """What becomes of a finished worktree job's work (its WORKTREE, DIFF and PATCH lines): "merge"
+        applies it to the repository's main tree (refused on a conflict, naming the paths, with the tree left
+        as it was), "discard" removes the worktree and its branch, "keep" leaves them for retention. Show the
+        user the DIFF and ask first."""
+        return await respond("hermes_land", lambda cfg: land_tool(cfg, job_id, action))
+
+    @tool(read_only, "Job view: the job now", APP_ONLY)
+    async def hermes_view_job(job_id: str) -> CallToolResult:
+        """For the job view only (the host keeps it off the model's list): the job's block and its facts."""
+        return await respond("hermes_view_job", lambda cfg: view_job_tool(cfg, job_id))
+
+    @tool(destructive, "Job view: the user's answer", APP_ONLY)
+    async def hermes_view_answer(job_id: str, approval_id: str, decision: str, token: str) -> CallToolResult:
+        """For the job view only: the user's answer to Hermes' question, with the view's one-time token.
+        The model answers with hermes_approve instead."""
+        return await respond(
+            "hermes_view_answer", lambda cfg: view_answer_tool(cfg, view_tokens, job_id, approval_id, decision, token))
 
 
 LONE_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
