@@ -133,38 +133,64 @@ def is_changes(value: Any) -> bool:
             and is_text_list(value.get("lines")))
 
 
-# What each plain field of a record may hold on disk (bool is never a number here).
-RECORD_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
-    "created_at": is_number, "timeout_s": is_number,
-    "task_preview": lambda v: isinstance(v, str),
-    "skills": is_text_list, "toolsets": is_text_list, "argv": is_text_list,
-    "max_turns": is_whole_number, "exit_code": is_whole_number,
-    "started_at": is_number, "ended_at": is_number,
-    "changes": is_changes,
-    "nonce": lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{16,64}", v) is not None,
-    "driver": lambda v: v in DRIVER_NAMES,
-    "approval_mode": lambda v: v in APPROVAL_MODES,
-    "acp": is_flat_dict,
-    "questions": lambda v: isinstance(v, list) and len(v) <= QUESTIONS_KEPT and all(is_question(q) for q in v),
-    "decisions": lambda v: isinstance(v, list) and len(v) <= DECISIONS_KEPT
-    and all(is_text_fields(d, ("id", "what", "decision", "by")) for d in v),
-    "late_answers": lambda v: isinstance(v, list) and len(v) <= LATE_ANSWERS_KEPT
-    and all(is_late_answer(a) for a in v),
-    "decided": lambda v: isinstance(v, dict) and all(isinstance(k, str) and is_whole_number(n) for k, n in v.items()),
-    "usage": lambda v: isinstance(v, dict) and all(is_number(count) for count in v.values()),
-    "created_clock": is_number, "started_clock": is_number, "heartbeat": is_number, "duration_s": is_number,
-    "max_tokens": is_whole_number, "max_cost_usd": is_number,
-    "spend": is_flat_dict,
-    "spend_base": lambda v: isinstance(v, dict) and all(is_number(x) for x in v.values()),
-    "worktree": lambda v: is_flat_dict(v) and is_text_fields(v, ("repo", "path", "branch", "base")),
-    "diff": lambda v: is_flat_dict(v) and all(is_whole_number(v.get(n)) for n in ("files", "insertions", "deletions",
-                                                                                  "patch_bytes"))
-    and isinstance(v.get("patch"), str),
-    "landed": lambda v: is_flat_dict(v) and is_text_fields(v, ("action", "how")),
-    **{name: (lambda v: isinstance(v, str)) for name in ("cwd", "session_requested", "dedupe_key", "session_id",
-                                                          "reason", "log", "cwd_note", "session_source",
-                                                          "session_note", "outcome_note", "swept")},
-}
+def is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def is_nonce(value: Any) -> bool:
+    return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{16,64}", value) is not None
+
+
+def is_questions(value: Any) -> bool:
+    return isinstance(value, list) and len(value) <= QUESTIONS_KEPT and all(is_question(q) for q in value)
+
+
+def is_decisions(value: Any) -> bool:
+    return isinstance(value, list) and len(value) <= DECISIONS_KEPT and all(
+        is_text_fields(d, ("id", "what", "decision", "by")) for d in value)
+
+
+def is_late_answers(value: Any) -> bool:
+    return isinstance(value, list) and len(value) <= LATE_ANSWERS_KEPT and all(is_late_answer(a) for a in value)
+
+
+def is_counts(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and is_whole_number(n) for k, n in value.items())
+
+
+def is_numbers(value: Any) -> bool:
+    return isinstance(value, dict) and all(is_number(x) for x in value.values())
+
+
+def is_worktree(value: Any) -> bool:
+    return is_flat_dict(value) and is_text_fields(value, ("repo", "path", "branch", "base"))
+
+
+def is_diff(value: Any) -> bool:
+    return (is_flat_dict(value) and isinstance(value.get("patch"), str)
+            and all(is_whole_number(value.get(n)) for n in ("files", "insertions", "deletions", "patch_bytes")))
+
+
+def is_landed(value: Any) -> bool:
+    return is_flat_dict(value) and is_text_fields(value, ("action", "how"))
+
+
+def is_driver(value: Any) -> bool:
+    return value in DRIVER_NAMES
+
+
+def is_approval_mode(value: Any) -> bool:
+    return value in APPROVAL_MODES
+
+
+def checked(check: Callable[[Any], bool], default: Any = None, factory: Callable[[], Any] | None = None) -> Any:
+    """A record field declared with what it may hold on disk (bool is never a number here): from_json checks
+    every field by it, and a field declared without one cannot be read (RECORD_FIELD_CHECKS fails at import)."""
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata={"check": check})
+    return dataclasses.field(default=default, metadata={"check": check})
+
+
 # Written by every launch, even when empty; the other fields appear once they are known.
 RECORD_ALWAYS_WRITTEN = ("id", "state", "created_at", "task_preview", "cwd",
                          "session_requested", "skills", "toolsets", "max_turns", "timeout_s", "dedupe_key",
@@ -181,51 +207,52 @@ class JobRecord:
 
     id: str
     state: JobState = JobState.STARTING
-    created_at: float = 0.0
-    task_preview: str = ""
-    cwd: str | None = None
-    session_requested: str | None = None
-    skills: list[str] = dataclasses.field(default_factory=list)
-    toolsets: list[str] = dataclasses.field(default_factory=list)
-    max_turns: int | None = None
-    timeout_s: float = 0.0
-    dedupe_key: str | None = None
+    created_at: float = checked(is_number, 0.0)
+    task_preview: str = checked(is_text, "")
+    cwd: str | None = checked(is_text)
+    session_requested: str | None = checked(is_text)
+    skills: list[str] = checked(is_text_list, factory=list)
+    toolsets: list[str] = checked(is_text_list, factory=list)
+    max_turns: int | None = checked(is_whole_number)
+    timeout_s: float = checked(is_number, 0.0)
+    dedupe_key: str | None = checked(is_text)
     supervisor: ProcessId | None = None
     hermes: ProcessId | None = None
-    exit_code: int | None = None
-    session_id: str | None = None
-    reason: str | None = None
-    log: str | None = None
-    cwd_note: str | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    argv: list[str] | None = None
+    exit_code: int | None = checked(is_whole_number)
+    session_id: str | None = checked(is_text)
+    reason: str | None = checked(is_text)
+    log: str | None = checked(is_text)
+    cwd_note: str | None = checked(is_text)
+    started_at: float | None = checked(is_number)
+    ended_at: float | None = checked(is_number)
+    argv: list[str] | None = checked(is_text_list)
     tree: list[ProcessId] = dataclasses.field(default_factory=list)  # every descendant of Hermes seen
-    changes: dict[str, Any] | None = None
-    usage: dict[str, Any] | None = None
-    session_source: str | None = None
-    session_note: str | None = None
-    nonce: str | None = None  # makes the process marker unique machine-wide (see marker)
-    driver: str | None = None  # cli or acp (older records: cli)
-    approval_mode: str | None = None  # deny, ask or yolo, as the job was started with
-    acp: dict[str, Any] | None = None  # the job's activity from Hermes' ACP events
-    questions: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # Hermes' questions waiting now
-    decisions: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # the newest DECISIONS_KEPT decided
-    decided: dict[str, int] | None = None  # how many questions were decided each way, all told
-    created_clock: float | None = None  # machine_clock() at the launch, at Hermes' start, at the last heartbeat
-    started_clock: float | None = None
-    heartbeat: float | None = None
-    duration_s: float | None = None  # Hermes' run as the supervisor timed it (monotonic)
-    outcome_note: str | None = None  # what delayed writing the outcome (a full or read-only disk)
-    swept: str | None = None  # what the supervisor stopped after Hermes had exited
-    late_answers: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # refused: the question was decided
-    max_tokens: int | None = None  # the job's budgets, enforced by its supervisor for both drivers
-    max_cost_usd: float | None = None
-    spend: dict[str, Any] | None = None  # what this job spent, read from Hermes' store (see session_spend)
-    spend_base: dict[str, Any] | None = None  # a resumed session's counters when the job started
-    worktree: dict[str, Any] | None = None  # a worktree job's: repo, path, branch, base (see git worktrees)
-    diff: dict[str, Any] | None = None  # a worktree job's work against its base: counts and the patch file
-    landed: dict[str, Any] | None = None  # what hermes_land did with a worktree job's work: action, how, at
+    changes: dict[str, Any] | None = checked(is_changes)
+    usage: dict[str, Any] | None = checked(is_numbers)
+    session_source: str | None = checked(is_text)
+    session_note: str | None = checked(is_text)
+    nonce: str | None = checked(is_nonce)  # makes the process marker unique machine-wide (see marker)
+    driver: str | None = checked(is_driver)  # cli or acp (older records: cli)
+    approval_mode: str | None = checked(is_approval_mode)  # deny, ask or yolo, as the job was started with
+    acp: dict[str, Any] | None = checked(is_flat_dict)  # the job's activity from Hermes' ACP events
+    questions: list[dict[str, Any]] = checked(is_questions, factory=list)  # Hermes' questions waiting now
+    decisions: list[dict[str, Any]] = checked(is_decisions, factory=list)  # the newest DECISIONS_KEPT decided
+    decided: dict[str, int] | None = checked(is_counts)  # how many questions were decided each way, all told
+    created_clock: float | None = checked(is_number)  # machine_clock() at the launch, at Hermes' start, at
+    # the last heartbeat
+    started_clock: float | None = checked(is_number)
+    heartbeat: float | None = checked(is_number)
+    duration_s: float | None = checked(is_number)  # Hermes' run as the supervisor timed it (monotonic)
+    outcome_note: str | None = checked(is_text)  # what delayed writing the outcome (a full or read-only disk)
+    swept: str | None = checked(is_text)  # what the supervisor stopped after Hermes had exited
+    late_answers: list[dict[str, Any]] = checked(is_late_answers, factory=list)  # refused: the question was decided
+    max_tokens: int | None = checked(is_whole_number)  # the job's budgets, enforced by its supervisor for both drivers
+    max_cost_usd: float | None = checked(is_number)
+    spend: dict[str, Any] | None = checked(is_flat_dict)  # what this job spent, from Hermes' store (session_spend)
+    spend_base: dict[str, Any] | None = checked(is_numbers)  # a resumed session's counters when the job started
+    worktree: dict[str, Any] | None = checked(is_worktree)  # a worktree job's: repo, path, branch, base
+    diff: dict[str, Any] | None = checked(is_diff)  # a worktree job's work against its base: counts and the patch file
+    landed: dict[str, Any] | None = checked(is_landed)  # what hermes_land did with the work: action, how, at
 
     def add_decision(self, decision: dict[str, Any]) -> None:
         """A question decided: counted, and kept among the newest DECISIONS_KEPT."""
@@ -294,6 +321,12 @@ class JobRecord:
                 value = value.value
             data[field.name] = value
         return data
+
+
+# Parsed by from_json itself: the id and state it is read under, and the process identities.
+RECORD_PARSED = ("id", "state", "supervisor", "hermes", "tree")
+RECORD_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
+    field.name: field.metadata["check"] for field in dataclasses.fields(JobRecord) if field.name not in RECORD_PARSED}
 
 
 def write_record(store: "JobStore", record: JobRecord) -> None:

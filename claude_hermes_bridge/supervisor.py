@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Any, cast
 
 import psutil
@@ -37,6 +38,7 @@ from .jobs import (
     LATE_ANSWERS_KEPT,
     MAX_TASK_BYTES,
     TREE_KEPT,
+    JobRecord,
     JobState,
     JobStore,
     Outcome,
@@ -153,6 +155,120 @@ def compare_snapshots(before: FolderSnapshot, after: FolderSnapshot) -> dict[str
             "lines": lines[:CHANGED_LINES], "more": max(0, len(lines) - CHANGED_LINES)}
 
 
+class BoundedLog:
+    """The job's log (this process' stderr, fd 2) kept under max_log_bytes: past it the log keeps its first
+    quarter and its newest half, with a line saying how much was left out between. Everyone writes it in
+    append mode, so after the cut the writes go on at the new end; the job's known processes are paused for the
+    cut (milliseconds), so none of their output is lost or lands out of order."""
+
+    def __init__(self, path: Path, cap: int) -> None:
+        self.path, self.cap = path, cap
+        self.left_out = 0
+
+    def keep_bounded(self, writers: list[psutil.Process]) -> None:
+        try:
+            if os.fstat(2).st_size <= self.cap:
+                return
+        except OSError:
+            return
+        paused = [proc for proc in writers if is_alive(proc)]
+        for proc in paused:
+            with contextlib.suppress(psutil.Error):
+                proc.suspend()
+        stopping_by = time.monotonic() + 2  # a stop lands once a write in progress (10 MB at once?) has ended
+        while any(is_alive(proc) and proc_status(proc) != psutil.STATUS_STOPPED for proc in paused) and (
+                time.monotonic() < stopping_by):
+            time.sleep(0.005)
+        try:
+            head, tail = self.cap // 4, self.cap // 2
+            size = os.fstat(2).st_size
+            with open_regular(self.path) as log:
+                log.seek(max(head, size - tail))
+                newest = log.read()
+            os.ftruncate(2, head)
+            self.left_out += size - head - len(newest)
+            os.write(2, (f"\n[bridge] {self.left_out:,} bytes of output were left out here (max_log_bytes "
+                         f"{self.cap:,}): the log keeps its head and its newest output\n").encode() + newest)
+        except OSError:
+            return
+        finally:
+            for proc in paused:
+                with contextlib.suppress(psutil.Error):
+                    proc.resume()
+
+
+class SpendWatch:
+    """A job's spend, read from Hermes' store, against its budgets (tokens, cost, and max_turns where the
+    driver's Hermes does not stop at it by itself). While the job runs it is read every SPEND_EVERY_S at most,
+    and only when the store changed: a poll costs a stat."""
+
+    def __init__(self, cfg: Config, store: JobStore, record: JobRecord) -> None:
+        self.cfg, self.store, self.record = cfg, store, record
+        self.next_read = 0.0
+        self.session: str | None = None
+        self.fingerprint: tuple[tuple[int, int] | None, ...] = ()
+
+    @property
+    def watching(self) -> bool:
+        """Whether this job has a budget the bridge enforces."""
+        record = self.record
+        return bool(record.max_tokens or record.max_cost_usd
+                    or (record.max_turns and not driver_of(record).enforces_max_turns))
+
+    def passed_while_running(self) -> tuple[JobState, str] | None:
+        """The budget passed, when a read is due; None otherwise."""
+        if time.monotonic() < self.next_read or not self.watching:
+            return None
+        self.next_read = time.monotonic() + SPEND_EVERY_S
+        return self.passed(stop_at_turns=not driver_of(self.record).enforces_max_turns, fresh=False)
+
+    def spend(self, fresh: bool) -> dict[str, Any] | None:
+        """This job's spend so far (a resumed session's earlier counters taken off), kept in the record. Not
+        `fresh`, a store that has not changed since the last read is not read again. A write the change times
+        cannot tell apart (same size, same tick) is read at the next."""
+        record = self.record
+        fingerprint = store_fingerprint(session_store_path(self.cfg))
+        if not fresh and self.session and record.spend and fingerprint == self.fingerprint:
+            return record.spend
+        session = (record.session_id or record.session_requested or self.session
+                   or session_id_from_log(self.store.log_path(record.id)))
+        started = record.started_at
+        try:
+            if not session and record.cwd and started is not None:
+                session, _ = read_store(self.cfg, lambda db: matched_session(db, cast(str, record.cwd), started))
+            if not session:
+                return None
+            named: str = session
+            found = read_store(self.cfg, lambda db: session_spend(db, named))
+            self.session = named  # found once, a CLI job's session is not looked for again
+            self.fingerprint = fingerprint
+        except StoreUnavailable:
+            return None
+        if found is None:
+            return None
+        base = record.spend_base or {}
+        for key in ("api_calls", "tokens_in", "tokens_out", "cost_usd"):
+            found[key] = max(0, found[key] - base.get(key, 0))
+        record.spend = found
+        return found
+
+    def passed(self, stop_at_turns: bool, fresh: bool) -> tuple[JobState, str] | None:
+        """The budget this job has passed, read from Hermes' store, or None."""
+        record = self.record
+        spend = self.spend(fresh)
+        if spend is None:
+            return None
+        tokens = spend["tokens_in"] + spend["tokens_out"]
+        if record.max_tokens and tokens > record.max_tokens:
+            return JobState.OVER_BUDGET, f"passed max_tokens: {tokens:,} tokens of {record.max_tokens:,}"
+        if record.max_cost_usd and spend["priced"] and spend["cost_usd"] > record.max_cost_usd:
+            return JobState.OVER_BUDGET, (f"passed max_cost_usd: ${spend['cost_usd']:.4f} of "
+                                          f"${record.max_cost_usd:g} (Hermes' estimate)")
+        if stop_at_turns and record.max_turns and spend["api_calls"] >= record.max_turns:
+            return JobState.OVER_BUDGET, f"reached max_turns ({record.max_turns}): {spend['api_calls']} API calls"
+        return None
+
+
 class Supervisor:
     """Owns one job from a detached process: starts Hermes with the record's driver, enforces the timeout,
     obeys cancel, records. Its collaborators come in (config, store, the process starter), so tests can drive
@@ -174,16 +290,14 @@ class Supervisor:
         self.known_tree = set(self.record.tree)
         self.stop_signal = False
         self.log_offset = 0
-        self.log_left_out = 0
+        self.log = BoundedLog(store.log_path(job_id), cfg.max_log_bytes)
         self.windows_job: WindowsJob | None = None
         self.hermes: psutil.Process | None = None
         self.before: FolderSnapshot | None = None
         self.snapshot_thread: threading.Thread | None = None
         self.unsaved = False
         self.next_heartbeat = 0.0
-        self.next_spend_read = 0.0
-        self.spend_session: str | None = None
-        self.spend_fingerprint: tuple[tuple[int, int] | None, ...] = ()
+        self.spend = SpendWatch(cfg, store, self.record)
 
     def note(self, text: str) -> None:
         self.write_log(f"[bridge] {text}\n")
@@ -304,7 +418,7 @@ class Supervisor:
         if not record.worktree:  # a worktree job's changes are git's to tell
             self._start_snapshot(plan.folder)
         record.argv = plan.shown_argv
-        if record.session_requested and self.watches_spend:  # a resumed session's earlier spend is not this job's
+        if record.session_requested and self.spend.watching:  # a resumed session's earlier spend is not this job's
             with contextlib.suppress(StoreUnavailable):
                 base = read_store(cfg, lambda db: session_spend(db, cast(str, record.session_requested)))
                 record.spend_base = {key: value for key, value in (base or {}).items() if is_number(value)}
@@ -336,7 +450,7 @@ class Supervisor:
             self.record.swept = f"after Hermes exited, tool processes it left running: {sweep.describe()}"
         # a cap that ended the turn, whatever Hermes printed (0.19/0.20 exit 0 at --max-turns, 0.22 exits 1); every
         # job's spend is read here once, so its final block and hermes_jobs say what it cost
-        if passed := self._over_budget(stop_at_turns=True, fresh=True):
+        if passed := self.spend.passed(stop_at_turns=True, fresh=True):
             return Outcome(passed[0], exit_code, passed[1])
         outcome = run.outcome(exit_code)
         if outcome.state is JobState.ERROR and (trouble := model_trouble(read_tail(
@@ -390,41 +504,8 @@ class Supervisor:
             self.save()
 
     def _keep_log_bounded(self) -> None:
-        """Past max_log_bytes, the log keeps its first quarter and its newest half, with a line saying how
-        much was left out between. Everyone writes it in append mode, so after the cut the writes go on at the
-        new end; the job's known processes are paused for the cut (milliseconds), so none of their output is
-        lost or lands out of order."""
-        cap = self.cfg.max_log_bytes
-        try:
-            if os.fstat(2).st_size <= cap:
-                return
-        except OSError:
-            return
-        paused = [proc for proc in [self.hermes, *(seen.process() for seen in self.record.tree)]
-                  if proc is not None and is_alive(proc)]
-        for proc in paused:
-            with contextlib.suppress(psutil.Error):
-                proc.suspend()
-        stopping_by = time.monotonic() + 2  # a stop lands once a write in progress (10 MB at once?) has ended
-        while any(is_alive(proc) and proc_status(proc) != psutil.STATUS_STOPPED for proc in paused) and (
-                time.monotonic() < stopping_by):
-            time.sleep(0.005)
-        try:
-            head, tail = cap // 4, cap // 2
-            size = os.fstat(2).st_size
-            with open_regular(self.store.log_path(self.job_id)) as log:
-                log.seek(max(head, size - tail))
-                newest = log.read()
-            os.ftruncate(2, head)
-            self.log_left_out += size - head - len(newest)
-            os.write(2, (f"\n[bridge] {self.log_left_out:,} bytes of output were left out here (max_log_bytes "
-                         f"{cap:,}): the log keeps its head and its newest output\n").encode() + newest)
-        except OSError:
-            return
-        finally:
-            for proc in paused:
-                with contextlib.suppress(psutil.Error):
-                    proc.resume()
+        self.log.keep_bounded([proc for proc in [self.hermes, *(seen.process() for seen in self.record.tree)]
+                               if proc is not None])
 
     def _reason_to_stop(self, deadline: float) -> tuple[JobState, str] | None:
         record = self.record
@@ -436,64 +517,7 @@ class Supervisor:
         if moved := self._moved_outside_roots():
             return JobState.ERROR, (f"Hermes moved to {shown(moved)}, outside the allowed roots (a resumed session "
                                     "runs in its recorded folder); the job was stopped at once")
-        if time.monotonic() >= self.next_spend_read and self.watches_spend:
-            self.next_spend_read = time.monotonic() + SPEND_EVERY_S
-            return self._over_budget(stop_at_turns=not driver_of(self.record).enforces_max_turns, fresh=False)
-        return None
-
-    @property
-    def watches_spend(self) -> bool:
-        """Whether this job has a budget the bridge enforces: tokens, cost, or max_turns where the driver's
-        Hermes does not stop at it by itself."""
-        record = self.record
-        return bool(record.max_tokens or record.max_cost_usd
-                    or (record.max_turns and not driver_of(record).enforces_max_turns))
-
-    def _spend(self, fresh: bool) -> dict[str, Any] | None:
-        """This job's spend so far (a resumed session's earlier counters taken off), kept in the record. While
-        the job runs (not `fresh`), a store that has not changed since the last read is not read again: a poll
-        costs a stat. A write the change times cannot tell apart (same size, same tick) is read at the next."""
-        record = self.record
-        fingerprint = store_fingerprint(session_store_path(self.cfg))
-        if not fresh and self.spend_session and record.spend and fingerprint == self.spend_fingerprint:
-            return record.spend
-        session = (record.session_id or record.session_requested or self.spend_session
-                   or session_id_from_log(self.store.log_path(self.job_id)))
-        started = record.started_at
-        try:
-            if not session and record.cwd and started is not None:
-                session, _ = read_store(self.cfg, lambda db: matched_session(db, cast(str, record.cwd), started))
-            if not session:
-                return None
-            named: str = session
-            found = read_store(self.cfg, lambda db: session_spend(db, named))
-            self.spend_session = named  # found once, a CLI job's session is not looked for again
-            self.spend_fingerprint = fingerprint
-        except StoreUnavailable:
-            return None
-        if found is None:
-            return None
-        base = record.spend_base or {}
-        for key in ("api_calls", "tokens_in", "tokens_out", "cost_usd"):
-            found[key] = max(0, found[key] - base.get(key, 0))
-        record.spend = found
-        return found
-
-    def _over_budget(self, stop_at_turns: bool, fresh: bool) -> tuple[JobState, str] | None:
-        """The budget this job has passed, read from Hermes' store, or None."""
-        record = self.record
-        spend = self._spend(fresh)
-        if spend is None:
-            return None
-        tokens = spend["tokens_in"] + spend["tokens_out"]
-        if record.max_tokens and tokens > record.max_tokens:
-            return JobState.OVER_BUDGET, f"passed max_tokens: {tokens:,} tokens of {record.max_tokens:,}"
-        if record.max_cost_usd and spend["priced"] and spend["cost_usd"] > record.max_cost_usd:
-            return JobState.OVER_BUDGET, (f"passed max_cost_usd: ${spend['cost_usd']:.4f} of "
-                                          f"${record.max_cost_usd:g} (Hermes' estimate)")
-        if stop_at_turns and record.max_turns and spend["api_calls"] >= record.max_turns:
-            return JobState.OVER_BUDGET, f"reached max_turns ({record.max_turns}): {spend['api_calls']} API calls"
-        return None
+        return self.spend.passed_while_running()
 
     def _start_snapshot(self, folder: str) -> None:
         """The folder's files as the job starts, listed in the background so the launch is not delayed."""

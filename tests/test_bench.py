@@ -14,7 +14,8 @@ ROWS = ["cold start: spawn, initialize, tools/list", "server RSS after start", "
         "hermes_status of a job with a 8 MiB log", "start listing of a folder of 2,000 files",
         "hermes_run(wait_s=0) until Hermes runs, folder of 2,000 files",
         "hermes_status of a running job with activity, store of 2,000 messages",
-        "hermes_capabilities over 50 skills", "hermes_jobs with 100 records", "hermes_jobs with 1,000 records"]
+        "hermes_capabilities over 50 skills", "supervisor spawn until Hermes' pid", "supervisor RSS at Hermes' start",
+        "hermes_jobs with 100 records", "hermes_jobs with 1,000 records"]
 
 
 def test_bench_runs_tiny_and_prints_every_row():
