@@ -308,6 +308,7 @@ def user_asker(ctx: Any, tasks: JobTasks) -> AskUser | None:
 JOB_VIEW_URI = "ui://claude-hermes-bridge/job"
 JOB_VIEW_MIME = "text/html;profile=mcp-app"
 VIEW_LINK = {"ui": {"resourceUri": JOB_VIEW_URI}, "ui/resourceUri": JOB_VIEW_URI}  # the flat key: older hosts
+VIEW_FACTS = "viewFacts"  # the _meta key of a result's facts, for the job view (hosts keep _meta from the model)
 APP_ONLY = {"ui": {"resourceUri": JOB_VIEW_URI, "visibility": ["app"]}}
 
 
@@ -350,15 +351,16 @@ class ToolRegistry:
 
     async def respond(self, tool_name: str, body: Callable[[Config], Awaitable[ToolResult]],
                       task: Any = None) -> "CallToolResult":
-        """The text as the model reads it; a job's facts as structuredContent, with a one-time token for the
-        job view in _meta."""
+        """The text as the model reads it, whole; a job's facts and a one-time token for the job view in _meta.
+        Never structuredContent: a host that has it hands the model only that (Claude Code's print mode did,
+        and the STATUS/SESSION_ID lines and the running and approval guidance were lost)."""
         from mcp.types import CallToolResult
 
         outcome = await run_tool_body(tool_name, body, task)
         self.tasks.keep(outcome)
         result: dict[str, Any] = {"content": [{"type": "text", "text": outcome.text}], "isError": outcome.is_error}
         if outcome.facts is not None:
-            result.update(structuredContent=outcome.facts, _meta={"viewToken": self.view_tokens.issue()})
+            result.update(_meta={"viewToken": self.view_tokens.issue(), VIEW_FACTS: outcome.facts})
         return CallToolResult.model_validate(result)
 
 

@@ -363,7 +363,7 @@ class ToolResult:
     job_id: str | None = None
     cwd: str | None = None
     reason: str | None = None
-    facts: dict[str, Any] | None = None  # the same facts as fields (structuredContent), for the job view
+    facts: dict[str, Any] | None = None  # the same facts as fields (in _meta), for the job view
 
     @property
     def is_error(self) -> bool:
@@ -380,7 +380,7 @@ def status_result(view: JobView, cfg: Config, notes: list[str] | None = None) ->
 
 
 def job_facts(view: JobView, details: JobDetails, notes: list[str]) -> dict[str, Any]:
-    """What the status block says, as fields (the structuredContent a job view renders); every text that came
+    """What the status block says, as fields (what a job view renders, from the result's _meta); every text that came
     from disk or from Hermes escaped as in the block."""
     record = view.record
     questions = [{"id": shown(q["id"], 40), "what": shown(q["what"], 2400), "expires_at": q["expires_at"],

@@ -1,7 +1,8 @@
 """A scripted Anthropic Messages endpoint on 127.0.0.1, for driving the real Claude Code offline.
 
 The conversation is the script. A user message holding `HERMES_RUN: <task>` makes the answer a call of the
-bridge's hermes_run tool with that task (`NO HERMES TOOLS` when the request does not offer the tool yet); a
+bridge's hermes_run tool with that task (`NO HERMES TOOLS` when the request does not offer the tool yet), and
+`HERMES_CALL: <tool> <JSON arguments>` a call of any of the bridge's tools; a
 tool result that comes back is acknowledged with `WAITING FOR HERMES`; once any user message carries
 `STATUS: ok` (the task's completion as Claude Code reports it to the model) the answer is
 `HERMES REPORTED OK`. Anything else (titles, summaries) gets `OK`. Every request body is appended to
@@ -43,6 +44,12 @@ def next_answer(body: dict[str, Any]) -> dict[str, Any]:
         return {"type": "text", "text": "WAITING FOR HERMES"}
     tools = {tool.get("name") for tool in body.get("tools", []) if isinstance(tool, dict)}
     for text in texts(last):
+        if "HERMES_CALL: " in text:
+            name, _, arguments = text.split("HERMES_CALL: ", 1)[1].splitlines()[0].partition(" ")
+            if f"mcp__hermes__{name}" not in tools:
+                return {"type": "text", "text": "NO HERMES TOOLS"}
+            return {"type": "tool_use", "id": f"toolu_{len(messages)}", "name": f"mcp__hermes__{name}",
+                    "input": json.loads(arguments or "{}")}
         if "HERMES_RUN: " in text:
             if RUN_TOOL not in tools:
                 return {"type": "text", "text": "NO HERMES TOOLS"}

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_worktrees import make_repo
 
 from conftest import require_component
 from fake_anthropic import FakeAnthropic
@@ -150,3 +151,79 @@ def test_a_question_from_hermes_is_claude_codes_own_dialog_and_the_users_answer_
         assert record.decisions[1]["by"].startswith("the bridge: allowed for this job (first allowed at ")
     assert "STATUS: ok" in notification  # Claude Code escapes the result for its XML-like wrapper
     assert f"-> {decided[0]} by the user (elicitation)" in html.unescape(notification)
+
+
+# ----------------------------------------------------------------- print mode: what the model reads of a result
+def print_mode(bridge: Bridge, claude: Path, api: FakeAnthropic, prompt: str, **server_env: str) -> dict:
+    """One `claude -p` turn in which the model calls one of the bridge's tools (HERMES_CALL); the
+    tool_result the model was sent for it, as the scripted endpoint received it."""
+    before = len(tool_results_of(api.requests()))
+    home = bridge.tmp / "claude-print-home"
+    home.mkdir(exist_ok=True)
+    (home / ".claude.json").write_text(json.dumps({
+        "hasCompletedOnboarding": True, "lastOnboardingVersion": CLAUDE_CODE_VERSION,
+        "customApiKeyResponses": {"approved": [API_KEY[-20:]], "rejected": []}}))
+    mcp_config = bridge.tmp / "mcp-print.json"
+    mcp_config.write_text(json.dumps({"mcpServers": {"hermes": {
+        "command": sys.executable, "args": [str(SERVER)], "env": dict(bridge.env, **server_env)}}}))
+    env = {"HOME": str(home), "PATH": bridge.env["PATH"], "ANTHROPIC_BASE_URL": api.base_url,
+           "ANTHROPIC_API_KEY": API_KEY, "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
+           "DISABLE_ERROR_REPORTING": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+           "ENABLE_TOOL_SEARCH": "false"}
+    done = subprocess.run([str(claude), "-p", prompt, "--mcp-config", str(mcp_config), "--strict-mcp-config",
+                           "--allowedTools", "mcp__hermes"], cwd=bridge.root, env=env, capture_output=True,
+                          text=True, timeout=180, stdin=subprocess.DEVNULL)
+    results = tool_results_of(api.requests())[before:]
+    assert results, f"the model never got a tool_result: {done.stdout}\n{done.stderr}"
+    return results[-1]
+
+
+def read_by_the_model(tool_result: dict) -> str:
+    content = tool_result.get("content")
+    return content if isinstance(content, str) else "\n".join(
+        block.get("text", "") for block in content or [] if isinstance(block, dict))
+
+
+def test_in_print_mode_the_model_reads_every_tools_whole_status_block(bridge):
+    """Claude Code's print mode hands the model a result's structuredContent instead of its text when both
+    are there (DESIGN §17): the bridge sends none, so the model reads the whole block of each tool."""
+    claude = require_component(CLAUDE_CODE, f"Claude Code {CLAUDE_CODE_VERSION}")
+    with FakeAnthropic(bridge.tmp) as api:
+        def call(tool: str, arguments: dict) -> str:
+            return read_by_the_model(print_mode(bridge, claude, api, f"HERMES_CALL: {tool} {json.dumps(arguments)}"))
+
+        finished = call("hermes_run", {"task": "say hi !session=20261203_101010_abcdef", "wait_s": 20})
+        running = call("hermes_run", {"task": "long work !sleep=30", "wait_s": 0})
+        assert "JOB_ID: " in running, f"the model did not read the status block: {running}"
+        job_id = running.split("JOB_ID: ", 1)[1].split()[0]
+        status = call("hermes_status", {"job_id": job_id, "wait_s": 0})
+        cancelled = call("hermes_cancel", {"job_id": job_id})
+    assert "STATUS: ok" in finished and "JOB_ID: " in finished and "SESSION_ID: 20261203_101010_abcdef" in finished
+    assert "EXIT_CODE: 0" in finished and "say hi" in finished
+    assert "STATUS: running" in running and "Do not re-run" in running
+    assert "STATUS: running" in status and f"JOB_ID: {job_id}" in status and "Do not re-run" in status
+    assert "STATUS: cancelled" in cancelled and f"JOB_ID: {job_id}" in cancelled
+    assert not any('"job_id"' in text for text in (finished, running, status, cancelled))  # not the facts' JSON
+
+
+def test_in_print_mode_the_model_reads_the_approval_instructions_and_the_landing(bridge):
+    claude = require_component(CLAUDE_CODE, f"Claude Code {CLAUDE_CODE_VERSION}")
+    repo = make_repo(bridge.root / "repo")
+    bridge.configure(approvals="ask", approval_timeout_s=120, hermes_driver="acp")
+    with FakeAnthropic(bridge.tmp) as api:
+        def call(tool: str, arguments: dict) -> str:
+            return read_by_the_model(print_mode(bridge, claude, api, f"HERMES_CALL: {tool} {json.dumps(arguments)}",
+                                                FAKE_HERMES_ACP="1"))
+
+        asking = call("hermes_run", {"task": "!ask=touch+asked.txt", "wait_s": 20})
+        assert "APPROVAL_ID: " in asking, f"the model did not read the approval block: {asking}"
+        job_id = asking.split("JOB_ID: ", 1)[1].split()[0]
+        approval_id = asking.split("APPROVAL_ID: ", 1)[1].split()[0]
+        denied = call("hermes_approve", {"job_id": job_id, "approval_id": approval_id, "decision": "deny"})
+        worked = call("hermes_run", {"task": "!write=b.txt:hello", "cwd": str(repo), "isolation": "worktree",
+                                     "wait_s": 30})
+        landed = call("hermes_land", {"job_id": worked.split("JOB_ID: ", 1)[1].split()[0], "action": "merge"})
+    assert "STATUS: needs_approval" in asking and "APPROVAL_ID: " in asking and "hermes_approve" in asking
+    assert f"JOB_ID: {job_id}" in denied
+    assert "STATUS: ok" in worked and "DIFF: " in worked
+    assert "STATUS: ok" in landed and (repo / "b.txt").read_text() == "hello"

@@ -60,7 +60,7 @@ def browser() -> Iterator[Any]:
 
 
 def raw_call(client: BridgeClient, tool: str, **arguments: Any) -> dict[str, Any]:
-    """A tool's whole result as a host gets it (text, structuredContent, _meta), as JSON."""
+    """A tool's whole result as a host gets it (text, _meta), as JSON."""
     result = client.portal.call(client.session.call_tool, tool, arguments)
     return result.model_dump(mode="json", by_alias=True, exclude_none=True)
 
@@ -121,7 +121,8 @@ def test_the_page_and_the_links_are_what_an_apps_host_reads_and_app_only_tools_s
     read = page.model_dump(mode="json", by_alias=True)
     assert read["mimeType"] == "text/html;profile=mcp-app" and read["text"] == JOB_VIEW_FILE.read_text()
     assert "http://" not in page.text.replace("http://www.w3.org", "") and "https://" not in page.text
-    facts = result["structuredContent"]
+    facts = result["_meta"]["viewFacts"]
+    assert result.get("structuredContent") is None  # a host that has it hands the model only that
     assert facts["job_id"] in result["content"][0]["text"] and facts["status"] == "ok"
     assert isinstance(result["_meta"]["viewToken"], str)
 
@@ -130,8 +131,8 @@ def test_an_answer_without_the_views_token_is_refused_and_the_question_still_wai
     with asking_bridge(bridge) as client:
         job_id = client.call("hermes_run", task="!ask=touch+asked.txt", wait_s=0).field("JOB_ID")
         question = wait_until(lambda: r if (r := raw_call(client, "hermes_view_job", job_id=job_id))[
-            "structuredContent"]["questions"] else None, 30, "the question")
-        approval_id = question["structuredContent"]["questions"][0]["id"]
+            "_meta"]["viewFacts"]["questions"] else None, 30, "the question")
+        approval_id = question["_meta"]["viewFacts"]["questions"][0]["id"]
         forged = client.call("hermes_view_answer", job_id=job_id, approval_id=approval_id, decision="allow",
                              token="made-up")
         reused = question["_meta"]["viewToken"]
@@ -162,7 +163,7 @@ def test_the_view_shows_the_question_and_a_click_reaches_hermes(bridge, browser,
         view.click(f".question button[data-decision={decision}]")
         view.wait_status("ok")
         context = view.page.evaluate("window.modelContext")
-    job_id = started["structuredContent"]["job_id"]
+    job_id = started["_meta"]["viewFacts"]["job_id"]
     assert "run `touch asked.txt` (dangerous)" in question and "Hermes denies this by itself at" in question
     assert [(d["decision"], d["by"]) for d in bridge.record(job_id).decisions] == [(decision, "the user (job view)")]
     assert (bridge.root / "asked.txt").exists() == (decision == "allow")
@@ -181,7 +182,7 @@ def test_a_running_job_shows_its_current_tool_and_cancel_stops_it_and_the_pollin
         polls = view.page.evaluate("window.calls").count("hermes_view_job")
         view.page.wait_for_timeout(5000)  # two and a half poll periods
         polls_after = view.page.evaluate("window.calls").count("hermes_view_job")
-    assert bridge.record(started["structuredContent"]["job_id"]).state is JobState.CANCELLED
+    assert bridge.record(started["_meta"]["viewFacts"]["job_id"]).state is JobState.CANCELLED
     assert polls >= 1 and polls_after == polls  # it polled while the job ran, and stopped once it was final
 
 
@@ -209,7 +210,7 @@ def test_without_tool_calls_from_the_host_the_buttons_are_disabled_and_the_view_
         arguments = {"task": "!ask=touch+asked.txt", "wait_s": 0}
         job_id = client.call("hermes_run", **arguments).field("JOB_ID")
         asking = wait_until(lambda: r if (r := raw_call(client, "hermes_status", job_id=job_id, wait_s=5))[
-            "structuredContent"]["questions"] else None, 30, "the question")
+            "_meta"]["viewFacts"]["questions"] else None, 30, "the question")
         view = View(browser, host_url, client, asking, arguments, server_tools=False)
         view.frame.locator(".question").wait_for(timeout=15000)
         buttons = view.frame.locator("button")
@@ -250,4 +251,4 @@ def test_a_click_on_allow_reaches_the_real_hermes_over_acp(bridge, browser, host
             view.click(".question button[data-decision=allow]")
             view.wait_status("ok", timeout=120)
     assert not (bridge.root / "build").exists()
-    assert bridge.record(started["structuredContent"]["job_id"]).decisions[0]["by"] == "the user (job view)"
+    assert bridge.record(started["_meta"]["viewFacts"]["job_id"]).decisions[0]["by"] == "the user (job view)"
