@@ -69,6 +69,7 @@ QUESTIONS_KEPT = 1000
 QUESTIONS_MAX_BYTES = 1 << 20
 DECISIONS_KEPT = 100
 LATE_ANSWERS_KEPT = 20
+REPOSITORY_NOTES_KEPT = 40  # what a worktree job changed in its shared repository, one note per path
 ANSWERS_MAX_BYTES = 1 << 20
 LATE_KEY = "late"  # the answers file's list of late answers, which the supervisor copies into the record
 # allow_for_job: this question, and the same command (the exact text) asked again in this job, are allowed
@@ -166,6 +167,10 @@ def is_worktree(value: Any) -> bool:
     return is_flat_dict(value) and is_text_fields(value, ("repo", "path", "branch", "base"))
 
 
+def is_repository_notes(value: Any) -> bool:
+    return is_text_list(value) and len(value) <= REPOSITORY_NOTES_KEPT
+
+
 def is_diff(value: Any) -> bool:
     return (is_flat_dict(value) and isinstance(value.get("patch"), str)
             and all(is_whole_number(value.get(n)) for n in ("files", "insertions", "deletions", "patch_bytes")))
@@ -253,6 +258,7 @@ class JobRecord:
     worktree: dict[str, Any] | None = checked(is_worktree)  # a worktree job's: repo, path, branch, base
     diff: dict[str, Any] | None = checked(is_diff)  # a worktree job's work against its base: counts and the patch file
     landed: dict[str, Any] | None = checked(is_landed)  # what hermes_land did with the work: action, how, at
+    repository: list[str] = checked(is_repository_notes, factory=list)  # what the job changed in its shared repository
 
     def add_decision(self, decision: dict[str, Any]) -> None:
         """A question decided: counted, and kept among the newest DECISIONS_KEPT."""
@@ -390,6 +396,10 @@ class JobStore:
         """A worktree job's whole change against its base, as a binary patch."""
         return self.root / f"{job_id}.patch"
 
+    def repository_snapshot_path(self, job_id: str) -> Path:
+        """A worktree job's shared repository as it was before Hermes started: config, hooks, refs."""
+        return self.root / f"{job_id}.repository"
+
     def worktree_path(self, job_id: str) -> Path:
         """Where a worktree job's worktree is made: in the jobs folder, outside every repository."""
         return self.root / "worktrees" / job_id
@@ -525,7 +535,8 @@ class JobStore:
         """The record goes last: a log still held open (Windows) leaves the job listed, to be pruned later,
         instead of a log without a record left behind for ever."""
         for path in (self.log_path(job_id), self.task_path(job_id), self.cancel_path(job_id),
-                     self.answers_path(job_id), self.patch_path(job_id), self.locks / f"{job_id}.lock",
+                     self.answers_path(job_id), self.patch_path(job_id), self.repository_snapshot_path(job_id),
+                     self.locks / f"{job_id}.lock",
                      self.record_path(job_id)):
             path.unlink(missing_ok=True)
 

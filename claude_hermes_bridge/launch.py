@@ -12,9 +12,11 @@ from typing import Any
 import psutil
 
 from .config import Config, audit
+from .git_calls import GitFailed, git
 from .jobs import JOB_ID_RE, JobRecord, JobState, JobStore, job_sort_key, observe
 from .preflight import PACKAGE_DIR, SERVER_DIR
 from .processes import JOB_MARKER, popen_kwargs, supervisor_creation_flags
+from .repo_guard import check_repository
 from .safe_io import (
     IS_WINDOWS,
     DamagedRecord,
@@ -30,7 +32,7 @@ from .safe_io import (
     write_atomic,
 )
 from .supervisor import disk_error
-from .worktrees import WORKTREE_BRANCH_PREFIX, GitFailed, git, remove_worktree, save_worktree_work, worktree_of
+from .worktrees import WORKTREE_BRANCH_PREFIX, is_own_folder, remove_worktree, save_worktree_work, worktree_of
 
 # The package's own entry, found from the folder that holds it (a clone, a bundle or site-packages), whatever
 # the interpreter's path: entry.console_main imports the supervisor's modules only, never the MCP stack.
@@ -227,14 +229,19 @@ def recover_worktrees(cfg: Config) -> int:
         if not worktree or "work" in worktree or view.running or running_process(record.hermes) is not None:
             continue
         try:
+            restored = check_repository(store, record, refs_too=True)
+            if restored:
+                audit(cfg, event="repository", job_id=job_id, changed=restored)
             save_worktree_work(store, record)
-            git(worktree["repo"], "worktree", "unlock", worktree["path"], check=False)
+            if is_own_folder(worktree):
+                git(worktree["repo"], "worktree", "unlock", worktree["path"], check=False)
         except (GitFailed, OSError) as exc:
             audit(cfg, event="worktree", job_id=job_id, problem=f"its work could not be saved: {exc}")
             continue
 
         def keep(stored: JobRecord, found: JobRecord = record) -> None:
             stored.worktree, stored.diff, stored.changes = found.worktree, found.diff, found.changes
+            stored.repository = found.repository
         store.update(job_id, keep, final_too=True)
         audit(cfg, event="worktree", job_id=job_id, saved=record.diff)
         saved += 1

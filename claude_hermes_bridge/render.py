@@ -254,7 +254,7 @@ def quoted_answer(answer: str, max_chars: int) -> list[str]:
 
 
 def worktree_lines(record: "JobRecord") -> list[str]:
-    """WORKTREE, DIFF, PATCH and LANDED lines of a worktree job."""
+    """WORKTREE, DIFF, PATCH, REPOSITORY and LANDED lines of a worktree job."""
     worktree = record.worktree
     if not worktree:
         return []
@@ -270,6 +270,8 @@ def worktree_lines(record: "JobRecord") -> list[str]:
                      f"-{int(diff['deletions'])} against the base (the job's commits and its uncommitted changes)")
         lines.append(f"PATCH: {shown(str(diff['patch']))} ({human_size(int(diff['patch_bytes']))}; read it with "
                      "hermes_read, page by page)")
+    if record.repository:
+        lines.append("REPOSITORY: " + " | ".join(shown(note, 1000) for note in record.repository))
     landed = record.landed
     if landed:
         lines.append(f"LANDED: {shown(str(landed['action']))}{clock_words(landed.get('at'))}: "

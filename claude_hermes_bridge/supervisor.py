@@ -16,6 +16,7 @@ import psutil
 
 from .config import Config, audit, load_config
 from .drivers import HermesRun, LaunchPlan, ProcessStarter, driver_of, plan_launch, usable_hermes
+from .git_calls import GitFailed
 from .hermes_cli import (
     FOLDER_MOVE_RE,
     MOVE_ANNOUNCEMENT_BYTES,
@@ -45,6 +46,7 @@ from .jobs import (
     validate_job_id,
 )
 from .processes import Ownership, StopReport, WindowsJob, become_subreaper, reap_orphans, stop_tree
+from .repo_guard import check_repository, guard_repository
 from .safe_io import (
     IS_WINDOWS,
     DamagedRecord,
@@ -60,7 +62,7 @@ from .safe_io import (
     shown,
     within_any,
 )
-from .worktrees import GitFailed, add_worktree, job_roots, save_worktree_work
+from .worktrees import add_worktree, job_roots, save_worktree_work
 
 # `server.py --supervise <id>`: one detached process per job that owns it from start to outcome.
 POLL_S = 0.2
@@ -390,6 +392,8 @@ class Supervisor:
             exe = usable_hermes(cfg)
             if record.worktree and not os.path.isdir(record.worktree["path"]):
                 self._make_worktree(record.worktree)
+            if record.worktree:
+                guard_repository(self.store, record)
             folder = self._confined_folder()
             if folder is None:
                 return Outcome(JobState.ERROR, None, f"the job's folder {shown(record.cwd)} no longer resolves to "
@@ -403,6 +407,10 @@ class Supervisor:
         except GitFailed as exc:
             return Outcome(JobState.ERROR, None, f"the job's worktree could not be made ({exc}); nothing was left "
                            "behind and Hermes was not started")
+        except OSError as exc:
+            return Outcome(JobState.ERROR, None, f"the job's repository could not be recorded before Hermes started "
+                           f"({exc.strerror or exc}), so what the job changes in it could not be put back; Hermes was "
+                           "not started")
 
     def _make_worktree(self, worktree: dict[str, Any]) -> None:
         """The job's worktree, made before Hermes starts (a fresh one on its branch, or a resumed job's again
@@ -411,6 +419,15 @@ class Supervisor:
             self.note(note)
         self.note(f"worktree {worktree['path']} on branch {worktree['branch']} at {worktree['base'][:12]}")
         self.save()
+
+    def _check_repository(self) -> None:
+        """The job's repository put back as it was before Hermes started, what the job changed reported and
+        audited: before the bridge's own git saves the work."""
+        notes = check_repository(self.store, self.record, refs_too=True)
+        for note in notes:
+            self.note(f"repository: {note}")
+        if notes:
+            audit(self.cfg, event="repository", job_id=self.job_id, changed=notes)
 
     def _start(self, plan: "LaunchPlan", run: HermesRun) -> subprocess.Popen[bytes]:
         """Start Hermes as planned, after the folder listing has begun, and record who it is."""
@@ -615,6 +632,7 @@ class Supervisor:
         record.late_answers = [*record.late_answers, *self.store.answers_file(self.job_id)[1]][-LATE_ANSWERS_KEPT:]
         try:
             if record.worktree:
+                self._check_repository()
                 save_worktree_work(self.store, record)
             else:
                 record.changes = self._changes()

@@ -16,6 +16,7 @@ import psutil
 
 from .config import ISOLATIONS, Config, audit, confine_cwd, confine_read
 from .drivers import plan_launch, usable_hermes
+from .git_calls import GitFailed, git, git_text
 from .hermes_acp import choose_driver
 from .hermes_cli import NAME_RE, HermesCli, probe_cli
 from .hermes_store import StoreUnavailable, same_folder, session_folder
@@ -37,6 +38,7 @@ from .jobs import (
 from .launch import JobRequest
 from .processes import Ownership, carries_marker, still_running, stop_tree, tree_of
 from .render import elapsed_s
+from .repo_guard import check_repository
 from .safe_io import (
     HIDING_RE,
     IS_WINDOWS,
@@ -60,9 +62,6 @@ from .supervisor import disk_error
 from .worktrees import (
     BRIDGE_IDENTITY,
     ISOLATION_BASES,
-    GitFailed,
-    git,
-    git_text,
     remove_worktree,
     repo_lock,
     repository_of,
@@ -512,19 +511,8 @@ def land_job(cfg: Config, job_id: Any, action: Any) -> tuple[JobView, str]:
         if record.landed["action"] != "keep":
             raise Refused(f"job {record.id}'s work was already {record.landed['action']}d"
                           f"{clock_words(record.landed.get('at'))} ({record.landed['how']}); nothing was changed")
-    if "work" not in worktree:  # its supervisor died before saving it
-        save_worktree_work(store, record)
-    if "work" not in worktree and action == "merge":
-        raise Refused(f"job {record.id}'s worktree {worktree['path']} is gone and its work was never saved: "
-                      "there is nothing to merge")
     try:
-        if action == "merge":
-            how = merge_work(store, record)
-        elif action == "discard":
-            how = discard_work(store, record)
-        else:
-            how = (f"left as it is; retention removes the worktree and its branch {cfg.retention_days:g} days after "
-                   "the job (the patch file goes with the job)")
+        how = land_work(cfg, store, record, action)
     except GitFailed as exc:
         raise Refused(f"git refused: {exc}; the main tree was left as it was") from None
     except LockTimeout:
@@ -534,6 +522,7 @@ def land_job(cfg: Config, job_id: Any, action: Any) -> tuple[JobView, str]:
     def note(stored: JobRecord) -> None:
         stored.landed = landed
         stored.worktree = worktree
+        stored.repository = record.repository
         stored.diff = stored.diff or record.diff
         stored.changes = stored.changes or record.changes
     updated = store.update(record.id, note, final_too=True)
@@ -541,12 +530,38 @@ def land_job(cfg: Config, job_id: Any, action: Any) -> tuple[JobView, str]:
     return observe(updated or store.read(record.id), store.root), how
 
 
+def land_work(cfg: Config, store: JobStore, record: JobRecord, action: str) -> str:
+    """The landing itself, after the repository is put back as the job found it (what a leftover of the job
+    changed since it ended is restored and kept in the record, even when the landing is then refused)."""
+    worktree = cast(dict[str, Any], record.worktree)
+    restored = check_repository(store, record, refs_too="work" not in worktree)
+    if restored:
+        audit(cfg, event="repository", job_id=record.id, changed=restored)
+
+        def keep(stored: JobRecord) -> None:
+            stored.repository = record.repository
+        store.update(record.id, keep, final_too=True)
+    if "work" not in worktree:  # its supervisor died before saving it
+        save_worktree_work(store, record)
+    if "work" not in worktree and action == "merge":
+        raise Refused(f"job {record.id}'s worktree {worktree['path']} is gone and its work was never saved: "
+                      "there is nothing to merge")
+    if action == "merge":
+        return merge_work(store, record)
+    if action == "discard":
+        return discard_work(store, record)
+    return (f"left as it is; retention removes the worktree and its branch {cfg.retention_days:g} days after "
+            "the job (the patch file goes with the job)")
+
+
 def merge_work(store: JobStore, record: JobRecord) -> str:
     """The job's work into the main tree, or Refused naming the conflicting paths with the tree untouched."""
     worktree = cast(dict[str, Any], record.worktree)
     top, work = worktree["repo"], worktree["work"]
+    main_tree = f"--work-tree={top}"  # never the core.worktree a job may have set
     with repo_lock(store, top):
-        clean = not git(top, "status", "--porcelain", "-z", "--untracked-files=all").stdout
+        clean = not git(top, main_tree, "status", "--porcelain", "-z", "--untracked-files=all",
+                        "--ignore-submodules=dirty").stdout
         branch = git(top, "symbolic-ref", "--quiet", "--short", "HEAD", check=False).stdout.decode().strip()
         on_base = clean and branch and branch == worktree.get("base_branch")
         ours = "HEAD" if on_base else tree_commit(top, "HEAD", store.locks / f"{record.id}.index",
@@ -562,19 +577,44 @@ def merge_work(store: JobStore, record: JobRecord) -> str:
                           f"{', '.join(shown(name, 200) for name in conflicts[:50])}. Nothing was changed; resolve "
                           f"it by hand from the patch ({record.diff['patch'] if record.diff else 'none'}) or resume "
                           "the job to rework it")
+        refuse_overwriting_untracked(top, ours, fields[0])
         if on_base:
-            git(top, "merge", "--no-edit", "-m", f"Merge {worktree['branch']} (claude-hermes-bridge job {record.id})",
-                work, env=BRIDGE_IDENTITY if not git_identity(top) else None)
+            git(top, main_tree, "merge", "--no-edit", "--no-stat", "--no-verify", "-m",
+                f"Merge {worktree['branch']} (claude-hermes-bridge job {record.id})", work,
+                env=BRIDGE_IDENTITY if not git_identity(top) else None)
             how = f"merged into {branch} ({git_text(top, 'rev-parse', '--short', 'HEAD')})"
         else:
-            patch = git(top, "diff", "--binary", "--no-color", "--no-ext-diff", ours, fields[0]).stdout
-            git(top, "apply", "--whitespace=nowarn", "-", given=patch)
+            patch = git(top, "diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", ours, fields[0]).stdout
+            git(top, main_tree, "apply", "--whitespace=nowarn", "-", given=patch)
             where = "had uncommitted changes" if not clean else f"was on {branch or 'a detached HEAD'}, not on " \
                 f"{worktree.get('base_branch') or 'the base'}"
             how = (f"applied three-way to the working tree of {top}, not committed (the main tree {where}); "
                    "review and commit it there")
     remove_worktree(store, worktree, branch_too=False, job_id=record.id)
     return how + f"; the worktree was removed, branch {worktree['branch']} stays until retention"
+
+
+def refuse_overwriting_untracked(top: str, ours: str, merged: str) -> None:
+    """Refused, naming them, when the landing would replace a file in the main tree that git does not track
+    (an ignored .env, a build cache): git's merge overwrites ignored files, and they are in no git object."""
+    listing = git(top, "diff", "--name-status", "-z", "--no-renames", "--no-textconv", ours, merged).stdout
+    fields = listing.decode("utf-8", "surrogateescape").split("\0")
+    statuses = dict(zip(fields[1::2], fields[0::2], strict=False))
+    removed = {name for name, status in statuses.items() if status == "D"}
+    at_risk = []
+    for name, status in statuses.items():
+        if status != "A":
+            continue
+        parents = [name.rsplit("/", depth)[0] for depth in range(name.count("/"), 0, -1)]
+        blocking = [parent for parent in parents if parent not in removed and (
+            os.path.islink(os.path.join(top, parent)) or os.path.isfile(os.path.join(top, parent)))]
+        if os.path.lexists(os.path.join(top, name)) or blocking:
+            at_risk.append(blocking[0] if blocking else name)
+    if at_risk:
+        names = sorted(set(at_risk))
+        raise Refused(f"landing would overwrite {plural(len(names), 'file')} in {shown(top)} that git does not track "
+                      f"(ignored or untracked, so in no commit): {', '.join(shown(n, 200) for n in names[:50])}. "
+                      "Nothing was changed; move them aside and land again, or resume the job to rework it")
 
 
 def git_identity(top: str) -> bool:

@@ -1,11 +1,13 @@
 """[both] A worktree job's repository, its worktree made and removed, its work saved as a commit and a patch."""
 import dataclasses
 import os
-import subprocess
+import re
+import shutil
 from pathlib import Path
 from typing import Any, cast
 
 from .config import Config
+from .git_calls import GIT_CHECKOUT_TIMEOUT_S, GitFailed, git, git_text
 from .jobs import CHANGED_LINES, JOB_ID_RE, JobRecord, JobStore
 from .safe_io import Refused, locked, shown
 
@@ -13,52 +15,16 @@ from .safe_io import Refused, locked, shown
 # own --worktree is unfit: DESIGN.md section 13), in the jobs folder: outside the repository, so the main
 # tree's `git status`, `git clean` and `grep -r` never see it, and readable by hermes_read like a job's log.
 # The job's work (its commits and what it left uncommitted) is kept as one commit under
-# refs/hermes-bridge/<id> and as a binary patch beside the record; hermes_land merges or discards it.
+# refs/hermes-bridge-work/<id> (a namespace no short name of the branch hermes-bridge/<id> resolves to) and as
+# a binary patch beside the record; hermes_land merges or discards it.
 WORKTREE_BRANCH_PREFIX = "hermes-bridge/"
-WORKTREE_REF_PREFIX = "refs/hermes-bridge/"
+WORKTREE_REF_PREFIX = "refs/hermes-bridge-work/"
+LEGACY_REF_PREFIX = "refs/hermes-bridge/"  # where older jobs kept it; removed with them
+BRANCH_SUFFIXES = 20  # a job's branch name taken (planted by another job): hermes-bridge/<id>-2, -3, ...
 ISOLATION_BASES = ("head", "working-tree")
-GIT_TIMEOUT_S = 60.0  # one git command; a worktree's checkout and its submodules get GIT_CHECKOUT_TIMEOUT_S
-GIT_CHECKOUT_TIMEOUT_S = 600.0
 REPO_LOCK_S = 30.0
 BRIDGE_IDENTITY = {"GIT_AUTHOR_NAME": "claude-hermes-bridge", "GIT_AUTHOR_EMAIL": "hermes-bridge@localhost",
                    "GIT_COMMITTER_NAME": "claude-hermes-bridge", "GIT_COMMITTER_EMAIL": "hermes-bridge@localhost"}
-
-
-class GitFailed(Exception):
-    """A git command that failed, in words: the command and the last line git printed."""
-
-
-def git(folder: str, *args: str, env: dict[str, str] | None = None, timeout_s: float = GIT_TIMEOUT_S,
-        stdout: Any = None, check: bool = True, given: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    """git in folder, with nothing of the caller's git environment, no hooks and no fsmonitor (a repository's
-    config could name a program for either, and the bridge's own git calls run no program of the job's),
-    no prompt, and messages in English. stdout: a file to stream into (a patch can be large); given: its
-    input."""
-    import shutil
-
-    exe = shutil.which("git")
-    if exe is None:
-        raise GitFailed("git is not installed or not on PATH")
-    environment = {key: value for key, value in os.environ.items() if not key.startswith("GIT_")}
-    environment.update(GIT_TERMINAL_PROMPT="0", LC_ALL="C", LANGUAGE="C", **(env or {}))
-    argv = [exe, "-c", f"core.hooksPath={os.devnull}", "-c", "core.fsmonitor=false", "-C", folder, *args]
-    try:
-        done = subprocess.run(argv, input=given, stdin=None if given is not None else subprocess.DEVNULL,
-                              stdout=stdout or subprocess.PIPE, stderr=subprocess.PIPE, env=environment,
-                              timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        raise GitFailed(f"git {args[0]} took more than {timeout_s:g} s") from None
-    except OSError as exc:
-        raise GitFailed(f"git could not run: {exc.strerror or exc}") from None
-    if check and done.returncode != 0:
-        said = [line for line in done.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
-        last = said[-1] if said else f"exit {done.returncode}"
-        raise GitFailed(f"git {' '.join(args[:2])} failed: {shown(last, 300)}")
-    return done
-
-
-def git_text(folder: str, *args: str, env: dict[str, str] | None = None) -> str:
-    return git(folder, *args, env=env).stdout.decode("utf-8", "replace").strip()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,9 +68,15 @@ def worktree_of(store: "JobStore", record: "JobRecord") -> dict[str, Any] | None
     owner = worktree.get("job", record.id)
     if not isinstance(owner, str) or not JOB_ID_RE.fullmatch(owner):
         return None
-    if worktree["path"] != str(store.worktree_path(owner)) or worktree["branch"] != WORKTREE_BRANCH_PREFIX + owner:
+    if worktree["path"] != str(store.worktree_path(owner)) or not is_branch_of(worktree["branch"], owner):
         return None
     return worktree
+
+
+def is_branch_of(branch: str, job_id: str) -> bool:
+    """Whether branch is a name the bridge gives job_id's worktree: hermes-bridge/<id>, or with a suffix when
+    that name was taken."""
+    return re.fullmatch(re.escape(WORKTREE_BRANCH_PREFIX + job_id) + r"(-[0-9]{1,2})?", branch) is not None
 
 
 def job_roots(cfg: Config, record: "JobRecord") -> list[str]:
@@ -148,16 +120,23 @@ def add_worktree(store: "JobStore", job_id: str, worktree: dict[str, Any]) -> li
     """Make the job's worktree (recorded in worktree: repo, path, branch, base; admin is set here): on a new
     branch at base, or from its branch when a resume finds it removed; locked with the job's id as the reason.
     A failed add leaves no branch behind. Returns notes for the log (submodules)."""
-    top, path, branch = worktree["repo"], worktree["path"], worktree["branch"]
+    top, path = worktree["repo"], worktree["path"]
     reason = f"claude-hermes-bridge job {job_id}"
     fresh = "admin" not in worktree  # else a resumed job's worktree, made again from its branch
     notes = []
     with repo_lock(store, top):
-        def branch_exists() -> bool:
-            return git(top, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False).returncode == 0
-        existed = branch_exists()
-        if fresh and existed:
-            raise GitFailed(f"the repository already has a branch {branch} (another bridge's job of the same id?)")
+        def branch_exists(name: str) -> bool:
+            return git(top, "rev-parse", "--verify", "--quiet", f"refs/heads/{name}", check=False).returncode == 0
+        if fresh and branch_exists(worktree["branch"]):
+            taken = worktree["branch"]
+            free = [f"{taken}-{n}" for n in range(2, BRANCH_SUFFIXES + 1) if not branch_exists(f"{taken}-{n}")]
+            if not free:
+                raise GitFailed(f"the repository already has branches {taken} and {taken}-2 to -{BRANCH_SUFFIXES}")
+            worktree["branch"] = free[0]
+            notes.append(f"the branch {taken} already existed (not made by this job), so the job's branch is "
+                         f"{free[0]}")
+        branch = worktree["branch"]
+        existed = branch_exists(branch)
         if fresh and worktree.get("from") == "working-tree":
             worktree["base"] = tree_commit(top, worktree["head"], store.locks / f"{job_id}.index",
                                            f"claude-hermes-bridge: the working tree as job {job_id} started")
@@ -166,10 +145,11 @@ def add_worktree(store: "JobStore", job_id: str, worktree: dict[str, Any]) -> li
             where = ["-b", branch, path, worktree["base"]] if fresh else [path, branch]
             git(top, "worktree", "add", "--lock", "--reason", reason, *where, timeout_s=GIT_CHECKOUT_TIMEOUT_S)
         except GitFailed:
-            if not existed and branch_exists():  # git makes the branch first, and leaves it when the add fails
+            if not existed and branch_exists(branch):  # git makes the branch first, and leaves it when the add fails
                 git(top, "branch", "-D", branch, check=False)
             raise
         worktree["admin"] = os.path.realpath(os.path.join(path, git_text(path, "rev-parse", "--git-dir")))
+        worktree["identity"] = folder_identity(path)
     if worktree.get("submodules") == "present":
         try:
             git(path, "submodule", "update", "--init", "--recursive", timeout_s=GIT_CHECKOUT_TIMEOUT_S)
@@ -198,10 +178,10 @@ def save_worktree_work(store: "JobStore", record: "JobRecord") -> None:
     partial = patch.with_name(patch.name + ".partial")
     partial.unlink(missing_ok=True)
     with open(partial, "xb") as handle:
-        git(top, "diff", "--binary", "--no-color", "--no-ext-diff", base, work, stdout=handle)
+        git(top, "diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", base, work, stdout=handle)
     os.replace(partial, patch)
     files = insertions = deletions = 0
-    for line in git(top, "diff", "--numstat", "-z", "--no-renames", base, work).stdout.split(b"\0"):
+    for line in git(top, "diff", "--numstat", "-z", "--no-renames", "--no-textconv", base, work).stdout.split(b"\0"):
         fields = line.split(b"\t", 2)
         if len(fields) == 3:
             files += 1
@@ -215,7 +195,8 @@ def save_worktree_work(store: "JobStore", record: "JobRecord") -> None:
 
 def worktree_changes(top: str, base: str, work: str) -> dict[str, Any]:
     """CHANGED_FILES of a worktree job: what its work changed against the base, as git sees it."""
-    names = git(top, "diff", "--name-status", "-z", "--no-renames", base, work).stdout.decode("utf-8", "replace")
+    listing = git(top, "diff", "--name-status", "-z", "--no-renames", "--no-textconv", base, work).stdout
+    names = listing.decode("utf-8", "replace")
     fields = names.split("\0")
     pairs = list(zip(fields[0::2], fields[1::2], strict=False))  # the list ends with an empty field
     kinds = {"A": "+", "M": "~", "T": "~", "D": "-"}
@@ -226,14 +207,59 @@ def worktree_changes(top: str, base: str, work: str) -> dict[str, Any]:
             "more": max(0, len(lines) - CHANGED_LINES)}
 
 
+def folder_identity(path: str) -> str:
+    """The folder itself (device and inode; the file index on Windows), whatever name points at it later."""
+    status = os.lstat(path)
+    return f"{status.st_dev}:{status.st_ino}"
+
+
+def is_own_folder(worktree: dict[str, Any]) -> bool:
+    """Whether the worktree's path is still the real folder the bridge made (no symlink at it, the same device
+    and inode), so removing it can only remove the bridge's own worktree."""
+    path = worktree["path"]
+    try:
+        status = os.lstat(path)
+    except OSError:
+        return False
+    if not os.path.isdir(path) or os.path.islink(path):
+        return False
+    identity = worktree.get("identity")
+    return identity is None or identity == f"{status.st_dev}:{status.st_ino}"
+
+
+def own_admin_folder(top: str, worktree: dict[str, Any]) -> str | None:
+    """The worktree's administrative folder in the repository, when it is provably the one made for this path:
+    directly in the repository's worktrees/ folder and naming this path as its own."""
+    admin = worktree.get("admin")
+    if not isinstance(admin, str):
+        return None
+    common = os.path.realpath(os.path.join(top, git_text(top, "rev-parse", "--git-common-dir")))
+    if os.path.dirname(admin) != os.path.join(common, "worktrees") or os.path.islink(admin) or not os.path.isdir(admin):
+        return None
+    try:
+        named = Path(admin, "gitdir").read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    path = worktree["path"]
+    expected = {os.path.normpath(path), os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))}
+    return admin if os.path.normpath(os.path.dirname(named)) in expected else None
+
+
 def remove_worktree(store: "JobStore", worktree: dict[str, Any], branch_too: bool, job_id: str) -> None:
-    """The worktree gone (locked or not, with what it held: its work is kept under the job's ref and in the
-    patch); with branch_too, its branch and the job's ref as well."""
-    top = worktree["repo"]
+    """The worktree gone (with what it held: its work is kept under the job's ref and in the patch); with
+    branch_too, its branch and the job's ref as well. Only what is provably the bridge's own is removed: a
+    symlink put at the worktree's path is unlinked, never followed, and the admin folder goes only when it
+    names this path (git worktree remove would act on whatever the path and the admin entries now say)."""
+    top, path = worktree["repo"], worktree["path"]
     with repo_lock(store, top):
-        if os.path.isdir(worktree["path"]):
-            git(top, "worktree", "remove", "--force", "--force", worktree["path"], timeout_s=GIT_CHECKOUT_TIMEOUT_S)
-        git(top, "worktree", "prune", check=False)
+        admin = own_admin_folder(top, worktree)
+        if os.path.islink(path):
+            os.unlink(path)
+        elif is_own_folder(worktree):
+            shutil.rmtree(path)
+        if admin is not None:
+            shutil.rmtree(admin)
         if branch_too:
             git(top, "branch", "-D", worktree["branch"], check=False)
-            git(top, "update-ref", "-d", f"{WORKTREE_REF_PREFIX}{job_id}", check=False)
+            for prefix in (WORKTREE_REF_PREFIX, LEGACY_REF_PREFIX):
+                git(top, "update-ref", "-d", f"{prefix}{job_id}", check=False)

@@ -1,0 +1,244 @@
+"""[both] A worktree job's shared repository kept as the user had it: its config, hooks and refs recorded
+before Hermes starts, then any change put back (config, hooks) or named (refs), and reported."""
+import base64
+import json
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+from .git_calls import GitFailed, git, git_text
+from .jobs import JOB_ID_RE, REPOSITORY_NOTES_KEPT, JobRecord, JobStore
+from .safe_io import read_capped, shown, write_atomic
+from .worktrees import LEGACY_REF_PREFIX, WORKTREE_BRANCH_PREFIX, WORKTREE_REF_PREFIX
+
+# A worktree shares its repository's common folder with the main tree: what a job writes there reaches the
+# user's next git command (a hook, core.hooksPath, core.fsmonitor, filter and merge drivers, an include).
+GUARDED_FILES = ("config", "config.worktree", "info/attributes")
+GUARDED_FOLDER = "hooks"
+INCLUDE_KEYS = ("include.path",)  # and includeif.<condition>.path
+GUARDED_FILE_BYTES = 1 << 20  # a larger file is compared by its size and time, and not put back
+GUARDED_ENTRIES = 500  # files kept from the hooks folder and includes, all told
+REFS_KEPT = 20000
+CHANGES_NAMED = 12
+
+
+def read_entry(path: str) -> dict[str, Any] | None:
+    """One guarded path as it is now: a regular file (its content, or only its size and time when too large),
+    a symlink (its target), another kind (named), or None when absent. Read without following a symlink."""
+    try:
+        status = os.lstat(path)
+    except OSError:
+        return None
+    if stat.S_ISLNK(status.st_mode):
+        return {"kind": "link", "target": os.readlink(path)}
+    if not stat.S_ISREG(status.st_mode):
+        return {"kind": "folder" if stat.S_ISDIR(status.st_mode) else "other"}
+    mode = stat.S_IMODE(status.st_mode)
+    if status.st_size > GUARDED_FILE_BYTES:
+        return {"kind": "file", "mode": mode, "size": status.st_size, "mtime": status.st_mtime_ns}
+    try:
+        data = read_capped(path, GUARDED_FILE_BYTES)
+    except (OSError, ValueError):
+        return {"kind": "other"}
+    return {"kind": "file", "mode": mode, "data": base64.b64encode(data).decode()}
+
+
+def config_entries(path: str) -> list[str]:
+    """A config file's settings as name=value lines (git reads it; reading config runs nothing)."""
+    if not os.path.isfile(path):
+        return []
+    done = git(os.path.dirname(path), "config", "--file", path, "--no-includes", "--list", "-z", check=False)
+    return sorted(entry.replace("\n", "=", 1) for entry in done.stdout.decode("utf-8", "replace").split("\0") if entry)
+
+
+def includes_of(path: str, entries: list[str]) -> list[str]:
+    """The files a config file includes, resolved as git resolves them (~ expanded, relative to the file)."""
+    found = []
+    for entry in entries:
+        name, _, value = entry.partition("=")
+        if (name in INCLUDE_KEYS or (name.startswith("includeif.") and name.endswith(".path"))) and value:
+            target = os.path.expanduser(value)
+            found.append(os.path.normpath(os.path.join(os.path.dirname(path), target)))
+    return found
+
+
+def guarded_paths(common: str, configs: dict[str, list[str]]) -> list[str]:
+    """Every path kept: the guarded files, whatever is in the hooks folder, and the includes the configs name
+    (configs: none when looking for what a job added, as an include it added may name any file of the user's)."""
+    paths = [os.path.join(common, name) for name in GUARDED_FILES]
+    hooks = os.path.join(common, GUARDED_FOLDER)
+    paths.append(hooks)
+    if os.path.isdir(hooks) and not os.path.islink(hooks):
+        for folder, subfolders, files in os.walk(hooks):
+            paths += [os.path.join(folder, name) for name in sorted(files + subfolders)]
+    for config, entries in configs.items():
+        paths += includes_of(config, entries)
+    return list(dict.fromkeys(paths))[:GUARDED_ENTRIES]
+
+
+def common_folder(top: str) -> str:
+    return os.path.realpath(os.path.join(top, git_text(top, "rev-parse", "--git-common-dir")))
+
+
+def list_refs(top: str) -> dict[str, str]:
+    listing = git(top, "for-each-ref", "--format=%(objectname) %(refname)").stdout.decode("utf-8", "replace")
+    pairs = (line.split(" ", 1) for line in listing.splitlines()[:REFS_KEPT])
+    return {name: target for target, name in pairs}
+
+
+def take_snapshot(top: str) -> dict[str, Any]:
+    """The repository's guarded files and refs as they are now, as JSON-ready data."""
+    common = common_folder(top)
+    configs = {path: config_entries(path) for path in (os.path.join(common, "config"),
+                                                        os.path.join(common, "config.worktree"))}
+    return {"common": common, "files": {path: read_entry(path) for path in guarded_paths(common, configs)},
+            "configs": configs, "refs": list_refs(top)}
+
+
+def save_snapshot(path: Path, snapshot: dict[str, Any]) -> None:
+    write_atomic(path, json.dumps(snapshot).encode())
+
+
+def load_snapshot(path: Path) -> dict[str, Any] | None:
+    """A snapshot this bridge saved, or None when there is none (a job can write the jobs folder: a snapshot
+    of the wrong shape is none)."""
+    try:
+        found = json.loads(read_capped(path, 64 << 20))
+    except (OSError, ValueError):
+        return None
+    valid = (isinstance(found, dict) and isinstance(found.get("common"), str) and isinstance(found.get("files"), dict)
+             and isinstance(found.get("configs"), dict) and isinstance(found.get("refs"), dict))
+    return found if valid else None
+
+
+def put_back(path: str, entry: dict[str, Any] | None) -> bool:
+    """The path as the snapshot had it; False when it cannot be (a large file: only its size was kept)."""
+    current = read_entry(path)
+    if entry is not None and entry.get("kind") == "file" and "data" not in entry:
+        return False
+    if current is not None:
+        if current.get("kind") == "folder":
+            import shutil
+
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    if entry is None:
+        return True
+    if entry.get("kind") == "folder":
+        os.makedirs(path, exist_ok=True)
+    elif entry.get("kind") == "link":
+        os.symlink(str(entry["target"]), path)
+    elif entry.get("kind") == "file":
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_atomic(Path(path), base64.b64decode(entry["data"]))
+        os.chmod(path, int(entry.get("mode", 0o644)))
+    return True
+
+
+def changed_settings(before: list[str], after: list[str]) -> list[str]:
+    """The settings that differ, by name (a driver's or a section's as name.*): core.hooksPath, filter.pwn.*."""
+    names = set()
+    for entry in set(before) ^ set(after):
+        name = entry.partition("=")[0]
+        section, _, rest = name.partition(".")
+        names.add(f"{section}.{rest.rpartition('.')[0]}.*" if "." in rest else name)
+    return sorted(names)
+
+
+def restore_repository(top: str, snapshot: dict[str, Any]) -> list[str]:
+    """Every guarded path the job changed put back as the snapshot had it; the changes in words, one per
+    path (empty when nothing changed)."""
+    common = snapshot["common"]
+    files: dict[str, Any] = snapshot["files"]
+    now_configs = {path: config_entries(path) for path in snapshot["configs"]}
+    paths = list(dict.fromkeys([*files, *guarded_paths(common, {})]))
+    said = []
+    for path in sorted(paths, key=lambda name: (name.count(os.sep), name)):  # a folder before what it holds
+        before, after = files.get(path), read_entry(path)
+        if before == after:
+            continue
+        try:
+            restored = put_back(path, before)
+        except OSError as exc:
+            restored = False
+            said.append(f"{where(path, top)} could not be put back ({exc.strerror or exc})")
+            continue
+        settings = changed_settings(snapshot["configs"].get(path, []), now_configs.get(path, []))
+        what = f" ({', '.join(settings[:CHANGES_NAMED])}{', ...' if len(settings) > CHANGES_NAMED else ''})" \
+            if settings else ""
+        verb = "created" if before is None else "removed" if after is None else "changed"
+        said.append(f"the job {verb} {where(path, top)}{what}; "
+                    + ("restored" if restored else "NOT restored (too large to have been kept)"))
+    return said
+
+
+def where(path: str, top: str) -> str:
+    """A path as the user knows it: relative to the main tree when inside it (.git/config), else whole."""
+    relative = os.path.relpath(path, top) if os.path.splitdrive(path)[0] == os.path.splitdrive(top)[0] else path
+    return shown(relative if not relative.startswith("..") else path, 200)
+
+
+def changed_refs(top: str, snapshot: dict[str, Any], expected: Callable[[str], bool]) -> str | None:
+    """Refs created, moved or deleted since the snapshot, except those expected (the job's own branch and saved
+    work, other jobs' of this bridge), in words; None when none. They are named, not put back: the user may
+    have made them meanwhile."""
+    try:
+        now = list_refs(top)
+    except GitFailed as exc:
+        return f"the refs could not be compared ({exc})"
+    before: dict[str, str] = snapshot["refs"]
+    kinds = {"created": [name for name in now if name not in before],
+             "moved": [name for name in now if name in before and now[name] != before[name]],
+             "deleted": [name for name in before if name not in now]}
+    parts = []
+    for kind, names in kinds.items():
+        unexpected = sorted(name for name in names if not expected(name))
+        if unexpected:
+            parts.append(f"{kind} {', '.join(shown(name, 200) for name in unexpected[:CHANGES_NAMED])}"
+                         + (f" and {len(unexpected) - CHANGES_NAMED} more" if len(unexpected) > CHANGES_NAMED else ""))
+    if not parts:
+        return None
+    return ("refs outside the job's own branch changed while it ran (by the job, or by someone else meanwhile; "
+            f"not undone): {'; '.join(parts)}")
+
+
+def bridge_ref_owner(refname: str) -> str | None:
+    """The job id a ref of the bridge's own names (its branch, its saved work), or None for any other ref."""
+    for prefix in (f"refs/heads/{WORKTREE_BRANCH_PREFIX}", WORKTREE_REF_PREFIX, LEGACY_REF_PREFIX):
+        if refname.startswith(prefix):
+            name = refname[len(prefix):]
+            job_id = name.rpartition("-")[0] if "-" in name and not JOB_ID_RE.fullmatch(name) else name
+            return job_id if JOB_ID_RE.fullmatch(job_id) else None
+    return None
+
+
+def guard_repository(store: JobStore, record: JobRecord) -> None:
+    """Before Hermes starts: the worktree job's repository as it is, kept beside the record."""
+    top = cast(dict[str, Any], record.worktree)["repo"]
+    save_snapshot(store.repository_snapshot_path(record.id), take_snapshot(top))
+
+
+def check_repository(store: JobStore, record: JobRecord, refs_too: bool) -> list[str]:
+    """What the job changed in its repository since guard_repository, put back where it can be, added to the
+    record's REPOSITORY notes and returned (new notes only). refs_too: when the job has just ended; the
+    repository as it is then becomes what a landing compares with (at a landing, refs are not compared: the
+    user's own work since then moves them)."""
+    snapshot = load_snapshot(store.repository_snapshot_path(record.id))
+    worktree = record.worktree
+    if snapshot is None or not worktree:
+        return []
+    top = worktree["repo"]
+    notes = restore_repository(top, snapshot)
+    if refs_too:
+        def expected(refname: str) -> bool:
+            owner = bridge_ref_owner(refname)
+            return owner is not None and (owner in (record.id, worktree.get("job"))
+                                          or store.record_path(owner).is_file())
+        refs = changed_refs(top, snapshot, expected)
+        notes += [refs] if refs else []
+        save_snapshot(store.repository_snapshot_path(record.id), take_snapshot(top))  # what a landing compares with
+    record.repository = [*record.repository, *notes][-REPOSITORY_NOTES_KEPT:]
+    return notes
