@@ -251,7 +251,7 @@ class Agent:
 
 def file_work(todo: dict[str, str], folder: str) -> None:
     """What both forms do to files, in folder: !write=REL:TEXT (\\n in TEXT for a line break: directives are
-    words), !delete=REL, !commit=MSG (git add -A and commit, as Hermes' shell would), !uncommitted=REL:TEXT
+    words), !delete=REL, !shell=SCRIPT (sh SCRIPT), !commit=MSG (git add -A and commit, as Hermes' shell would), !uncommitted=REL:TEXT
     (written after that commit)."""
     def write(value: str) -> None:
         rel, _, content = value.partition(":")
@@ -261,11 +261,14 @@ def file_work(todo: dict[str, str], folder: str) -> None:
         write(todo["write"])
     if "delete" in todo:
         os.remove(os.path.join(folder, todo["delete"]))
+    shell = {**os.environ, "FAKE_JOB_SHELL": "1"}  # what the job's shell runs, told apart by tests' planted programs
+    if "shell" in todo:  # a script of the test's, run by the job's shell in its folder (and with its rights)
+        subprocess.run(["sh", todo["shell"]], cwd=folder, check=True, env=shell)
     if "commit" in todo:
         identity = {"GIT_AUTHOR_NAME": "hermes", "GIT_AUTHOR_EMAIL": "hermes@test", "GIT_COMMITTER_NAME": "hermes",
                     "GIT_COMMITTER_EMAIL": "hermes@test"}
         for command in (["git", "add", "-A"], ["git", "commit", "-q", "-m", todo["commit"] or "hermes' work"]):
-            subprocess.run(command, cwd=folder, check=True, env={**os.environ, **identity})
+            subprocess.run(command, cwd=folder, check=True, env={**shell, **identity})
     if "uncommitted" in todo:
         write(todo["uncommitted"])
 
