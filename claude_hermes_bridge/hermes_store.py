@@ -19,6 +19,9 @@ class StoreUnavailable(Exception):
     """Hermes' session store could not answer: missing, locked, another schema, or no such session."""
 
 
+SPEND_CANDIDATES = 50  # sessions a job's spend can be charged with when its own is not told apart
+
+
 def session_store_path(cfg: Config) -> Path:
     return cfg.hermes_home_path / "state.db"
 
@@ -129,10 +132,16 @@ def session_started_in(cfg: Config, folder: str, since: float) -> tuple[str | No
         return None, str(exc)
 
 
+def sessions_started_in(db: Any, folder: str, since: float) -> list[str]:
+    """Every session recorded in folder that started at or after since (a second of slack), oldest first."""
+    rows = db.execute("SELECT id, cwd FROM sessions WHERE started_at >= ? ORDER BY started_at LIMIT 1000",
+                      (since - 1,)).fetchall()
+    return [sid for sid, cwd in rows if isinstance(cwd, str) and same_folder(cwd, folder)
+            and isinstance(sid, str) and SESSION_NAME_RE.fullmatch(sid)]
+
+
 def matched_session(db: Any, folder: str, since: float) -> tuple[str | None, str]:
-    rows = db.execute("SELECT id, cwd FROM sessions WHERE started_at >= ? ORDER BY started_at", (since - 1,)).fetchall()
-    ids = [sid for sid, cwd in rows if isinstance(cwd, str) and same_folder(cwd, folder)
-           and isinstance(sid, str) and SESSION_NAME_RE.fullmatch(sid)]
+    ids = sessions_started_in(db, folder, since)
     if len(ids) == 1:
         return ids[0], "found in the session store"
     return None, (f"{len(ids)} sessions in the store started in {folder} during the job" if ids
@@ -244,6 +253,25 @@ def session_spend(db: Any, session_id: str) -> dict[str, Any] | None:
         if isinstance(model, str) and "model" not in spend:
             spend["model"] = model[:100]
     return spend
+
+
+def sessions_spend(db: Any, session_ids: list[str]) -> dict[str, Any] | None:
+    """What the sessions spent together (session_spend of each, summed): a job whose own session cannot be told
+    apart from others started in its folder meanwhile is charged for all of them, never for none."""
+    total: dict[str, Any] | None = None
+    for session_id in session_ids[:SPEND_CANDIDATES]:
+        spend = session_spend(db, session_id)
+        if spend is None:
+            continue
+        if total is None:
+            total = spend
+            continue
+        for key in ("api_calls", "tokens_in", "tokens_out", "cost_usd"):
+            total[key] += spend[key]
+        total["priced"] = min(total["priced"], spend["priced"])
+    if total is not None and len(session_ids) > 1:
+        total["sessions"] = len(session_ids)
+    return total
 
 
 def call_parts(call: Any) -> tuple[str, Any]:

@@ -218,6 +218,12 @@ def spend_line(record: JobRecord) -> list[str]:
         parts.append(f"cost not priced by Hermes ({shown(spend.get('model') or 'its model', 100)})"
                      + ("; max_cost_usd cannot be enforced, the token and turn caps still hold"
                         if record.max_cost_usd else ""))
+    if spend.get("sessions"):
+        parts.append(f"counted over {int(spend['sessions'])} sessions started in the job's folder during it (its own "
+                     "could not be told apart, so the budget holds for them all)")
+    if spend.get("lowered"):
+        parts.append("Hermes' store counted less at a later reading (its records were changed): the highest "
+                     "reading is kept")
     return ["SPEND: " + "; ".join(parts)]
 
 

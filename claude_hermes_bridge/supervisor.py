@@ -27,10 +27,11 @@ from .hermes_cli import (
 )
 from .hermes_store import (
     StoreUnavailable,
-    matched_session,
     read_store,
     session_spend,
     session_store_path,
+    sessions_spend,
+    sessions_started_in,
     store_fingerprint,
 )
 from .jobs import (
@@ -199,6 +200,22 @@ class BoundedLog:
                     proc.resume()
 
 
+SPEND_COUNTERS = ("api_calls", "tokens_in", "tokens_out", "cost_usd")
+
+
+def never_lower(found: dict[str, Any], before: dict[str, Any] | None) -> dict[str, Any]:
+    """The spend as read, except that no counter goes below an earlier reading: a job can write Hermes' store,
+    and a budget must not reopen because its counters went down (said in the record, as `lowered`)."""
+    if not before:
+        return found
+    lowered = [key for key in SPEND_COUNTERS if is_number(before.get(key)) and found[key] < before[key]]
+    for key in lowered:
+        found[key] = before[key]
+    if lowered or before.get("lowered"):
+        found["lowered"] = 1
+    return found
+
+
 class SpendWatch:
     """A job's spend, read from Hermes' store, against its budgets (tokens, cost, and max_turns where the
     driver's Hermes does not stop at it by itself). While the job runs it is read every SPEND_EVERY_S at most,
@@ -236,23 +253,24 @@ class SpendWatch:
                    or session_id_from_log(self.store.log_path(record.id)))
         started = record.started_at
         try:
-            if not session and record.cwd and started is not None:
-                session, _ = read_store(self.cfg, lambda db: matched_session(db, cast(str, record.cwd), started))
-            if not session:
+            sessions = [session] if session else []
+            if not sessions and record.cwd and started is not None:  # looked for at every read, never latched:
+                # a session started meanwhile by another job in the folder would otherwise be taken for this one
+                sessions = read_store(self.cfg, lambda db: sessions_started_in(db, cast(str, record.cwd), started))
+            if not sessions:
                 return None
-            named: str = session
-            found = read_store(self.cfg, lambda db: session_spend(db, named))
-            self.session = named  # found once, a CLI job's session is not looked for again
+            found = read_store(self.cfg, lambda db: sessions_spend(db, sessions))
+            self.session = session  # a session id Hermes named is not looked for again
             self.fingerprint = fingerprint
         except StoreUnavailable:
             return None
         if found is None:
             return None
         base = record.spend_base or {}
-        for key in ("api_calls", "tokens_in", "tokens_out", "cost_usd"):
+        for key in SPEND_COUNTERS:
             found[key] = max(0, found[key] - base.get(key, 0))
-        record.spend = found
-        return found
+        record.spend = never_lower(found, record.spend)
+        return record.spend
 
     def passed(self, stop_at_turns: bool, fresh: bool) -> tuple[JobState, str] | None:
         """The budget this job has passed, read from Hermes' store, or None."""
@@ -435,7 +453,7 @@ class Supervisor:
         if not record.worktree:  # a worktree job's changes are git's to tell
             self._start_snapshot(plan.folder)
         record.argv = plan.shown_argv
-        if record.session_requested and self.spend.watching:  # a resumed session's earlier spend is not this job's
+        if record.session_requested:  # a resumed session's earlier spend is not this job's, budgeted or not
             with contextlib.suppress(StoreUnavailable):
                 base = read_store(cfg, lambda db: session_spend(db, cast(str, record.session_requested)))
                 record.spend_base = {key: value for key, value in (base or {}).items() if is_number(value)}

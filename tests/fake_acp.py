@@ -251,8 +251,8 @@ class Agent:
 
 def file_work(todo: dict[str, str], folder: str) -> None:
     """What both forms do to files, in folder: !write=REL:TEXT (\\n in TEXT for a line break: directives are
-    words), !delete=REL, !shell=SCRIPT (sh SCRIPT), !commit=MSG (git add -A and commit, as Hermes' shell would), !uncommitted=REL:TEXT
-    (written after that commit)."""
+    words), !delete=REL, !shell=SCRIPT (sh SCRIPT), !commit=MSG (git add -A and commit, as Hermes' shell
+    would), !uncommitted=REL:TEXT (written after that commit)."""
     def write(value: str) -> None:
         rel, _, content = value.partition(":")
         with open(os.path.join(folder, rel), "w") as handle:

@@ -10,7 +10,8 @@ and a resume moves to the session's recorded folder whatever it was started in, 
 `↻ Working directory: DIR` on stderr.
 
 Directives (words in the task): !sleep=S  !exit=N  !print=BYTES  !longline=BYTES  !binary  !ansi
-!write=REL:TEXT (\\n: a line break)  !delete=REL  !shell=SCRIPT (sh SCRIPT)  !commit=MSG (git add -A, commit)  !uncommitted=REL:TEXT (after it)
+!write=REL:TEXT (\\n: a line break)  !delete=REL  !shell=SCRIPT (sh SCRIPT)  !commit=MSG (git add -A, commit)
+!uncommitted=REL:TEXT (after it)
 !tool-sleep=S  !announce-move=DIR  !double-fork  !rate-limited  !model-down
 !calls=N (N API calls, see api_calls)
 !grandchild=S (a tool process in its own session that starts one more of its own)

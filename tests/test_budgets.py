@@ -1,6 +1,7 @@
 """Bounded delegation (issue 29, sections 1 and 2): a job's token and cost budgets and its turn cap, enforced by
 the supervisor from Hermes' session store for both drivers, against the fake Hermes (1,000 tokens in and 100
 out per API call, `!calls=N` calls 0.3 s apart; FAKE_HERMES_PRICE dollars per call, unset: not priced)."""
+import time
 from typing import Any
 
 import pytest
@@ -8,9 +9,11 @@ import pytest
 from claude_hermes_bridge.config import Config
 from claude_hermes_bridge.hermes_cli import hermes_env, retry_advice
 from claude_hermes_bridge.hermes_store import session_spend
-from claude_hermes_bridge.jobs import FINAL_STATES, PART_DONE_STATES, JobState
+from claude_hermes_bridge.jobs import FINAL_STATES, PART_DONE_STATES, JobRecord, JobState
 from claude_hermes_bridge.mcp_edge import TASK_FAILED_STATES
 from claude_hermes_bridge.processes import JOB_MARKER
+from claude_hermes_bridge.render import spend_line
+from claude_hermes_bridge.supervisor import never_lower
 from harness import Bridge, BridgeClient, refused
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script")
@@ -177,3 +180,53 @@ def test_the_spend_counts_side_calls_that_only_session_model_usage_holds_and_chi
     spend = session_spend(db, "main")
     assert spend is not None and round(spend.pop("cost_usd"), 6) == 0.045
     assert spend == {"api_calls": 5, "tokens_in": 450, "tokens_out": 45, "priced": 1, "model": "m"}
+
+
+def test_two_budgeted_jobs_in_one_folder_are_both_held_to_their_caps(bridge, tmp_path):
+    """Issue 37: a CLI Hermes names its session only at its end; two jobs started in one folder 0.6 s apart
+    cannot tell their sessions apart while they run. Neither may run unbudgeted: each is charged for both."""
+    folder = bridge.root / "shared"
+    folder.mkdir()
+    with client_of(bridge, "cli") as client:
+        first = client.call("hermes_run", task="one !calls=40", cwd=str(folder), max_tokens=3000, wait_s=0)
+        time.sleep(0.6)
+        second = client.call("hermes_run", task="two !calls=40", cwd=str(folder), max_tokens=3000, wait_s=0)
+        ends = [client.wait_final(job.field("JOB_ID")) for job in (first, second)]
+    for end in ends:
+        assert end.field("STATUS") == "over_budget", end.text
+        spent = bridge.record(end.field("JOB_ID")).spend or {}
+        assert spent["tokens_in"] + spent["tokens_out"] <= 3000 + 6 * PER_CALL, spent
+
+
+def test_a_decoy_session_in_the_store_does_not_lift_the_budget(bridge):
+    """A job can write Hermes' store: one more session row in its folder must not make it unbudgeted."""
+    import sqlite3
+
+    folder = bridge.root / "decoy"
+    folder.mkdir()
+    with client_of(bridge, "cli") as client:
+        job = client.call("hermes_run", task="work !calls=40", cwd=str(folder), max_tokens=3000, wait_s=0)
+        store = bridge.tmp / "hermes-home" / "state.db"
+        deadline = time.time() + 20
+        while not store.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        with sqlite3.connect(store, timeout=10) as db:
+            db.execute("INSERT INTO sessions (id, source, started_at, cwd) VALUES (?, 'cli', ?, ?)",
+                       ("20261203_000000_decoy0", time.time(), str(folder)))
+        end = client.wait_final(job.field("JOB_ID"))
+    assert end.field("STATUS") == "over_budget", end.text
+    assert "counted over 2 sessions started in the job's folder" in end.field("SPEND")
+
+
+def test_the_spend_a_budget_reads_never_goes_down():
+    """A store whose counters fell (a job rewrote Hermes' records) keeps the highest reading, and says so."""
+    first = never_lower({"api_calls": 5, "tokens_in": 5000, "tokens_out": 500, "cost_usd": 0.5, "priced": 1}, None)
+    lowered = never_lower({"api_calls": 1, "tokens_in": 100, "tokens_out": 600, "cost_usd": 0.1, "priced": 1},
+                          dict(first))
+    assert lowered == {"api_calls": 5, "tokens_in": 5000, "tokens_out": 600, "cost_usd": 0.5, "priced": 1,
+                       "lowered": 1}
+    later = never_lower({"api_calls": 9, "tokens_in": 9000, "tokens_out": 900, "cost_usd": 0.9, "priced": 1},
+                        dict(lowered))
+    assert later["lowered"] == 1 and later["tokens_in"] == 9000  # said from then on
+    record = JobRecord(id="20261203-000000-1", state=JobState.OK, spend=lowered, max_tokens=3000)
+    assert "the highest reading is kept" in spend_line(record)[0]

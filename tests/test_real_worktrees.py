@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from test_real_hermes import write_hermes_home
+from test_repository_guard import common_files, poison_script
 from test_worktrees import git, make_repo, state_of
 
 from conftest import require_component
@@ -80,3 +81,33 @@ def test_a_conflicting_job_is_refused_and_then_discarded(real_git):
     assert not (bridge.jobs / "worktrees" / job.field("JOB_ID")).exists()
     assert git(repo, "branch", "--list", "hermes-bridge/*") == ""
     assert (repo / "a.txt").read_text() == "the user's\n"
+
+
+def test_a_real_hermes_job_that_poisons_the_shared_repository_has_it_put_back_and_reported(bridge):
+    """Issue 37: the same poisoning as tests/test_repository_guard.py, by the real Hermes 0.22.2 over ACP under
+    `approvals: yolo`, its terminal running plain git as the scripted model asks."""
+    exe = require_component(REAL_HERMES_VERSIONS["0.22.2"], "the real Hermes CLI 0.22.2")
+    home = bridge.tmp / "real-home"
+    repo = make_repo(bridge.root / "repo")
+    script, mark = poison_script(bridge)
+    before = common_files(repo)
+    with ScriptedModel(bridge.tmp) as model:
+        write_hermes_home(home, model.base_url)
+        bridge.configure(hermes_exe=str(exe), hermes_home=str(home), kill_grace_s=5, hermes_driver="acp",
+                         approvals="yolo")
+        with bridge.client() as client:
+            steps = (f"Set the repository up.\nRUN: FAKE_JOB_SHELL=1 sh {script} && echo b > b.txt && "
+                     f"FAKE_JOB_SHELL=1 {COMMIT.replace('-qam', '-qm')} work -q --all && echo planted")
+            job = final_of(client, client.call("hermes_run", task=steps, cwd=str(repo), isolation="worktree",
+                                               wait_s=45))
+            assert job.field("STATUS") == "ok", job.text
+            assert common_files(repo) == before
+            landed = client.call("hermes_land", job_id=job.field("JOB_ID"), action="merge")
+    reported = job.field("REPOSITORY")
+    assert "the job changed .git/config (core.fsmonitor, core.hookspath, filter.pwn.*, include.path, " \
+           "merge.pwn.*); restored" in reported, job.text
+    assert "the job created .git/hooks/pre-commit; restored" in reported
+    assert "refs/tags/planted-tag" in reported
+    assert landed.field("STATUS") == "ok", landed.text
+    git(repo, "commit", "--allow-empty", "-qm", "the user's next commit")
+    assert not mark.exists(), "a program the job planted ran outside the job"
