@@ -187,9 +187,9 @@ async def view_answer_tool(cfg: Config, tokens: "ViewTokens", job_id: Any, appro
                            token: Any) -> ToolResult:
     """The user's answer from the job view, which must carry a one-time token a result gave the view: a model
     that calls this tool without one is refused (hermes_approve is the planner's way, recorded as such)."""
-    if not tokens.redeem(token):
-        raise Refused("this answer carries no valid one-time token of the job view; answer in the job view, or "
-                      "ask the user and use hermes_approve")
+    if not tokens.redeem(token, job_id, approval_id):
+        raise Refused("this answer carries no valid one-time token of the job view for this job and question; "
+                      "answer in the job view, or ask the user and use hermes_approve")
     return await approve_tool(cfg, job_id, approval_id, decision, "view")
 
 
@@ -242,17 +242,21 @@ class ViewTokens:
     tools/call on one connection; keeping app-only tools from the model is the host's part)."""
 
     def __init__(self) -> None:
-        self.issued: dict[str, float] = {}
+        self.issued: dict[str, tuple[float, str, frozenset[str]]] = {}
 
-    def issue(self) -> str:
+    def issue(self, job_id: str, question_ids: list[str]) -> str:
+        """A token for the view of job_id, good for an answer to one of the questions it was shown with."""
         import secrets
 
         now = time.monotonic()
-        self.issued = {token: until for token, until in self.issued.items() if until > now}
+        self.issued = {token: given for token, given in self.issued.items() if given[0] > now}
         token = secrets.token_urlsafe(18)
-        self.issued[token] = now + VIEW_TOKEN_S
+        self.issued[token] = (now + VIEW_TOKEN_S, job_id, frozenset(question_ids))
         return token
 
-    def redeem(self, token: Any) -> bool:
-        until = self.issued.pop(token, None) if isinstance(token, str) else None
-        return until is not None and until > time.monotonic()
+    def redeem(self, token: Any, job_id: Any, approval_id: Any) -> bool:
+        """Whether token was issued, is unexpired, and was given with this job and this question (used up
+        either way, so a token tried against another job is gone)."""
+        given = self.issued.pop(token, None) if isinstance(token, str) else None
+        return (given is not None and given[0] > time.monotonic() and given[1] == job_id
+                and approval_id in given[2])

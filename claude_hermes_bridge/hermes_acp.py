@@ -218,11 +218,12 @@ def edit_targets(tool_call: dict[str, Any]) -> list[str] | None:
 
 
 def edit_decision(paths: list[str] | None, folder: str, folder_may_have_moved: bool,
-                  roots: list[str]) -> tuple[str, str]:
+                  roots: list[str], roots_name: str = "the allowed roots") -> tuple[str, str]:
     """allow or deny an edit, and why, deciding from where Hermes will really write: `~` expanded as Hermes
     expands it, a relative path resolved against the session's folder (Hermes resolves it against its
     terminal's current folder, so once a command may have moved that, a relative path cannot be decided),
-    symlinks followed. The reason says "inside" only of paths checked to be."""
+    symlinks followed. The reason says "inside" only of paths checked to be, and names the roots it means
+    (roots_name: a worktree job's are its worktree)."""
     if not paths:
         return "deny", "cannot tell which files the edit writes"
     inside = []
@@ -237,9 +238,9 @@ def edit_decision(paths: list[str] | None, folder: str, folder_may_have_moved: b
             expanded = os.path.join(folder, expanded)
         real = os.path.realpath(expanded)
         if not within_any(real, roots):
-            return "deny", f"{shown(path, 300)} resolves to {shown(real, 300)}, outside the allowed roots"
+            return "deny", f"{shown(path, 300)} resolves to {shown(real, 300)}, outside {roots_name}"
         inside.append(shown(real, 300))
-    return "allow", f"inside the allowed roots: {', '.join(inside)}"
+    return "allow", f"inside {roots_name}: {', '.join(inside)}"
 
 
 def nesting_depth(line: bytes, limit: int) -> int:
@@ -512,8 +513,10 @@ class AcpConversation:
         approval_id = f"{self.questions_asked}-{os.urandom(3).hex()}"
         if tool.get("kind") == "edit":
             paths = edit_targets(tool)
+            roots_name = ("the job's worktree (the main tree changes only through hermes_land)"
+                          if self.record.worktree else "the allowed roots")
             decision, why = edit_decision(paths, self.record.cwd or "", self.folder_may_have_moved,
-                                        job_roots(self.cfg, self.record))
+                                          job_roots(self.cfg, self.record), roots_name)
             what = "edit " + (", ".join(shown(path, 300) for path in paths[:20]) if paths else "(no path Hermes "
                               "states in its arguments)")
             self._decide(request_id, by_kind, approval_id, what, decision, f"the bridge: {why}")

@@ -360,7 +360,8 @@ class ToolRegistry:
         self.tasks.keep(outcome)
         result: dict[str, Any] = {"content": [{"type": "text", "text": outcome.text}], "isError": outcome.is_error}
         if outcome.facts is not None:
-            result.update(_meta={"viewToken": self.view_tokens.issue(), VIEW_FACTS: outcome.facts})
+            token = self.view_tokens.issue(outcome.facts["job_id"], [q["id"] for q in outcome.facts["questions"]])
+            result.update(_meta={"viewToken": token, VIEW_FACTS: outcome.facts})
         return CallToolResult.model_validate(result)
 
 

@@ -182,7 +182,7 @@ def test_the_spend_counts_side_calls_that_only_session_model_usage_holds_and_chi
     assert spend == {"api_calls": 5, "tokens_in": 450, "tokens_out": 45, "priced": 1, "model": "m"}
 
 
-def test_two_budgeted_jobs_in_one_folder_are_both_held_to_their_caps(bridge, tmp_path):
+def test_two_budgeted_jobs_in_one_folder_are_both_held_to_their_caps(bridge):
     """Issue 37: a CLI Hermes names its session only at its end; two jobs started in one folder 0.6 s apart
     cannot tell their sessions apart while they run. Neither may run unbudgeted: each is charged for both."""
     folder = bridge.root / "shared"

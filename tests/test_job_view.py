@@ -18,6 +18,7 @@ import pytest
 from test_real_hermes import write_hermes_home
 from test_worktrees import git, make_repo
 
+from claude_hermes_bridge.bodies import VIEW_TOKEN_S, ViewTokens
 from claude_hermes_bridge.jobs import JobState
 from claude_hermes_bridge.mcp_edge import JOB_VIEW_FILE, JOB_VIEW_URI
 from conftest import require_component
@@ -146,6 +147,35 @@ def test_an_answer_without_the_views_token_is_refused_and_the_question_still_wai
     assert refused(again) and "no valid one-time token" in again.text  # one time
     assert [(d["decision"], d["by"]) for d in bridge.record(job_id).decisions] == [("deny", "the user (job view)")]
     assert final.field("STATUS") == "ok" and not (bridge.root / "asked.txt").exists()
+
+
+def test_a_views_token_answers_only_the_job_and_the_question_it_was_shown_with(bridge):
+    """Issue 37: a token issued with job A's result must not answer job B's question as "the user"."""
+    with asking_bridge(bridge) as client:
+        jobs = [client.call("hermes_run", task=f"!ask=touch+{name}.txt", wait_s=0).field("JOB_ID") for name in "ab"]
+        polls = [wait_until(lambda job_id=job_id: r if (r := raw_call(client, "hermes_view_job", job_id=job_id))[
+            "_meta"]["viewFacts"]["questions"] else None, 30, "the question") for job_id in jobs]
+        b_question = polls[1]["_meta"]["viewFacts"]["questions"][0]["id"]
+        crossed = client.call("hermes_view_answer", job_id=jobs[1], approval_id=b_question, decision="allow",
+                              token=polls[0]["_meta"]["viewToken"])
+        answered = client.call("hermes_view_answer", job_id=jobs[1], approval_id=b_question, decision="deny",
+                               token=polls[1]["_meta"]["viewToken"])
+        client.call("hermes_cancel", job_id=jobs[0])
+        client.wait_final(jobs[1])
+    assert refused(crossed) and "for this job and question" in crossed.text, crossed.text
+    assert not answered.is_error, answered.text
+    assert [(d["decision"], d["by"]) for d in bridge.record(jobs[1]).decisions] == [("deny", "the user (job view)")]
+
+
+def test_a_views_token_expires_and_is_good_only_for_the_questions_it_was_issued_with(monkeypatch):
+    tokens = ViewTokens()
+    clock = [1000.0]
+    monkeypatch.setattr("claude_hermes_bridge.bodies.time.monotonic", lambda: clock[0])
+    fresh, stale, other = (tokens.issue("20261203-000000-1", ["1-abcdef"]) for _ in range(3))
+    assert not tokens.redeem(other, "20261203-000000-1", "2-abcdef")  # not shown with it (and now used up)
+    assert tokens.redeem(fresh, "20261203-000000-1", "1-abcdef")
+    clock[0] += VIEW_TOKEN_S + 1
+    assert not tokens.redeem(stale, "20261203-000000-1", "1-abcdef")
 
 
 # ------------------------------------------------------------------ in a real browser

@@ -341,3 +341,23 @@ def test_a_branch_name_another_job_planted_is_no_reason_to_fail(bridge: Bridge) 
     assert is_branch_of(worktree["branch"], job_id) and not is_branch_of(f"hermes-bridge/{job_id}-x", job_id)
     assert bridge_ref_owner(f"refs/heads/hermes-bridge/{job_id}-3") == job_id
     assert bridge_ref_owner("refs/heads/main") is None
+
+
+def test_a_worktree_jobs_edit_of_the_main_tree_is_denied_as_outside_its_worktree(bridge: Bridge) -> None:
+    """The main tree lies inside the allowed roots, and still a worktree job's edit of it is denied, in words
+    that say which boundary it crossed."""
+    repo = make_repo(bridge.root / "repo", USER_FILES)
+    bridge.configure(hermes_driver="acp")
+    client = bridge.client()
+    client.params.env = dict(bridge.env, FAKE_HERMES_ACP="1")
+    with client:
+        job = final(client, task=f"!edit=inside.txt:fine !edit={repo / 'a.txt'}:bad", cwd=str(repo),
+                    isolation="worktree")
+    assert job.field("STATUS") == "ok", job.text
+    assert (repo / "a.txt").read_text() == USER_FILES["a.txt"]
+    worktree = bridge.jobs / "worktrees" / job.field("JOB_ID")
+    assert (worktree / "inside.txt").read_text() == "fine"
+    decisions = {d["what"]: (d["decision"], d["by"]) for d in bridge.record(job.field("JOB_ID")).decisions}
+    assert decisions[f"edit {repo / 'a.txt'}"] == (
+        "deny", f"the bridge: {repo / 'a.txt'} resolves to {repo / 'a.txt'}, outside the job's worktree (the main "
+                "tree changes only through hermes_land)")
