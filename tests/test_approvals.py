@@ -169,6 +169,25 @@ def test_an_unanswered_question_is_denied_by_hermes_and_a_late_answer_refused(ac
     assert f"- {approval_id}: allow by the planner (hermes_approve) at " in again.text
 
 
+def test_a_late_answer_while_the_job_runs_is_kept_for_its_final_block(acp):
+    """An answer after Hermes decided (its deadline passed) but before the job ends: refused, and still in the
+    final block, with who gave it and when, so nobody takes it for a decision."""
+    acp.configure(approvals="ask", approval_timeout_s=5)
+    with client_of(acp) as client:
+        job_id = client.call("hermes_run", task="!ask=touch+late.txt !tool-sleep=12", wait_s=0).field("JOB_ID")
+        asking = wait_question(client, job_id)
+        approval_id = asking.field("APPROVAL_ID")
+        time.sleep(int(asking.field("APPROVAL_WAITS_S").split()[0]) + 1.5)  # past Hermes' deadline: it denied
+        # the command by itself and went on to its next tool
+        late = client.call("hermes_approve", job_id=job_id, approval_id=approval_id, decision="allow")
+        assert client.call("hermes_status", job_id=job_id, wait_s=0).field("STATUS") == "running"
+        final = client.wait_final(job_id)
+    assert refused(late) and "decided already: deny by Hermes itself" in late.text, late.text
+    assert final.field("LATE_ANSWERS").startswith("1 answer came after the question was decided"), final.text
+    assert f"- {approval_id}: allow by the planner (hermes_approve) at " in final.text
+    assert not (acp.root / "late.txt").exists()
+
+
 def test_the_question_carries_its_deadline_wherever_it_is_shown(acp):
     """Issue 28: a dialog left open past Hermes' deadline must say when that deadline is."""
     acp.configure(approvals="ask", approval_timeout_s=60)
