@@ -80,6 +80,7 @@ def test_every_setting_is_in_the_example_config_and_a_table_the_internal_ones_ou
     assert set(SETTINGS) - {"yolo"} <= example  # yolo: the older spelling of approvals
     assert set(SETTINGS) <= table("README.md") | table("docs/configuration.md")
     assert not table("README.md") & INTERNAL_SETTINGS, "README keeps what every user sets; the rest is in docs/"
+    assert len(table("README.md") & set(SETTINGS)) <= 12, "README's table keeps at most 12 settings (issue 37)"
 
 
 # What most users never change: documented in docs/configuration.md, kept out of README (issue 28).
