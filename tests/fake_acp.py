@@ -4,6 +4,7 @@ events, session/request_permission), driven by directives in the prompt:
 
 !ask=CMD  a dangerous command: asks, then runs CMD with sh when allowed (reports BLOCKED when denied)
 !ask-twice=CMD  the same, asked twice in a row (the answer says which option was chosen each time)
+!ask-then=CMD  one more dangerous command asked after those (in CMD, + is a space and \\n a line break)
 !edit=PATH:TEXT  a file edit (one per such word): asks (kind edit, a diff), then writes TEXT when allowed
 !tool-sleep=S  a terminal tool call running `sleep S` in its own session (session/cancel kills it)
 !refuse  answers the prompt with stopReason refusal
@@ -102,7 +103,8 @@ class Agent:
             return False  # Hermes denies by itself; the request is never withdrawn
         outcome = (reply.get("result") or {}).get("outcome") or {}
         self.chosen.append(str(outcome.get("optionId")))
-        return outcome.get("outcome") == "selected" and outcome.get("optionId") in ("allow_once", "allow_session")
+        return outcome.get("outcome") == "selected" and outcome.get("optionId") in ("allow_once", "allow_session",
+                                                                                  "allow_always")
 
     def ask_many(self, session: str, requests: list[tuple[Any, dict[str, Any]]]) -> int:
         """Several permission requests at once (ids as given, reused or null too); how many were allowed."""
@@ -195,10 +197,12 @@ class Agent:
 
         allow_deny = [{"optionId": "allow_once", "kind": "allow_once", "name": "Allow once"},
                       {"optionId": "allow_session", "kind": "allow_always", "name": "Allow for session"},
+                      {"optionId": "allow_always", "kind": "allow_always", "name": "Allow always"},
                       {"optionId": "deny", "kind": "reject_once", "name": "Deny"},
                       {"optionId": "deny_always", "kind": "reject_always", "name": "Deny always"}]
-        for _ in range(2 if "ask-twice" in todo else 1 if "ask" in todo else 0):
-            command = (todo.get("ask") or todo["ask-twice"]).replace("+", " ")
+        asked = [todo.get("ask") or todo.get("ask-twice")] * (2 if "ask-twice" in todo else 1 if "ask" in todo else 0)
+        for word in [*asked, *([todo["ask-then"]] if "ask-then" in todo else [])]:
+            command = str(word).replace("+", " ").replace("\\n", "\n")
             update(session, {"sessionUpdate": "tool_call", "toolCallId": "tc-1", "kind": "execute",
                              "title": "terminal: display.preview.shell", "content": text(f"$ {command}")})
             allowed = self.ask(session, {"toolCallId": "perm-check-1", "kind": "execute", "status": "pending",
@@ -218,7 +222,7 @@ class Agent:
             allowed = self.ask(session, {"toolCallId": "edit-approval-1", "kind": "edit", "status": "pending",
                                          "title": f"Approve edit: {path}", "content": [diff],
                                          "rawInput": {"tool": "write_file", "arguments": {"path": path}}},
-                               allow_deny[::2])
+                               [allow_deny[0], allow_deny[3]])
             if allowed:
                 with open(os.path.join(self.cwd, path), "w") as handle:
                     handle.write(new_text)

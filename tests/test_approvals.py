@@ -417,6 +417,24 @@ def test_allow_for_job_allows_the_same_command_again_without_asking_and_uses_the
     assert "chose=allow_session,allow_once" in final.text  # Hermes' "for this session", never "always"
 
 
+def test_allow_for_job_allows_only_that_exact_command_and_a_multi_line_command_is_asked_whole(acp):
+    """One allow_for_job is not an allow for everything: another command is asked about; and a command of
+    several lines is shown whole in the question (its first line alone could hide what it does)."""
+    acp.configure(approvals="ask", approval_timeout_s=60)
+    with client_of(acp) as client:
+        job_id = client.call("hermes_run", task="!ask=touch+first.txt !ask-then=touch+second.txt\\nrm+-rf+third",
+                             wait_s=0).field("JOB_ID")
+        first = wait_question(client, job_id)
+        client.call("hermes_approve", job_id=job_id, approval_id=first.field("APPROVAL_ID"), decision="allow_for_job")
+        second = wait_until(lambda: r if (r := client.call("hermes_status", job_id=job_id, wait_s=5)).field(
+            "APPROVAL_ID") not in (None, first.field("APPROVAL_ID")) else None, 30, "the second question")
+        client.call("hermes_approve", job_id=job_id, approval_id=second.field("APPROVAL_ID"), decision="deny")
+        final = client.wait_final(job_id)
+    assert "touch second.txt\\nrm -rf third" in second.field("APPROVAL"), second.text
+    assert (acp.root / "first.txt").exists() and not (acp.root / "second.txt").exists()
+    assert "chose=allow_session,deny" in final.text
+
+
 def test_an_elicited_answer_can_allow_for_the_rest_of_the_job():
     assert elicited_decision({"action": "accept", "content": {"allow": True, "for_this_job": True}}) == (
         "allow_for_job")

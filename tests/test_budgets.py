@@ -2,6 +2,7 @@
 the supervisor from Hermes' session store for both drivers, against the fake Hermes (1,000 tokens in and 100
 out per API call, `!calls=N` calls 0.3 s apart; FAKE_HERMES_PRICE dollars per call, unset: not priced)."""
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,11 +10,11 @@ import pytest
 from claude_hermes_bridge.config import Config
 from claude_hermes_bridge.hermes_cli import hermes_env, retry_advice
 from claude_hermes_bridge.hermes_store import session_spend
-from claude_hermes_bridge.jobs import FINAL_STATES, PART_DONE_STATES, JobRecord, JobState
+from claude_hermes_bridge.jobs import FINAL_STATES, PART_DONE_STATES, JobRecord, JobState, JobStore
 from claude_hermes_bridge.mcp_edge import TASK_FAILED_STATES
 from claude_hermes_bridge.processes import JOB_MARKER
 from claude_hermes_bridge.render import spend_line
-from claude_hermes_bridge.supervisor import never_lower
+from claude_hermes_bridge.supervisor import SpendWatch, never_lower
 from harness import Bridge, BridgeClient, refused
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script")
@@ -70,6 +71,19 @@ def test_a_job_without_budgets_says_what_it_spent_and_hermes_jobs_lists_its_cost
     assert result.field("SPEND") == "3 API calls; tokens 3,300; cost $0.0300 (Hermes' estimate)"  # 2 calls, the answer
     row = next(line for line in listing.splitlines() if line.startswith(result.field("JOB_ID")))
     assert "  cost $0.0" in row, listing
+
+
+@pytest.mark.parametrize("driver", ["cli", "acp"])
+def test_an_unbudgeted_resumed_jobs_spend_is_its_own_not_the_whole_sessions(bridge, driver):
+    with client_of(bridge, driver, FAKE_HERMES_PRICE="0.01") as client:
+        first = final(client, task="work !calls=2")
+        started = client.call("hermes_resume", session_id=first.field("SESSION_ID"), task="more !calls=1", wait_s=0)
+        resumed = client.wait_final(started.field("JOB_ID"))
+        listing = client.call("hermes_jobs").text
+    assert resumed.field("STATUS") == "ok", resumed.text
+    assert resumed.field("SPEND") == "2 API calls; tokens 2,200; cost $0.0200 (Hermes' estimate)"  # 1 call, the answer
+    row = next(line for line in listing.splitlines() if line.startswith(resumed.field("JOB_ID")))
+    assert "$0.0200" in row, row
 
 
 def test_a_cost_budget_on_a_model_hermes_cannot_price_is_said_not_enforced_and_the_token_cap_holds(bridge):
@@ -230,3 +244,60 @@ def test_the_spend_a_budget_reads_never_goes_down():
     assert later["lowered"] == 1 and later["tokens_in"] == 9000  # said from then on
     record = JobRecord(id="20261203-000000-1", state=JobState.OK, spend=lowered, max_tokens=3000)
     assert "the highest reading is kept" in spend_line(record)[0]
+
+
+def store_with(home: Path, rows: list[tuple[str, int, int, int]]) -> None:
+    """A Hermes store whose sessions rows are (id, api calls, tokens in, tokens out), in a folder of its own."""
+    import sqlite3
+
+    home.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(home / "state.db") as db:
+        db.execute("CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, api_call_count INTEGER, "
+                   "input_tokens INTEGER, output_tokens INTEGER, model TEXT)")
+        db.executemany("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, 'm')", rows)
+
+
+def watch_of(tmp_path: Path, driver: str = "cli", **fields: Any) -> SpendWatch:
+    cfg = Config(path=tmp_path / "config.json", hermes_home=str(tmp_path / "home"), jobs_dir=str(tmp_path / "jobs"))
+    record = JobRecord(id="20261203-000000-1", state=JobState.RUNNING, driver=driver, session_id="s1", **fields)
+    return SpendWatch(cfg, JobStore.of(cfg), record)
+
+
+def test_max_tokens_counts_tokens_in_and_out(tmp_path):
+    store_with(tmp_path / "home", [("s1", 2, 2000, 1500)])
+    passed = watch_of(tmp_path, max_tokens=3000).passed(stop_at_turns=True, fresh=True)
+    assert passed is not None and passed[1] == "passed max_tokens: 3,500 tokens of 3,000"
+
+
+def test_under_the_cli_driver_the_running_check_leaves_max_turns_to_hermes(tmp_path):
+    """Hermes' CLI stops at --max-turns by itself; the bridge stopping it at as many API calls would cut
+    the last turn short. Over ACP (which ignores max_turns) the bridge stops it."""
+    store_with(tmp_path / "home", [("s1", 5, 10, 10)])
+    assert watch_of(tmp_path, "cli", max_turns=5, max_tokens=10**6).passed_while_running() is None
+    passed = watch_of(tmp_path, "acp", max_turns=5).passed_while_running()
+    assert passed is not None and passed[1] == "reached max_turns (5): 5 API calls"
+
+
+def test_a_resumed_sessions_earlier_spend_is_not_the_new_jobs(tmp_path):
+    store_with(tmp_path / "home", [("s1", 7, 7000, 700)])
+    watch = watch_of(tmp_path, spend_base={"api_calls": 5, "tokens_in": 5000, "tokens_out": 500, "cost_usd": 0})
+    assert watch.spend(fresh=True) == {"api_calls": 2, "tokens_in": 2000, "tokens_out": 200, "cost_usd": 0.0,
+                                       "priced": 0, "model": "m"}
+
+
+def test_a_write_that_only_reaches_the_write_ahead_log_is_seen(tmp_path):
+    """Hermes' store is in WAL mode: a write changes state.db-wal alone until a checkpoint."""
+    import sqlite3
+
+    store_with(tmp_path / "home", [("s1", 1, 100, 10)])
+    writer = sqlite3.connect(tmp_path / "home" / "state.db")
+    writer.execute("PRAGMA journal_mode=WAL")
+    writer.execute("PRAGMA wal_autocheckpoint=0")
+    watch = watch_of(tmp_path)
+    assert watch.spend(fresh=False)["api_calls"] == 1
+    database = (tmp_path / "home" / "state.db").stat()
+    writer.execute("UPDATE sessions SET api_call_count = 2 WHERE id = 's1'")
+    writer.commit()
+    assert (tmp_path / "home" / "state.db").stat().st_mtime_ns == database.st_mtime_ns  # the WAL alone changed
+    assert watch.spend(fresh=False)["api_calls"] == 2
+    writer.close()
