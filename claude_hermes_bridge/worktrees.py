@@ -9,7 +9,7 @@ from typing import Any, cast
 from .config import Config
 from .git_calls import GIT_CHECKOUT_TIMEOUT_S, GitFailed, git, git_text
 from .jobs import CHANGED_LINES, JOB_ID_RE, JobRecord, JobStore
-from .safe_io import Refused, locked, shown
+from .safe_io import Refused, folder_identity, locked, shown
 
 # A job with isolation "worktree" runs in a git worktree of its own, made and owned by the bridge (Hermes'
 # own --worktree is unfit: DESIGN.md section 13), in the jobs folder: outside the repository, so the main
@@ -149,7 +149,7 @@ def add_worktree(store: "JobStore", job_id: str, worktree: dict[str, Any]) -> li
                 git(top, "branch", "-D", branch, check=False)
             raise
         worktree["admin"] = os.path.realpath(os.path.join(path, git_text(path, "rev-parse", "--git-dir")))
-        worktree["identity"] = folder_identity(path)
+        worktree["identity"] = identity_words(path)
     if worktree.get("submodules") == "present":
         try:
             git(path, "submodule", "update", "--init", "--recursive", timeout_s=GIT_CHECKOUT_TIMEOUT_S)
@@ -207,24 +207,21 @@ def worktree_changes(top: str, base: str, work: str) -> dict[str, Any]:
             "more": max(0, len(lines) - CHANGED_LINES)}
 
 
-def folder_identity(path: str) -> str:
-    """The folder itself (device and inode; the file index on Windows), whatever name points at it later."""
-    status = os.lstat(path)
-    return f"{status.st_dev}:{status.st_ino}"
+def identity_words(path: str) -> str | None:
+    """The folder itself as the record keeps it (device and inode, the file index on Windows): whatever name
+    points at it later, this is the folder the bridge made."""
+    identity = folder_identity(path)
+    return f"{identity[0]}:{identity[1]}" if identity else None
 
 
 def is_own_folder(worktree: dict[str, Any]) -> bool:
     """Whether the worktree's path is still the real folder the bridge made (no symlink at it, the same device
     and inode), so removing it can only remove the bridge's own worktree."""
     path = worktree["path"]
-    try:
-        status = os.lstat(path)
-    except OSError:
+    if os.path.islink(path) or not os.path.isdir(path):
         return False
-    if not os.path.isdir(path) or os.path.islink(path):
-        return False
-    identity = worktree.get("identity")
-    return identity is None or identity == f"{status.st_dev}:{status.st_ino}"
+    recorded = worktree.get("identity")
+    return recorded is None or recorded == identity_words(path)
 
 
 def own_admin_folder(top: str, worktree: dict[str, Any]) -> str | None:

@@ -188,6 +188,21 @@ def test_a_late_answer_while_the_job_runs_is_kept_for_its_final_block(acp):
     assert not (acp.root / "late.txt").exists()
 
 
+def test_waiting_on_several_jobs_returns_when_one_asks_and_counts_a_repeated_id_once(acp):
+    acp.configure(approvals="ask", approval_timeout_s=60)
+    with client_of(acp) as client:
+        asking = client.call("hermes_run", task="!ask=touch+asked.txt", wait_s=0).field("JOB_ID")
+        busy = client.call("hermes_run", task="busy !tool-sleep=40", wait_s=0).field("JOB_ID")
+        started = time.monotonic()
+        waited = client.call("hermes_status", job_ids=[asking, busy, busy], until="all", wait_s=30)
+        took = time.monotonic() - started
+        for job_id in (asking, busy):
+            client.call("hermes_cancel", job_id=job_id)
+    assert took < 20, f"waited {took:.0f} s although a job asked a question"
+    assert waited.text.startswith("JOBS: 0 of 2 ended"), waited.text
+    assert f"- {asking}: needs_approval, " in waited.text and waited.text.count(f"- {busy}: running") == 1
+
+
 def test_the_question_carries_its_deadline_wherever_it_is_shown(acp):
     """Issue 28: a dialog left open past Hermes' deadline must say when that deadline is."""
     acp.configure(approvals="ask", approval_timeout_s=60)

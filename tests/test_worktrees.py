@@ -316,6 +316,41 @@ def test_a_worktree_whose_supervisor_died_has_its_work_saved_at_the_next_start(b
     assert (repo / "c.txt").read_text() == "sea"
 
 
+def test_an_orphaned_worktree_job_whose_hermes_still_runs_is_neither_saved_nor_landed(bridge, repo):
+    """Its supervisor died, its Hermes did not: the work is still being written, so a server start leaves the
+    worktree locked and unsaved, and hermes_land refuses until Hermes is gone."""
+    with bridge.client() as client:
+        job_id = client.call("hermes_run", task="!write=b.txt:bee !sleep=60", cwd=str(repo), isolation="worktree",
+                             wait_s=0).field("JOB_ID")
+        wait_until(lambda: (bridge.jobs / "worktrees" / job_id / "b.txt").exists(), 20, "the job's work")
+        record = bridge.record(job_id)
+        os.kill(record.supervisor.pid, signal.SIGKILL)
+        wait_gone([record.supervisor.pid])
+        assert client.call("hermes_status", job_id=job_id, wait_s=0).field("STATUS") == "orphaned"
+        assert recover_worktrees(load_config(bridge.config)) == 0
+        landed = client.call("hermes_land", job_id=job_id, action="merge")
+        os.kill(record.hermes.pid, signal.SIGKILL)
+        wait_gone([record.hermes.pid])
+    assert refused(landed) and "is still running" in landed.text, landed.text
+    assert not (bridge.jobs / f"{job_id}.patch").exists() and not bridge.record(job_id).diff
+    assert f"locked claude-hermes-bridge job {job_id}" in git(repo, "worktree", "list", "--porcelain")
+    assert recover_worktrees(load_config(bridge.config)) == 1  # now that Hermes is gone
+
+
+def test_a_repository_that_left_the_roots_is_neither_landed_nor_resumed(bridge, repo):
+    with bridge.client() as client:
+        job = final(client, task="!write=b.txt:bee", cwd=str(repo), isolation="worktree")
+    elsewhere = bridge.tmp / "other-root"
+    elsewhere.mkdir()
+    bridge.configure(allowed_roots=[str(elsewhere)])
+    with bridge.client() as client:
+        landed = client.call("hermes_land", job_id=job.field("JOB_ID"), action="merge")
+        resumed = client.call("hermes_resume", session_id=job.field("SESSION_ID"), task="more", wait_s=0)
+    assert refused(landed) and "outside the allowed roots" in landed.text, landed.text
+    assert refused(resumed) and "outside today's allowed roots" in resumed.text, resumed.text
+    assert not (repo / "b.txt").exists() and len(bridge.runs()) == 1
+
+
 def test_retention_removes_a_pruned_jobs_worktree_and_branch_and_health_counts_them(bridge, repo, monkeypatch):
     with bridge.client() as client:
         job_id = final(client, task="!write=b.txt:bee", cwd=str(repo), isolation="worktree").field("JOB_ID")
