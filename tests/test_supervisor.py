@@ -573,3 +573,23 @@ def test_where_the_marker_is_the_proof_a_stop_never_signals_another_folders_job_
         for proc in (ours, other):
             proc.kill()
             proc.wait()
+
+
+def test_a_record_write_the_disk_refused_is_retried_at_the_next_poll_not_the_next_heartbeat(tmp_path, monkeypatch):
+    supervisor, _ = supervised(tmp_path, "print('done')")
+    store = supervisor.store
+    written = store.write
+    attempts: list[str] = []
+
+    def refused_once(record: JobRecord) -> Any:
+        attempts.append(record.reason or "")
+        if len(attempts) == 1:
+            raise OSError(28, "No space left on device")
+        return written(record)
+    monkeypatch.setattr(store, "write", refused_once)
+    supervisor.record.reason = "what the disk refused"
+    supervisor.save()
+    supervisor.next_heartbeat = time.monotonic() + 3600  # the heartbeat is an hour away
+    supervisor._stamp(time.monotonic())
+    assert attempts == ["what the disk refused"] * 2
+    assert store.read(supervisor.job_id).reason == "what the disk refused"

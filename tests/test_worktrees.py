@@ -154,13 +154,18 @@ def test_discard_removes_the_worktree_its_branch_and_ref_and_keep_then_merge_lan
     with bridge.client() as client:
         dropped = final(client, task="!write=b.txt:bee", cwd=str(repo), isolation="worktree").field("JOB_ID")
         kept = final(client, task="!write=c.txt:sea", cwd=str(repo), isolation="worktree").field("JOB_ID")
+        saved = git(repo, "for-each-ref", "--format=%(refname)", f"refs/hermes-bridge-work/{dropped}")
+        short = subprocess.run(["git", "-C", str(repo), "rev-parse", "--symbolic-full-name",
+                                f"hermes-bridge/{dropped}"], capture_output=True, text=True, check=True)
         discard = client.call("hermes_land", job_id=dropped, action="discard")
         keep = client.call("hermes_land", job_id=kept, action="keep")
         merge = client.call("hermes_land", job_id=kept, action="merge")
     assert discard.field("STATUS") == "ok" and "were removed" in discard.field("LANDED")
     assert not (bridge.jobs / "worktrees" / dropped).exists()
     assert git(repo, "branch", "--list", f"hermes-bridge/{dropped}") == ""
-    assert git(repo, "for-each-ref", f"refs/hermes-bridge/{dropped}") == ""
+    assert git(repo, "for-each-ref", f"refs/hermes-bridge-work/{dropped}") == ""
+    assert saved == f"refs/hermes-bridge-work/{dropped}"  # the saved work, under a name no short name reaches:
+    assert short.stdout.strip() == f"refs/heads/hermes-bridge/{dropped}" and "ambiguous" not in short.stderr
     assert (bridge.jobs / f"{dropped}.patch").is_file()
     assert "left as it is" in keep.field("LANDED")
     assert merge.field("STATUS") == "ok" and (repo / "c.txt").read_text() == "sea"
