@@ -294,10 +294,10 @@ def test_a_write_that_only_reaches_the_write_ahead_log_is_seen(tmp_path):
     writer.execute("PRAGMA journal_mode=WAL")
     writer.execute("PRAGMA wal_autocheckpoint=0")
     watch = watch_of(tmp_path)
-    assert watch.spend(fresh=False)["api_calls"] == 1
+    assert (watch.spend(fresh=False) or {})["api_calls"] == 1
     database = (tmp_path / "home" / "state.db").stat()
     writer.execute("UPDATE sessions SET api_call_count = 2 WHERE id = 's1'")
     writer.commit()
     assert (tmp_path / "home" / "state.db").stat().st_mtime_ns == database.st_mtime_ns  # the WAL alone changed
-    assert watch.spend(fresh=False)["api_calls"] == 2
+    assert (watch.spend(fresh=False) or {})["api_calls"] == 2
     writer.close()

@@ -153,8 +153,10 @@ def test_a_views_token_answers_only_the_job_and_the_question_it_was_shown_with(b
     """Issue 37: a token issued with job A's result must not answer job B's question as "the user"."""
     with asking_bridge(bridge) as client:
         jobs = [client.call("hermes_run", task=f"!ask=touch+{name}.txt", wait_s=0).field("JOB_ID") for name in "ab"]
-        polls = [wait_until(lambda job_id=job_id: r if (r := raw_call(client, "hermes_view_job", job_id=job_id))[
-            "_meta"]["viewFacts"]["questions"] else None, 30, "the question") for job_id in jobs]
+        def asked(job_id: str) -> Any:
+            result = raw_call(client, "hermes_view_job", job_id=job_id)
+            return result if result["_meta"]["viewFacts"]["questions"] else None
+        polls = [wait_until(functools.partial(asked, job_id), 30, "the question") for job_id in jobs]
         b_question = polls[1]["_meta"]["viewFacts"]["questions"][0]["id"]
         crossed = client.call("hermes_view_answer", job_id=jobs[1], approval_id=b_question, decision="allow",
                               token=polls[0]["_meta"]["viewToken"])

@@ -22,7 +22,7 @@ from harness import Bridge, refused
 
 pytestmark = pytest.mark.posix("the fake hermes and the planted programs are shell scripts")
 
-USER_FILES = {"a.txt": "one\ntwo\nthree\nfour\nfive\nsix\n", ".gitignore": ".env\nbuild/\n"}
+USER_FILES: dict[str, str | bytes] = {"a.txt": "one\ntwo\nthree\nfour\nfive\nsix\n", ".gitignore": ".env\nbuild/\n"}
 
 
 def mark_script(folder: Path, name: str, mark: Path, passes_input: bool = True) -> Path:
@@ -283,7 +283,8 @@ def test_a_landing_pins_the_main_tree_whatever_core_worktree_says(bridge: Bridge
 
 
 def test_a_landing_never_overwrites_files_git_does_not_track(bridge: Bridge) -> None:
-    repo = make_repo(bridge.root / "repo", {**USER_FILES, ".gitignore": ".env\nbuild/\nnotes\n"})
+    files: dict[str, str | bytes] = {**USER_FILES, ".gitignore": ".env\nbuild/\nnotes\n"}
+    repo = make_repo(bridge.root / "repo", files)
     (repo / ".env").write_text("SECRET=the user's\n")
     (repo / "build").mkdir()
     (repo / "build" / "cache.bin").write_bytes(b"\x00cache")
@@ -337,7 +338,7 @@ def test_a_branch_name_another_job_planted_is_no_reason_to_fail(bridge: Bridge) 
     assert worktree["branch"] == f"hermes-bridge/{job_id}-3"
     assert notes == [f"the branch hermes-bridge/{job_id} already existed (not made by this job), so the job's "
                      f"branch is hermes-bridge/{job_id}-3"]
-    assert git(str(store.worktree_path(job_id)), "rev-parse", "--abbrev-ref", "HEAD") == f"hermes-bridge/{job_id}-3"
+    assert git(store.worktree_path(job_id), "rev-parse", "--abbrev-ref", "HEAD") == f"hermes-bridge/{job_id}-3"
     assert is_branch_of(worktree["branch"], job_id) and not is_branch_of(f"hermes-bridge/{job_id}-x", job_id)
     assert bridge_ref_owner(f"refs/heads/hermes-bridge/{job_id}-3") == job_id
     assert bridge_ref_owner("refs/heads/main") is None
