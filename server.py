@@ -21,6 +21,8 @@ the MCP stack). A module imports only from modules above it in this list (tests/
                        opening (open_regular, read_capped), atomic writes (write_atomic), a file lock (locked),
                        process identity no clock step moves (ProcessId), the shared machine_clock
   processes .......... [both] creation flags, Ownership (the proof before any signal), stop_tree, WindowsJob
+  sandbox ............ [both] writes limited by the operating system (Landlock): what this machine supports, and
+                       the step that confines Hermes' process before it becomes Hermes
   config ............. [both] Config (each setting in SETTINGS), where it is found; the roots (confine_cwd,
                        confine_read); the audit log
   jobs ............... [both] JobRecord (every field checked, every list bounded), JobStore (the jobs folder),

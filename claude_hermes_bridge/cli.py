@@ -25,6 +25,7 @@ from .hermes_cli import hermes_env, locate_hermes
 from .mcp_edge import JOB_VIEW_URI, serve_after_the_script
 from .preflight import SERVER_DIR, VERSION, dependency_version, missing_dependencies
 from .safe_io import TOOL_NAMES, clean_text, shown, write_atomic
+from .sandbox import SANDBOX_MODES, support_line
 
 
 def result_text(result: Any) -> str:
@@ -127,7 +128,8 @@ def check_command(serve_command: list[str]) -> int:
             ok = ran
             if ran:
                 report += [driver_line(cfg, hermes.usable, probe=True),
-                           f"APPROVALS: {approvals_line(cfg, hermes.usable)}"]
+                           f"APPROVALS: {approvals_line(cfg, hermes.usable)}",
+                           f"SANDBOX: {support_line(cfg.sandbox)}"]
         else:
             blockers.append(f"no usable Hermes: {hermes.problem}")
         if not cfg.roots:
@@ -256,6 +258,8 @@ def parse_command_line(argv: list[str]) -> Any:
     settings.add_argument("--hermes-home", metavar="DIR", help="Hermes' home (skills, sessions)")
     settings.add_argument("--approvals", choices=APPROVAL_MODES, help="when Hermes asks before a dangerous "
                           "command: deny it (default), ask the user, or allow it (yolo)")
+    settings.add_argument("--sandbox", choices=SANDBOX_MODES, help="the operating system keeps a job's writes in "
+                          "its folders: where it can (auto, default), or refuse a job it cannot (required), or off")
     settings.add_argument("--yolo", nargs="?", const="true", choices=("true", "false"),
                           help="Hermes auto-approves commands it deems dangerous")
     modes = parser.add_mutually_exclusive_group()
@@ -314,6 +318,8 @@ def settings_of(args: Any) -> dict[str, Any]:
         settings["yolo"] = args.yolo == "true"
     if args.approvals:
         settings["approvals"] = args.approvals
+    if args.sandbox:
+        settings["sandbox"] = args.sandbox
     return settings
 
 

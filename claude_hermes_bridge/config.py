@@ -11,6 +11,7 @@ from typing import Any
 
 from .preflight import SERVER_DIR, user_dir
 from .safe_io import IS_WINDOWS, NOFOLLOW, Refused, case_normalised, locked, read_capped, shown, within_any
+from .sandbox import SANDBOX_MODES
 
 MAX_WAIT_CEILING_S = 50.0
 APPROVAL_MODES = ("deny", "ask", "yolo")
@@ -96,6 +97,10 @@ class Config:
     extra_args: list[str] = setting([], "a list of strings", (list,), "more options for `hermes chat`")
     default_isolation: str = setting("none", "", (str,), "where a job given no isolation works: in its folder "
                                      "(none) or in a git worktree of its own (worktree)", choices=ISOLATIONS)
+    sandbox: str = setting("auto", "", (str,), "whether the operating system keeps a job's writes in its folders "
+                           "(auto: where it can; required: refuse a job it cannot; off)", choices=SANDBOX_MODES)
+    sandbox_writable: list[str] = setting([], "a list of folder paths", (list,),
+                                          "more folders a sandboxed job may write (a shared cache)")
     jobs_dir: str | None = setting(None, *FOLDER_OR_NULL, "the jobs folder (else the per-user state folder)")
     logs_dir: str | None = setting(None, *FOLDER_OR_NULL, "the audit log's folder (else the per-user one)")
     read_anywhere: bool = setting(False, *FLAG, "let hermes_read read outside the allowed roots")
@@ -256,7 +261,7 @@ def host_settings() -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k in HOST_SETTING_KEYS} if isinstance(settings, dict) else {}
 
 
-HOST_SETTING_KEYS = ("allowed_roots", "hermes_exe", "hermes_home", "yolo", "approvals")
+HOST_SETTING_KEYS = ("allowed_roots", "hermes_exe", "hermes_home", "yolo", "approvals", "sandbox")
 
 
 def load_config(path: Path | None = None) -> Config:
@@ -319,6 +324,10 @@ def guard_file_settings(cfg: Config, pinned: dict[str, Any]) -> list[str]:
     if "approvals" not in pinned and pinned.get("yolo") is False and cfg.approvals == "yolo":
         problems.append(f"approvals yolo in {cfg.path} is lowered to ask: the host pinned --yolo false")
         cfg.approvals = "ask"
+    if "sandbox" in pinned and cfg.sandbox_writable:
+        problems.append(f"sandbox_writable in {cfg.path} is ignored: the host pinned --sandbox, and a file cannot "
+                        "widen what the host pinned")
+        cfg.sandbox_writable = []
     if "allowed_roots" in pinned and cfg.read_anywhere:
         problems.append(f"read_anywhere in {cfg.path} is ignored: the host pinned allowed_roots on the command "
                         "line, and a file cannot widen what the host pinned")

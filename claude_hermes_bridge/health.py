@@ -9,6 +9,7 @@ from .jobs import JobStore, disk_problem
 from .launch import worktree_count
 from .preflight import VERSION, dependency_version, version_tuple
 from .safe_io import plural, read_json, shown
+from .sandbox import support_line
 from .skills import HEALTH_RECENT_JOBS
 from .supervisor import disk_error
 
@@ -83,6 +84,7 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
         f"HERMES_HOME: {shown(str(cfg.hermes_home_path))}",
         driver_line(cfg, exe, probe=False),
         f"APPROVALS: {approvals_line(cfg, exe)}",
+        f"SANDBOX: {support_line(cfg.sandbox)}",
         f"ALLOWED_ROOTS: {shown(', '.join(cfg.roots), 2000) or 'NONE: no job can start: ' + roots_missing(cfg)}",
         f"READ_SCOPE: {'anywhere' if cfg.read_anywhere else 'allowed roots and job files'}",
         f"JOBS_DIR: {shown(str(store.root))} ({writable})",

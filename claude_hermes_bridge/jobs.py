@@ -259,6 +259,7 @@ class JobRecord:
     diff: dict[str, Any] | None = checked(is_diff)  # a worktree job's work against its base: counts and the patch file
     landed: dict[str, Any] | None = checked(is_landed)  # what hermes_land did with the work: action, how, at
     repository: list[str] = checked(is_repository_notes, factory=list)  # what the job changed in its shared repository
+    sandbox: str | None = checked(is_text)  # what the operating system confined the job to, or why nothing
 
     def add_decision(self, decision: dict[str, Any]) -> None:
         """A question decided: counted, and kept among the newest DECISIONS_KEPT."""

@@ -200,6 +200,10 @@ def decision_lines(record: JobRecord) -> list[str]:
     return lines
 
 
+def sandbox_line(record: JobRecord) -> list[str]:
+    return [f"SANDBOX: {shown(record.sandbox, 1200)}"] if record.sandbox else []
+
+
 def spend_line(record: JobRecord) -> list[str]:
     """The job's spend against its budgets, as Hermes' store counted it (a price Hermes does not know is said,
     never shown as zero)."""
@@ -310,7 +314,7 @@ def running_lines(view: JobView, log: Path, details: JobDetails | None) -> tuple
              f"TIMEOUT_S: {record.timeout_s:g} (hard cap we enforce)", f"FULL_LOG: {shown(str(log))}"]
     if view.condition:
         lines.append(f"CONDITION: {shown(view.condition, 600)}")
-    lines += spend_line(record) + worktree_lines(record)
+    lines += sandbox_line(record) + spend_line(record) + worktree_lines(record)
     if details:
         lines.append(f"ACTIVITY: {shown(details.activity, 400)}")
         if details.current_tool:
@@ -355,7 +359,7 @@ def final_lines(view: JobView, cfg: Config, log: Path, details: JobDetails | Non
     if details:
         after.append(f"USAGE: {shown(details.usage, 400)}")
     after += spend_line(record)
-    after += changes_lines(record) + worktree_lines(record)
+    after += sandbox_line(record) + changes_lines(record) + worktree_lines(record)
     if details:
         after += ["--- HERMES ANSWER ---", *quoted_answer(details.answer or "", cfg.max_output_chars)]
     return lines, after + ["--- HERMES OUTPUT ---", log_excerpt(log, cfg.max_output_chars)]

@@ -63,7 +63,9 @@ from .safe_io import (
     shown,
     within_any,
 )
-from .worktrees import add_worktree, job_roots, save_worktree_work
+from .sandbox import devices as sandbox_devices
+from .sandbox import landlock_abi, step_argv
+from .worktrees import add_worktree, job_roots, save_worktree_work, worktree_git_paths
 
 # `server.py --supervise <id>`: one detached process per job that owns it from start to outcome.
 POLL_S = 0.2
@@ -316,6 +318,8 @@ class Supervisor:
         self.before: FolderSnapshot | None = None
         self.snapshot_thread: threading.Thread | None = None
         self.unsaved = False
+        self.writable: list[str] = []  # what the sandbox lets the job write; empty: not sandboxed
+        self.private_tmp: Path | None = None
         self.next_heartbeat = 0.0
         self.spend = SpendWatch(cfg, store, self.record)
 
@@ -419,6 +423,8 @@ class Supervisor:
                                "was not started")
             task_path = self.store.task_path(self.job_id)
             task = read_capped(task_path, MAX_TASK_BYTES).decode("utf-8")
+            if refusal := self._plan_sandbox(folder):
+                return refusal
             return cast(LaunchPlan, plan_launch(cfg, exe, record, task, folder, task_path))  # probe_cli never None
         except Refused as exc:
             return Outcome(JobState.ERROR, None, f"{exc}. Nothing was run")
@@ -429,6 +435,35 @@ class Supervisor:
             return Outcome(JobState.ERROR, None, f"the job's repository could not be recorded before Hermes started "
                            f"({exc.strerror or exc}), so what the job changes in it could not be put back; Hermes was "
                            "not started")
+
+    def _plan_sandbox(self, folder: str) -> Outcome | None:
+        """Where the operating system will let the job write (self.writable), and what its blocks say about it
+        (record.sandbox); an Outcome when the setting requires a sandbox this machine cannot give."""
+        cfg, record = self.cfg, self.record
+        if cfg.sandbox == "off":
+            record.sandbox = "off (setting sandbox: off): the job writes wherever your account can"
+            return None
+        abi, why_not = landlock_abi()
+        if not abi:
+            if cfg.sandbox == "required":
+                return Outcome(JobState.ERROR, None, f"sandbox is required, and this machine cannot give one "
+                               f"({why_not}); Hermes was not started. Set sandbox to auto or off to run unconfined")
+            record.sandbox = f"not available here ({why_not}): the job writes wherever your account can"
+            return None
+        self.private_tmp = self.store.root / "tmp" / self.job_id
+        self.private_tmp.mkdir(parents=True, exist_ok=True)
+        home = cfg.hermes_home_path
+        home.mkdir(parents=True, exist_ok=True)
+        own = [record.worktree["path"]] if record.worktree else [folder]
+        extra = [path for path in cfg.sandbox_writable if os.path.isabs(path) and os.path.isdir(path)]
+        self.writable = [*own, str(self.private_tmp), str(home), *worktree_git_paths(record.worktree), *extra,
+                         *sandbox_devices()]
+        scoped = "; no signal to a process outside the job" if abi >= 6 else ""
+        record.sandbox = (f"writes limited to {shown(own[0])}, {shown(str(self.private_tmp))} (TMPDIR), Hermes' home "
+                          f"{shown(str(home))}" + (", the repository's objects and the job's branch"
+                                                    if record.worktree else "")
+                          + (f", {shown(', '.join(extra), 600)}" if extra else "") + f" (Landlock ABI {abi}{scoped})")
+        return None
 
     def _make_worktree(self, worktree: dict[str, Any]) -> None:
         """The job's worktree, made before Hermes starts (a fresh one on its branch, or a resumed job's again
@@ -457,7 +492,11 @@ class Supervisor:
             with contextlib.suppress(StoreUnavailable):
                 base = read_store(cfg, lambda db: session_spend(db, cast(str, record.session_requested)))
                 record.spend_base = {key: value for key, value in (base or {}).items() if is_number(value)}
-        proc = run.start(plan, hermes_env(cfg, record.marker))
+        env = hermes_env(cfg, record.marker)
+        if self.writable:
+            plan = dataclasses.replace(plan, argv=step_argv(self.writable, plan.argv))
+            env.update(TMPDIR=str(self.private_tmp), TEMP=str(self.private_tmp), TMP=str(self.private_tmp))
+        proc = run.start(plan, env)
         if IS_WINDOWS:
             self.windows_job = self._job_object_for(proc)
         self.hermes = psutil.Process(proc.pid)
@@ -667,6 +706,10 @@ class Supervisor:
                      self.store.active / self.job_id):
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
+        if self.private_tmp is not None:
+            import shutil
+
+            shutil.rmtree(self.private_tmp, ignore_errors=True)
         audit(self.cfg, event="job", job_id=self.job_id, state=outcome.state.value, exit_code=exit_code,
               reason=outcome.reason)
 

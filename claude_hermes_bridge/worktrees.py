@@ -92,6 +92,20 @@ def repo_lock(store: "JobStore", top: str) -> Any:
     return locked(store.locks / f"repo-{hashlib.sha256(top.encode()).hexdigest()[:24]}.lock", REPO_LOCK_S)
 
 
+def worktree_git_paths(worktree: dict[str, Any] | None) -> list[str]:
+    """What git needs to write for a commit on the job's own branch, made ready for a sandbox's rules: the
+    shared objects, the branch's folder of refs and of reflogs, and the worktree's administrative folder.
+    Not the repository's config, hooks, other branches' folders or tags."""
+    if not worktree or "admin" not in worktree:
+        return []
+    common = os.path.dirname(os.path.dirname(worktree["admin"]))
+    folders = [os.path.join(common, "refs", "heads", WORKTREE_BRANCH_PREFIX.rstrip("/")),
+               os.path.join(common, "logs", "refs", "heads", WORKTREE_BRANCH_PREFIX.rstrip("/"))]
+    for folder in folders:
+        os.makedirs(folder, exist_ok=True)
+    return [worktree["admin"], os.path.join(common, "objects"), *folders]
+
+
 def tree_commit(folder: str, parent: str, index: Path, message: str, git_dir: list[str] | None = None) -> str:
     """A commit of everything in folder's working tree (untracked files too, ignored ones not) on parent,
     made through a throwaway index: the folder's own index, stash and branches are untouched. parent itself

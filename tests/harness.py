@@ -121,7 +121,7 @@ class Bridge:
                      hermes=hermes, settings={})
         bridge.configure(hermes_exe=str(hermes), hermes_home=str(tmp_path / "hermes-home"),
                          allowed_roots=[str(root)], jobs_dir=str(bridge.jobs), logs_dir=str(tmp_path / "logs"),
-                         kill_grace_s=1, default_timeout_s=120)
+                         kill_grace_s=1, default_timeout_s=120, sandbox_writable=[str(trace)])
         return bridge
 
     def kill_leftovers(self) -> None:

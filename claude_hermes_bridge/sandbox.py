@@ -1,0 +1,134 @@
+"""[both] Writes limited by the operating system for Hermes and everything it starts (Linux: Landlock): what
+this machine supports, and the step between the supervisor and Hermes that confines the process that then
+becomes Hermes. Imports nothing of the package: it runs before Hermes starts, in a process of its own."""
+import ctypes
+import json
+import os
+import platform
+import sys
+
+SANDBOX_MODES = ("auto", "required", "off")
+SANDBOX_STEP = "claude_hermes_bridge.sandbox"  # `python -m`-like: confine, then exec Hermes
+
+# Landlock's stable kernel ABI (include/uapi/linux/landlock.h): the system calls are the same on x86_64 and
+# arm64, and no maintained Python binding covers the scopes of ABI 6, so a few lines of ctypes call it.
+SYSCALLS = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446), "arm64": (444, 445, 446)}
+CREATE_RULESET_VERSION = 1
+RULE_PATH_BENEATH = 1
+PR_SET_NO_NEW_PRIVS = 38
+WRITE_FILE, REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR, MAKE_REG = 1 << 1, 1 << 4, 1 << 5, 1 << 6, 1 << 7, 1 << 8
+MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM, REFER, TRUNCATE = 1 << 9, 1 << 10, 1 << 11, 1 << 12, 1 << 13, 1 << 14
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
+FILE_RIGHTS = WRITE_FILE | TRUNCATE  # the rights a rule on a file (not a folder) may carry
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx",
+           "/dev/pts", "/dev/shm")  # what a shell and Python's multiprocessing write to
+
+
+class RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def libc() -> ctypes.CDLL:
+    library = ctypes.CDLL(None, use_errno=True)
+    library.syscall.restype = ctypes.c_long
+    return library
+
+
+def landlock_abi() -> tuple[int, str]:
+    """The Landlock ABI this kernel offers (0 when none), and why not in words."""
+    if not sys.platform.startswith("linux"):
+        return 0, f"Landlock is Linux's; this is {platform.system() or sys.platform}"
+    numbers = SYSCALLS.get(platform.machine())
+    if numbers is None:
+        return 0, f"Landlock's system calls are not known here for {platform.machine()}"
+    abi = libc().syscall(numbers[0], None, ctypes.c_size_t(0), ctypes.c_uint32(CREATE_RULESET_VERSION))
+    if abi < 1:
+        error = ctypes.get_errno()
+        return 0, ("the kernel has Landlock disabled (boot with lsm=...,landlock)" if error == 95
+                   else f"this kernel has no Landlock (Linux 5.13 or later): {os.strerror(error)}")
+    return int(abi), ""
+
+
+def write_rights(abi: int) -> int:
+    """Every right that writes, for this ABI (REFER from 2, TRUNCATE from 3); reading is not handled."""
+    rights = (WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_CHAR | MAKE_DIR | MAKE_REG | MAKE_SOCK | MAKE_FIFO
+              | MAKE_BLOCK | MAKE_SYM)
+    return rights | (REFER if abi >= 2 else 0) | (TRUNCATE if abi >= 3 else 0)
+
+
+def confine(writable: list[str]) -> int:
+    """This process and every process it starts from now on may write only beneath `writable` (folders, or
+    single files), may not signal a process outside them, nor reach an abstract Unix socket outside (ABI 6).
+    Returns the ABI enforced; OSError when Landlock refuses."""
+    abi, why_not = landlock_abi()
+    if not abi:
+        raise OSError(why_not)
+    create, add_rule, restrict = SYSCALLS[platform.machine()]
+    call = libc().syscall
+    handled = write_rights(abi)
+    attr = RulesetAttr(handled, 0, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
+    size = ctypes.sizeof(RulesetAttr) if abi >= 6 else 8  # the fields this ABI knows
+    ruleset = call(create, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
+    try:
+        for path in writable:
+            descriptor = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                is_folder = os.path.isdir(f"/proc/self/fd/{descriptor}")
+                rule = PathBeneathAttr(handled if is_folder else handled & FILE_RIGHTS, descriptor)
+                if call(add_rule, ruleset, RULE_PATH_BENEATH, ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
+                    error = ctypes.get_errno()
+                    raise OSError(error, f"landlock_add_rule {path}: {os.strerror(error)}")
+            finally:
+                os.close(descriptor)
+        if libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        if call(restrict, ruleset, ctypes.c_uint32(0)) < 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"landlock_restrict_self: {os.strerror(error)}")
+    finally:
+        os.close(ruleset)
+    return abi
+
+
+def step_argv(writable: list[str], argv: list[str]) -> list[str]:
+    """The command that confines itself to `writable`, then becomes argv (same process, same pid, same
+    environment): `python -I -S` spends no time on site packages."""
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    boot = (f"import sys; sys.path.insert(0, sys.argv.pop(1)); from {SANDBOX_STEP} import step; step()")
+    return [sys.executable, "-I", "-S", "-c", boot, package_parent, json.dumps(writable), "--", *argv]
+
+
+def step() -> None:
+    """The program step_argv runs: confine, then exec Hermes; if Landlock refuses, Hermes is not started."""
+    writable, _, *argv = sys.argv[1:]
+    try:
+        confine(json.loads(writable))
+    except OSError as exc:
+        sys.stderr.write(f"[bridge] the sandbox could not be applied ({exc}); Hermes was not started\n")
+        sys.exit(126)
+    os.execv(argv[0], argv)
+
+
+def devices() -> list[str]:
+    return [path for path in DEVICES if os.path.exists(path)]
+
+
+def support_line(mode: str) -> str:
+    """What a job gets here under this setting, for hermes_health and --check."""
+    if mode == "off":
+        return "off (setting sandbox: off): a job writes wherever your account can"
+    abi, why_not = landlock_abi()
+    if abi:
+        scoped = "; it cannot signal processes outside it or reach abstract sockets" if abi >= 6 else ""
+        return (f"on (Landlock ABI {abi}): a job writes only in its folder, its private temporary folder, Hermes' "
+                f"home and sandbox_writable{scoped}")
+    return (f"not available here ({why_not}): " + ("every job is refused (sandbox: required)" if mode == "required"
+                                                   else "jobs run unconfined (sandbox: auto)"))
