@@ -27,6 +27,19 @@ def require_component(path: Path, what: str) -> Path:
     pytest.skip(message)
 
 
+def require_sandbox() -> None:
+    """A test of what Landlock enforces (with its signal scope, ABI 6+): fails under CI=true without it."""
+    from claude_hermes_bridge.sandbox import landlock_abi
+
+    abi, why_not = landlock_abi()
+    if abi >= 6:
+        return
+    message = f"the sandbox tests need Landlock ABI 6 or later: {why_not or f'this kernel has ABI {abi}'}"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "posix(reason): needs a POSIX system; on Windows it is skipped, with "
                                        "the reason shown")

@@ -94,7 +94,7 @@ def test_a_real_hermes_job_that_poisons_the_shared_repository_has_it_put_back_an
     with ScriptedModel(bridge.tmp) as model:
         write_hermes_home(home, model.base_url)
         bridge.configure(hermes_exe=str(exe), hermes_home=str(home), kill_grace_s=5, hermes_driver="acp",
-                         approvals="yolo")
+                         approvals="yolo", sandbox="off")  # the restore is what holds where no sandbox is
         with bridge.client() as client:
             steps = (f"Set the repository up.\nRUN: FAKE_JOB_SHELL=1 sh {script} && echo b > b.txt && "
                      f"FAKE_JOB_SHELL=1 {COMMIT.replace('-qam', '-qm')} work -q --all && echo planted")

@@ -18,6 +18,7 @@ from claude_hermes_bridge.jobs import JobStore
 from claude_hermes_bridge.repo_guard import bridge_ref_owner
 from claude_hermes_bridge.tools import merge_work
 from claude_hermes_bridge.worktrees import add_worktree, is_branch_of
+from conftest import require_sandbox
 from harness import Bridge, refused
 
 pytestmark = pytest.mark.posix("the fake hermes and the planted programs are shell scripts")
@@ -224,7 +225,7 @@ def test_a_job_that_poisons_the_shared_config_and_hooks_has_them_put_back_and_re
     repo = make_repo(bridge.root / "repo", USER_FILES)
     before = common_files(repo)
     script, mark = poison_script(bridge)
-    bridge.configure(hermes_driver=driver)
+    bridge.configure(hermes_driver=driver, sandbox="off")  # the sandbox would refuse the writes (next test)
     client = bridge.client()
     client.params.env = dict(bridge.env, FAKE_HERMES_ACP="1" if driver == "acp" else "0")
     with client:
@@ -249,6 +250,30 @@ def test_a_job_that_poisons_the_shared_config_and_hooks_has_them_put_back_and_re
     assert not mark.exists(), "a program the job planted ran"
     audit = [json.loads(line) for line in (bridge.tmp / "logs" / "audit.log").read_text().splitlines()]
     assert [e["changed"] for e in audit if e.get("event") == "repository"] == [reported.split(" | ")]
+
+
+def test_under_the_sandbox_the_jobs_writes_to_the_shared_config_and_hooks_fail_and_its_commit_works(
+        bridge: Bridge) -> None:
+    """Issue 38: with the sandbox, the same poisoning fails at its first write (git config gets a permission
+    error), while a commit on the job's own branch still works."""
+    require_sandbox()
+    repo = make_repo(bridge.root / "repo", USER_FILES)
+    before = common_files(repo)
+    script = bridge.tmp / "try.sh"
+    script.write_text("git config core.hooksPath /tmp/x 2>> tried.txt || echo config-refused >> tried.txt\n"
+                      "cp tried.txt \"$(git rev-parse --git-common-dir)/hooks/pre-commit\" 2>/dev/null "
+                      "|| echo hook-refused >> tried.txt\n"
+                      "git tag planted 2>/dev/null || echo tag-refused >> tried.txt\n")
+    with bridge.client() as client:
+        job = final(client, task=f"!shell={script} !write=b.txt:bee !commit=work", cwd=str(repo),
+                    isolation="worktree")
+    assert job.field("STATUS") == "ok", job.text
+    assert job.field("SANDBOX").startswith("writes limited to "), job.text
+    worktree = bridge.jobs / "worktrees" / job.field("JOB_ID")
+    tried = (worktree / "tried.txt").read_text()
+    assert "config-refused" in tried and "hook-refused" in tried and "tag-refused" in tried, tried
+    assert common_files(repo) == before and "REPOSITORY" not in job.text
+    assert git(repo, "log", "-1", "--format=%s", f"hermes-bridge/{job.field('JOB_ID')}") == "work"
 
 
 def test_what_changes_after_the_job_ended_is_put_back_before_the_landing_and_core_worktree_is_not_followed(
