@@ -1,0 +1,138 @@
+"""Issue 38: with `sandbox` on (the default, Linux with Landlock), Hermes and everything it starts write only
+in the job's folder, its private temporary folder and Hermes' home, and signal no process outside the job.
+The fake Hermes' `!shell=SCRIPT` is the job's shell: each escape a hostile or mistaken job would try, and the
+work it is there to do."""
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from test_supervisor import supervised
+from test_worktrees import final
+
+from claude_hermes_bridge.jobs import JobState
+from claude_hermes_bridge.sandbox import step_argv
+from conftest import require_sandbox
+from harness import Bridge
+
+pytestmark = pytest.mark.posix("Landlock is Linux's; the fake Hermes is a shell script")
+
+
+def escapes(bridge: Bridge, victim: int) -> tuple[Path, dict[str, Path]]:
+    """A script trying every escape in turn (each one's failure recorded in tried.txt as DENIED <name>), and
+    the targets it aims at, which must stay as they are."""
+    outside = bridge.tmp / "outside"
+    sibling = bridge.tmp / "sibling-project"
+    for folder in (outside, sibling):
+        folder.mkdir()
+    (sibling / "keep.txt").write_text("the user's\n")
+    (outside / "linked.txt").write_text("the user's\n")
+    (outside / "moved-from.txt").write_text("")
+    home = bridge.tmp / "home"
+    targets = {"redirect": outside / "redirect.txt", "sibling": sibling / "keep.txt", "home": home / ".bashrc",
+               "symlink": outside / "via-symlink.txt", "hardlink": outside / "linked.txt",
+               "gitconfig": home / ".gitconfig", "unit": home / ".config" / "systemd" / "user" / "x.service",
+               "late": outside / "late.txt"}
+    script = bridge.tmp / "escapes.sh"
+    script.write_text(f"""
+try() {{ name=$1; shift; if ( "$@" ) >/dev/null 2>&1; then echo "DONE $name"; else echo "DENIED $name"; fi \
+  >> tried.txt; }}
+try redirect sh -c 'echo pwned > {targets["redirect"]}'
+try sibling rm -rf {sibling}
+try home python3 -c 'open("{targets["home"]}", "a").write("pwned")'
+ln -s {outside} escape-link
+try symlink sh -c 'echo pwned > escape-link/via-symlink.txt'
+try hardlink sh -c 'ln {targets["hardlink"]} hard.txt && echo pwned >> hard.txt'
+try move sh -c 'echo mine > mine.txt && mv mine.txt {outside}/moved.txt'
+try gitconfig env HOME={home} git config --global core.pager pwned
+try unit sh -c 'mkdir -p {targets["unit"].parent} && echo pwned > {targets["unit"]}'
+try kill kill {victim}
+(setsid nohup sh -c 'sleep 1; echo pwned > {targets["late"]}' >/dev/null 2>&1 &)
+try work sh -c 'echo done > work.txt'
+try tmp sh -c 'echo scratch > "$TMPDIR/scratch.txt" && test -s "$TMPDIR/scratch.txt"'
+""")
+    return script, targets
+
+
+@pytest.mark.parametrize("driver", ["cli", "acp"])
+def test_every_escape_fails_inside_the_job_and_its_own_work_is_done(bridge: Bridge, driver: str) -> None:
+    require_sandbox()
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        script, targets = escapes(bridge, victim.pid)
+        before = {name: path.read_bytes() if path.exists() else None for name, path in targets.items()}
+        bridge.configure(hermes_driver=driver)
+        client = bridge.client()
+        client.params.env = dict(bridge.env, FAKE_HERMES_ACP="1" if driver == "acp" else "0")
+        with client:
+            job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
+        time.sleep(1.5)  # the background process' write, had it been allowed
+        assert job.field("STATUS") == "ok", job.text
+        log = (bridge.root / "tried.txt").read_text()
+        for name in ("redirect", "sibling", "home", "symlink", "hardlink", "move", "gitconfig", "unit", "kill"):
+            assert f"DENIED {name}" in log, (name, log[-3000:])
+        assert "DONE work" in log and "DONE tmp" in log, log[-3000:]
+        assert {name: path.read_bytes() if path.exists() else None for name, path in targets.items()} == before
+        assert victim.poll() is None, "the job killed a process of the user's"
+        assert (bridge.root / "work.txt").read_text() == "done\n"
+        sandbox = job.field("SANDBOX")
+        assert sandbox.startswith(f"writes limited to {bridge.root}, {bridge.jobs / 'tmp' / job.field('JOB_ID')} "
+                                  "(TMPDIR), Hermes' home "), sandbox
+        assert "no signal to a process outside the job" in sandbox
+        assert not (bridge.jobs / "tmp" / job.field("JOB_ID")).exists()  # the private folder goes with the job
+    finally:
+        victim.kill()
+
+
+def test_off_runs_unconfined_and_says_so(bridge: Bridge) -> None:
+    bridge.configure(sandbox="off")
+    outside = bridge.tmp / "outside.txt"
+    script = bridge.tmp / "write.sh"
+    script.write_text(f"echo written > {outside}\n")
+    with bridge.client() as client:
+        job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
+        health = client.call("hermes_health")
+    assert job.field("SANDBOX") == "off (setting sandbox: off): the job writes wherever your account can"
+    assert outside.read_text() == "written\n"
+    assert health.field("SANDBOX").startswith("off (setting sandbox: off)")
+
+
+def test_required_refuses_a_job_where_no_sandbox_is_and_auto_runs_it_saying_why(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr("claude_hermes_bridge.supervisor.landlock_abi", lambda: (0, "no Landlock in this kernel"))
+    (tmp_path / "required").mkdir()
+    (tmp_path / "auto").mkdir()
+    required, starter = supervised(tmp_path / "required", "print('ran')")
+    required.cfg.sandbox = "required"
+    required.run()
+    record = required.store.read(required.job_id)
+    assert record.state is JobState.ERROR and not starter.calls
+    assert record.reason == ("sandbox is required, and this machine cannot give one (no Landlock in this kernel); "
+                             "Hermes was not started. Set sandbox to auto or off to run unconfined")
+    auto, starter = supervised(tmp_path / "auto", "print('ran')")
+    auto.run()
+    record = auto.store.read(auto.job_id)
+    assert record.state is JobState.OK and starter.calls
+    assert record.sandbox == ("not available here (no Landlock in this kernel): the job writes wherever your "
+                              "account can")
+
+
+def test_health_says_what_the_sandbox_does_here(bridge: Bridge) -> None:
+    require_sandbox()
+    with bridge.client() as client:
+        health = client.call("hermes_health")
+    assert health.field("SANDBOX").startswith("on (Landlock ABI "), health.text
+    assert "it cannot signal processes outside it" in health.field("SANDBOX")
+
+
+def test_the_step_confines_then_becomes_the_program_and_starts_nothing_it_cannot_confine(tmp_path: Path) -> None:
+    require_sandbox()
+    done = subprocess.run(step_argv([str(tmp_path / "missing")], ["/bin/sh", "-c", "echo started"]),
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 126 and "started" not in done.stdout
+    assert "the sandbox could not be applied" in done.stderr and "Hermes was not started" in done.stderr
+    outside = tmp_path.parent / f"outside-{os.getpid()}"
+    started = subprocess.run(step_argv([str(tmp_path)], ["/bin/sh", "-c", f"echo ok > {tmp_path}/in; "
+                                                          f"echo no > {outside} || :; echo $$"]),
+                             capture_output=True, text=True, timeout=30)
+    assert started.returncode == 0 and (tmp_path / "in").read_text() == "ok\n" and not outside.exists()
