@@ -30,6 +30,7 @@ the MCP stack). A module imports only from modules above it in this list (tests/
   git_calls .......... [both] the bridge's own git, which runs no program a repository's config or attributes name
   worktrees .......... [both] a worktree job's repository, its worktree made and removed, its work saved
   repo_guard ......... [both] a worktree job's shared repository: config and hooks put back, refs named
+  home_guard ......... [supervisor] a sandboxed job's Hermes settings (config.yaml, .env, skills, ...) put back
   hermes_cli ......... [both] locating Hermes, the options it declares, its command line, its exit codes in words
   hermes_store ....... [both] Hermes' state.db read with a deadline: activity, usage, current tool, answer
   hermes_acp ......... [both] whether this Hermes speaks ACP (choose_driver); [supervisor] the conversation

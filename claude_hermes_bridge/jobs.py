@@ -4,6 +4,7 @@ import enum
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -69,7 +70,7 @@ QUESTIONS_KEPT = 1000
 QUESTIONS_MAX_BYTES = 1 << 20
 DECISIONS_KEPT = 100
 LATE_ANSWERS_KEPT = 20
-REPOSITORY_NOTES_KEPT = 40  # what a worktree job changed in its shared repository, one note per path
+GUARD_NOTES_KEPT = 40  # what a job changed in its shared repository or in Hermes' settings, one note per path
 ANSWERS_MAX_BYTES = 1 << 20
 LATE_KEY = "late"  # the answers file's list of late answers, which the supervisor copies into the record
 # allow_for_job: this question, and the same command (the exact text) asked again in this job, are allowed
@@ -167,8 +168,8 @@ def is_worktree(value: Any) -> bool:
     return is_flat_dict(value) and is_text_fields(value, ("repo", "path", "branch", "base"))
 
 
-def is_repository_notes(value: Any) -> bool:
-    return is_text_list(value) and len(value) <= REPOSITORY_NOTES_KEPT
+def is_guard_notes(value: Any) -> bool:
+    return is_text_list(value) and len(value) <= GUARD_NOTES_KEPT
 
 
 def is_diff(value: Any) -> bool:
@@ -258,8 +259,9 @@ class JobRecord:
     worktree: dict[str, Any] | None = checked(is_worktree)  # a worktree job's: repo, path, branch, base
     diff: dict[str, Any] | None = checked(is_diff)  # a worktree job's work against its base: counts and the patch file
     landed: dict[str, Any] | None = checked(is_landed)  # what hermes_land did with the work: action, how, at
-    repository: list[str] = checked(is_repository_notes, factory=list)  # what the job changed in its shared repository
+    repository: list[str] = checked(is_guard_notes, factory=list)  # what the job changed in its shared repository
     sandbox: str | None = checked(is_text)  # what the operating system confined the job to, or why nothing
+    hermes_home: list[str] = checked(is_guard_notes, factory=list)  # what a sandboxed job changed of Hermes' settings
 
     def add_decision(self, decision: dict[str, Any]) -> None:
         """A question decided: counted, and kept among the newest DECISIONS_KEPT."""
@@ -401,6 +403,14 @@ class JobStore:
         """A worktree job's shared repository as it was before Hermes started: config, hooks, refs."""
         return self.root / f"{job_id}.repository"
 
+    def home_snapshot_path(self, job_id: str) -> Path:
+        """A sandboxed job's guarded part of Hermes' home as it was before Hermes started."""
+        return self.root / f"{job_id}.hermes-home"
+
+    def home_changes_path(self, job_id: str) -> Path:
+        """The job's versions of what it changed in the guarded part of Hermes' home (put back since)."""
+        return self.root / f"{job_id}.hermes-home-changes"
+
     def worktree_path(self, job_id: str) -> Path:
         """Where a worktree job's worktree is made: in the jobs folder, outside every repository."""
         return self.root / "worktrees" / job_id
@@ -535,9 +545,10 @@ class JobStore:
     def remove(self, job_id: str) -> None:
         """The record goes last: a log still held open (Windows) leaves the job listed, to be pruned later,
         instead of a log without a record left behind for ever."""
+        shutil.rmtree(self.home_changes_path(job_id), ignore_errors=True)
         for path in (self.log_path(job_id), self.task_path(job_id), self.cancel_path(job_id),
                      self.answers_path(job_id), self.patch_path(job_id), self.repository_snapshot_path(job_id),
-                     self.locks / f"{job_id}.lock",
+                     self.home_snapshot_path(job_id), self.locks / f"{job_id}.lock",
                      self.record_path(job_id)):
             path.unlink(missing_ok=True)
 

@@ -200,8 +200,12 @@ def decision_lines(record: JobRecord) -> list[str]:
     return lines
 
 
-def sandbox_line(record: JobRecord) -> list[str]:
-    return [f"SANDBOX: {shown(record.sandbox, 1200)}"] if record.sandbox else []
+def sandbox_lines(record: JobRecord) -> list[str]:
+    """What the operating system confined the job to, and what it changed of Hermes' settings (put back)."""
+    lines = [f"SANDBOX: {shown(record.sandbox, 1200)}"] if record.sandbox else []
+    if record.hermes_home:
+        lines.append("HERMES_SETTINGS: " + " | ".join(shown(note, 600) for note in record.hermes_home))
+    return lines
 
 
 def spend_line(record: JobRecord) -> list[str]:
@@ -314,7 +318,7 @@ def running_lines(view: JobView, log: Path, details: JobDetails | None) -> tuple
              f"TIMEOUT_S: {record.timeout_s:g} (hard cap we enforce)", f"FULL_LOG: {shown(str(log))}"]
     if view.condition:
         lines.append(f"CONDITION: {shown(view.condition, 600)}")
-    lines += sandbox_line(record) + spend_line(record) + worktree_lines(record)
+    lines += sandbox_lines(record) + spend_line(record) + worktree_lines(record)
     if details:
         lines.append(f"ACTIVITY: {shown(details.activity, 400)}")
         if details.current_tool:
@@ -359,7 +363,7 @@ def final_lines(view: JobView, cfg: Config, log: Path, details: JobDetails | Non
     if details:
         after.append(f"USAGE: {shown(details.usage, 400)}")
     after += spend_line(record)
-    after += sandbox_line(record) + changes_lines(record) + worktree_lines(record)
+    after += sandbox_lines(record) + changes_lines(record) + worktree_lines(record)
     if details:
         after += ["--- HERMES ANSWER ---", *quoted_answer(details.answer or "", cfg.max_output_chars)]
     return lines, after + ["--- HERMES OUTPUT ---", log_excerpt(log, cfg.max_output_chars)]

@@ -4,12 +4,12 @@ import base64
 import json
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
 from .git_calls import GitFailed, git, git_text
-from .jobs import JOB_ID_RE, REPOSITORY_NOTES_KEPT, JobRecord, JobStore
+from .jobs import GUARD_NOTES_KEPT, JOB_ID_RE, JobRecord, JobStore
 from .safe_io import read_capped, shown, write_atomic
 from .worktrees import LEGACY_REF_PREFIX, WORKTREE_BRANCH_PREFIX, WORKTREE_REF_PREFIX
 
@@ -138,6 +138,20 @@ def put_back(path: str, entry: dict[str, Any] | None) -> bool:
     return True
 
 
+def changed_entries(kept: dict[str, Any], also: list[str]) -> Iterator[tuple[str, Any, Any]]:
+    """(path, as kept, as it is now) for every kept path, and every path of `also`, that differs now; a folder
+    before what it holds, each read only when its turn comes (a folder put back changes what it holds)."""
+    paths = list(dict.fromkeys([*kept, *also]))
+    for path in sorted(paths, key=lambda name: (name.count(os.sep), name)):
+        before, after = kept.get(path), read_entry(path)
+        if before != after:
+            yield path, before, after
+
+
+def change_verb(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
+    return "created" if before is None else "removed" if after is None else "changed"
+
+
 def changed_settings(before: list[str], after: list[str]) -> list[str]:
     """The settings that differ, by name (a driver's or a section's as name.*): core.hooksPath, filter.pwn.*."""
     names = set()
@@ -154,23 +168,17 @@ def restore_repository(top: str, snapshot: dict[str, Any]) -> list[str]:
     common = snapshot["common"]
     files: dict[str, Any] = snapshot["files"]
     now_configs = {path: config_entries(path) for path in snapshot["configs"]}
-    paths = list(dict.fromkeys([*files, *guarded_paths(common, {})]))
     said = []
-    for path in sorted(paths, key=lambda name: (name.count(os.sep), name)):  # a folder before what it holds
-        before, after = files.get(path), read_entry(path)
-        if before == after:
-            continue
+    for path, before, after in changed_entries(files, guarded_paths(common, {})):
         try:
             restored = put_back(path, before)
         except OSError as exc:
-            restored = False
             said.append(f"{where(path, top)} could not be put back ({exc.strerror or exc})")
             continue
         settings = changed_settings(snapshot["configs"].get(path, []), now_configs.get(path, []))
         what = f" ({', '.join(settings[:CHANGES_NAMED])}{', ...' if len(settings) > CHANGES_NAMED else ''})" \
             if settings else ""
-        verb = "created" if before is None else "removed" if after is None else "changed"
-        said.append(f"the job {verb} {where(path, top)}{what}; "
+        said.append(f"the job {change_verb(before, after)} {where(path, top)}{what}; "
                     + ("restored" if restored else "NOT restored (too large to have been kept)"))
     return said
 
@@ -240,5 +248,5 @@ def check_repository(store: JobStore, record: JobRecord, refs_too: bool) -> list
         refs = changed_refs(top, snapshot, expected)
         notes += [refs] if refs else []
         save_snapshot(store.repository_snapshot_path(record.id), take_snapshot(top))  # what a landing compares with
-    record.repository = [*record.repository, *notes][-REPOSITORY_NOTES_KEPT:]
+    record.repository = [*record.repository, *notes][-GUARD_NOTES_KEPT:]
     return notes

@@ -22,6 +22,11 @@ SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
 FILE_RIGHTS = WRITE_FILE | TRUNCATE  # the rights a rule on a file (not a folder) may carry
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx",
            "/dev/pts", "/dev/shm")  # what a shell and Python's multiprocessing write to
+# The user's session services, reached through sockets Landlock ABI 7 does not govern (connecting to a named
+# socket is not a write): their addresses are not handed to a sandboxed job. This stops their use by accident
+# (ssh to a remote with the user's keys, a desktop notification); it is not a barrier (docs/security.md).
+SESSION_SERVICES = ("SSH_AUTH_SOCK", "DBUS_SESSION_BUS_ADDRESS", "TMUX", "TMUX_PANE", "DOCKER_HOST",
+                    "GPG_AGENT_INFO", "WAYLAND_DISPLAY", "DISPLAY", "XAUTHORITY")
 
 
 class RulesetAttr(ctypes.Structure):
@@ -100,10 +105,10 @@ def confine(writable: list[str]) -> int:
 
 def step_argv(writable: list[str], argv: list[str]) -> list[str]:
     """The command that confines itself to `writable`, then becomes argv (same process, same pid, same
-    environment): `python -I -S` spends no time on site packages."""
+    environment): `python -I -S` spends no time on site packages, `-B` writes no bytecode beside the package."""
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     boot = (f"import sys; sys.path.insert(0, sys.argv.pop(1)); from {SANDBOX_STEP} import step; step()")
-    return [sys.executable, "-I", "-S", "-c", boot, package_parent, json.dumps(writable), "--", *argv]
+    return [sys.executable, "-I", "-S", "-B", "-c", boot, package_parent, json.dumps(writable), "--", *argv]
 
 
 def step() -> None:

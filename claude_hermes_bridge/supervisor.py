@@ -2,6 +2,7 @@
 import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -34,8 +35,10 @@ from .hermes_store import (
     sessions_started_in,
     store_fingerprint,
 )
+from .home_guard import guard_home, restore_home
 from .jobs import (
     CHANGED_LINES,
+    GUARD_NOTES_KEPT,
     HEARTBEAT_S,
     LATE_ANSWERS_KEPT,
     MAX_TASK_BYTES,
@@ -63,8 +66,8 @@ from .safe_io import (
     shown,
     within_any,
 )
+from .sandbox import SESSION_SERVICES, landlock_abi, step_argv
 from .sandbox import devices as sandbox_devices
-from .sandbox import landlock_abi, step_argv
 from .worktrees import add_worktree, job_roots, save_worktree_work, worktree_git_paths
 
 # `server.py --supervise <id>`: one detached process per job that owns it from start to outcome.
@@ -458,12 +461,27 @@ class Supervisor:
         extra = [path for path in cfg.sandbox_writable if os.path.isabs(path) and os.path.isdir(path)]
         self.writable = [*own, str(self.private_tmp), str(home), *worktree_git_paths(record.worktree), *extra,
                          *sandbox_devices()]
+        try:
+            guard_home(self.store, self.job_id, str(home))
+        except OSError as exc:
+            return Outcome(JobState.ERROR, None, f"Hermes' settings in {shown(str(home))} could not be recorded before "
+                           f"the job ({exc.strerror or exc}), so what it changed there could not be put back; Hermes "
+                           "was not started")
         scoped = "; no signal to a process outside the job" if abi >= 6 else ""
         record.sandbox = (f"writes limited to {shown(own[0])}, {shown(str(self.private_tmp))} (TMPDIR), Hermes' home "
-                          f"{shown(str(home))}" + (", the repository's objects and the job's branch"
-                                                    if record.worktree else "")
+                          f"{shown(str(home))} (its settings, skills, hooks and cron put back at the end)"
+                          + (", the repository's objects and the job's branch" if record.worktree else "")
                           + (f", {shown(', '.join(extra), 600)}" if extra else "") + f" (Landlock ABI {abi}{scoped})")
         return None
+
+    def _restore_home(self) -> None:
+        """What the sandboxed job changed of Hermes' settings put back, reported and audited."""
+        notes = restore_home(self.store, self.job_id)
+        for note in notes:
+            self.note(f"Hermes' home: {note}")
+        if notes:
+            self.record.hermes_home = notes[-GUARD_NOTES_KEPT:]
+            audit(self.cfg, event="hermes_home", job_id=self.job_id, changed=notes)
 
     def _make_worktree(self, worktree: dict[str, Any]) -> None:
         """The job's worktree, made before Hermes starts (a fresh one on its branch, or a resumed job's again
@@ -495,6 +513,7 @@ class Supervisor:
         env = hermes_env(cfg, record.marker)
         if self.writable:
             plan = dataclasses.replace(plan, argv=step_argv(self.writable, plan.argv))
+            env = {key: value for key, value in env.items() if key not in SESSION_SERVICES}
             env.update(TMPDIR=str(self.private_tmp), TEMP=str(self.private_tmp), TMP=str(self.private_tmp))
         proc = run.start(plan, env)
         if IS_WINDOWS:
@@ -688,6 +707,8 @@ class Supervisor:
         record.session_id = session_id
         record.late_answers = [*record.late_answers, *self.store.answers_file(self.job_id)[1]][-LATE_ANSWERS_KEPT:]
         try:
+            if self.writable:
+                self._restore_home()
             if record.worktree:
                 self._check_repository()
                 save_worktree_work(self.store, record)
@@ -707,8 +728,6 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
         if self.private_tmp is not None:
-            import shutil
-
             shutil.rmtree(self.private_tmp, ignore_errors=True)
         audit(self.cfg, event="job", job_id=self.job_id, state=outcome.state.value, exit_code=exit_code,
               reason=outcome.reason)

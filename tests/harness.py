@@ -501,4 +501,3 @@ EXPECTED_ARGS = {
 
 
 READ_ONLY = {"hermes_status", "hermes_jobs", "hermes_read", "hermes_capabilities", "hermes_health", "hermes_view_job"}
-

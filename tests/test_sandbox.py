@@ -2,8 +2,10 @@
 in the job's folder, its private temporary folder and Hermes' home, and signal no process outside the job.
 The fake Hermes' `!shell=SCRIPT` is the job's shell: each escape a hostile or mistaken job would try, and the
 work it is there to do."""
+import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -48,6 +50,8 @@ try move sh -c 'echo mine > mine.txt && mv mine.txt {outside}/moved.txt'
 try gitconfig env HOME={home} git config --global core.pager pwned
 try unit sh -c 'mkdir -p {targets["unit"].parent} && echo pwned > {targets["unit"]}'
 try kill kill {victim}
+try settings sh -c 'echo "approvals: {{mode: off}}" >> "$HERMES_HOME/config.yaml" && mkdir -p "$HERMES_HOME/skills/x" \
+  && echo pwned > "$HERMES_HOME/skills/x/SKILL.md"'
 (setsid nohup sh -c 'sleep 1; echo pwned > {targets["late"]}' >/dev/null 2>&1 &)
 try work sh -c 'echo done > work.txt'
 try tmp sh -c 'echo scratch > "$TMPDIR/scratch.txt" && test -s "$TMPDIR/scratch.txt"'
@@ -61,6 +65,8 @@ def test_every_escape_fails_inside_the_job_and_its_own_work_is_done(bridge: Brid
     victim = subprocess.Popen(["sleep", "60"])
     try:
         script, targets = escapes(bridge, victim.pid)
+        (bridge.tmp / "hermes-home" / "skills").mkdir(parents=True, exist_ok=True)
+        (bridge.tmp / "hermes-home" / "config.yaml").write_text("model: x\n")
         before = {name: path.read_bytes() if path.exists() else None for name, path in targets.items()}
         bridge.configure(hermes_driver=driver)
         client = bridge.client()
@@ -73,6 +79,15 @@ def test_every_escape_fails_inside_the_job_and_its_own_work_is_done(bridge: Brid
         for name in ("redirect", "sibling", "home", "symlink", "hardlink", "move", "gitconfig", "unit", "kill"):
             assert f"DENIED {name}" in log, (name, log[-3000:])
         assert "DONE work" in log and "DONE tmp" in log, log[-3000:]
+        # Hermes' home stays writable (its store, journal and locks sit beside config.yaml): put back at the end
+        assert "DONE settings" in log and (bridge.tmp / "hermes-home" / "config.yaml").read_text() == "model: x\n"
+        assert not (bridge.tmp / "hermes-home" / "skills" / "x").exists()
+        job_version = bridge.jobs / f"{job.field('JOB_ID')}.hermes-home-changes" / "config.yaml"
+        assert job.field("HERMES_SETTINGS") == (
+            f"the job changed config.yaml; put back (the job's version: {job_version}) | the job created skills/x; "
+            f"put back | the job created skills/x/SKILL.md; put back (the job's version: "
+            f"{job_version.parent / 'skills' / 'x' / 'SKILL.md'})"), job.text
+        assert job_version.read_text() == "model: x\napprovals: {mode: off}\n"
         assert {name: path.read_bytes() if path.exists() else None for name, path in targets.items()} == before
         assert victim.poll() is None, "the job killed a process of the user's"
         assert (bridge.root / "work.txt").read_text() == "done\n"
@@ -110,6 +125,7 @@ def test_required_refuses_a_job_where_no_sandbox_is_and_auto_runs_it_saying_why(
     assert record.reason == ("sandbox is required, and this machine cannot give one (no Landlock in this kernel); "
                              "Hermes was not started. Set sandbox to auto or off to run unconfined")
     auto, starter = supervised(tmp_path / "auto", "print('ran')")
+    auto.cfg.sandbox = "auto"
     auto.run()
     record = auto.store.read(auto.job_id)
     assert record.state is JobState.OK and starter.calls
@@ -136,3 +152,56 @@ def test_the_step_confines_then_becomes_the_program_and_starts_nothing_it_cannot
                                                           f"echo no > {outside} || :; echo $$"]),
                              capture_output=True, text=True, timeout=30)
     assert started.returncode == 0 and (tmp_path / "in").read_text() == "ok\n" and not outside.exists()
+
+
+def test_the_supervisor_starts_hermes_through_the_step_with_a_private_tmp_and_no_session_sockets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    require_sandbox()
+    monkeypatch.setenv("SSH_AUTH_SOCK", str(tmp_path / "agent.sock"))
+    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", "unix:path=/run/user/1/bus")
+    supervisor, starter = supervised(tmp_path, "print('ran')")
+    supervisor.cfg.sandbox = "auto"
+    supervisor.run()
+    [call] = starter.calls
+    record = supervisor.store.read(supervisor.job_id)
+    private = supervisor.store.root / "tmp" / supervisor.job_id
+    hermes_argv = call["argv"][call["argv"].index("--") + 1:]
+    assert call["argv"][:4] == [sys.executable, "-I", "-S", "-B"] and hermes_argv[0] == str(tmp_path / "hermes")
+    writable = json.loads(call["argv"][call["argv"].index("--") - 1])
+    assert writable[:3] == [str(tmp_path / "root"), str(private), str(tmp_path / "home")]
+    assert call["env"]["TMPDIR"] == call["env"]["TEMP"] == call["env"]["TMP"] == str(private)
+    assert "SSH_AUTH_SOCK" not in call["env"] and "DBUS_SESSION_BUS_ADDRESS" not in call["env"]
+    assert record.state is JobState.OK and record.sandbox and record.sandbox.startswith("writes limited to ")
+    assert not private.exists()
+
+
+def test_what_a_job_changed_of_hermes_settings_is_put_back_and_its_version_kept(tmp_path: Path) -> None:
+    """The home guard on its own: config.yaml edited, .env removed, a cron job planted; what Hermes makes at its
+    first run in a home (hooks, here) is kept and said."""
+    home = tmp_path / "home"
+    (home / "skills" / "mine").mkdir(parents=True)
+    (home / "cron").mkdir()
+    (home / "config.yaml").write_text("approvals: {mode: manual}\n")
+    (home / ".env").write_text("KEY=1\n")
+    (home / "skills" / "mine" / "SKILL.md").write_text("mine\n")
+    program = (f"import os, pathlib; h = pathlib.Path({str(home)!r}); "
+               "(h / 'config.yaml').write_text('approvals: {mode: off}\\n'); os.unlink(h / '.env'); "
+               "(h / 'cron' / 'jobs.json').write_text('[]'); (h / 'hooks').mkdir(); (h / 'hooks' / 'x').write_text(''); "
+               "(h / 'state.db').write_text('sessions')")
+    supervisor, _ = supervised(tmp_path, program)
+    supervisor.cfg.sandbox = "auto"
+    supervisor.run()
+    record = supervisor.store.read(supervisor.job_id)
+    kept = supervisor.store.root / f"{supervisor.job_id}.hermes-home-changes"
+    assert record.hermes_home == ["hooks made (Hermes' first run in this home); kept",
+                                  "the job removed .env; put back",
+                                  f"the job changed config.yaml; put back (the job's version: {kept / 'config.yaml'})",
+                                  "the job created cron/jobs.json; put back (the job's version: "
+                                  f"{kept / 'cron' / 'jobs.json'})"]
+    assert (home / "config.yaml").read_text() == "approvals: {mode: manual}\n" and (home / ".env").read_text() == "KEY=1\n"
+    assert not (home / "cron" / "jobs.json").exists() and (home / "hooks" / "x").exists()
+    assert (home / "state.db").read_text() == "sessions"  # Hermes' own: kept
+    assert (kept / "config.yaml").read_text() == "approvals: {mode: off}\n"
+    assert (home / "skills" / "mine" / "SKILL.md").read_text() == "mine\n"
+    supervisor.store.remove(supervisor.job_id)
+    assert not kept.exists() and not supervisor.store.home_snapshot_path(supervisor.job_id).exists()

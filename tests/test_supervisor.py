@@ -73,7 +73,7 @@ def supervised(tmp_path: Path, program: str, task: str = "-do it", timeout_s: fl
     exe.chmod(0o755)
     cfg = Config(path=tmp_path / "config.json", allowed_roots=[str(root)], jobs_dir=str(tmp_path / "jobs"),
                         logs_dir=str(tmp_path / "logs"), hermes_exe=str(exe), hermes_home=str(tmp_path / "home"),
-                        hermes_cli_form=form, kill_grace_s=1)
+                        hermes_cli_form=form, kill_grace_s=1, sandbox="off")  # test_sandbox starts it confined
     store = JobStore(cfg.jobs_path)
     request = JobRequest(kind="run", task=task, cwd=str(root), max_turns=None, timeout_s=timeout_s,
                                 skills=[], toolsets=[])
