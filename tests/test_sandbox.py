@@ -21,42 +21,53 @@ from harness import Bridge
 pytestmark = pytest.mark.posix("Landlock is Linux's; the fake Hermes is a shell script")
 
 
-def escapes(bridge: Bridge, victim: int) -> tuple[Path, dict[str, Path]]:
-    """A script trying every escape in turn (each one's failure recorded in tried.txt as DENIED <name>), and
-    the targets it aims at, which must stay as they are."""
+ESCAPES = ("redirect", "sibling", "home", "symlink", "hardlink", "move", "gitconfig", "unit", "kill", "settings",
+           "late")
+REFUSED = ESCAPES[:-2]  # the sandbox refuses these; Hermes' settings are put back after; the late write is checked
+WORK = ("work", "tmp")
+
+
+def escapes(bridge: Bridge, victim: int, hermes_home: Path) -> tuple[Path, dict[str, Path]]:
+    """A script trying one escape (`sh escapes.sh NAME`) or each in turn (no argument), each result recorded in
+    the folder's tried.txt as DONE or DENIED <name>; and the targets it aims at, which must stay as they are."""
     outside = bridge.tmp / "outside"
     sibling = bridge.tmp / "sibling-project"
     for folder in (outside, sibling):
         folder.mkdir()
     (sibling / "keep.txt").write_text("the user's\n")
     (outside / "linked.txt").write_text("the user's\n")
-    (outside / "moved-from.txt").write_text("")
     home = bridge.tmp / "home"
     targets = {"redirect": outside / "redirect.txt", "sibling": sibling / "keep.txt", "home": home / ".bashrc",
-               "symlink": outside / "via-symlink.txt", "hardlink": outside / "linked.txt",
+               "symlink": outside / "via-symlink.txt", "hardlink": outside / "linked.txt", "move": outside / "moved.txt",
                "gitconfig": home / ".gitconfig", "unit": home / ".config" / "systemd" / "user" / "x.service",
                "late": outside / "late.txt"}
     script = bridge.tmp / "escapes.sh"
     script.write_text(f"""
 try() {{ name=$1; shift; if ( "$@" ) >/dev/null 2>&1; then echo "DONE $name"; else echo "DENIED $name"; fi \
   >> tried.txt; }}
-try redirect sh -c 'echo pwned > {targets["redirect"]}'
-try sibling rm -rf {sibling}
-try home python3 -c 'open("{targets["home"]}", "a").write("pwned")'
-ln -s {outside} escape-link
-try symlink sh -c 'echo pwned > escape-link/via-symlink.txt'
-try hardlink sh -c 'ln {targets["hardlink"]} hard.txt && echo pwned >> hard.txt'
-try move sh -c 'echo mine > mine.txt && mv mine.txt {outside}/moved.txt'
-try gitconfig env HOME={home} git config --global core.pager pwned
-try unit sh -c 'mkdir -p {targets["unit"].parent} && echo pwned > {targets["unit"]}'
-try kill kill {victim}
-try settings sh -c 'echo "approvals: {{mode: off}}" >> "$HERMES_HOME/config.yaml" && mkdir -p "$HERMES_HOME/skills/x" \
-  && echo pwned > "$HERMES_HOME/skills/x/SKILL.md"'
-(setsid nohup sh -c 'sleep 1; echo pwned > {targets["late"]}' >/dev/null 2>&1 &)
-try work sh -c 'echo done > work.txt'
-try tmp sh -c 'echo scratch > "$TMPDIR/scratch.txt" && test -s "$TMPDIR/scratch.txt"'
+one() {{ case $1 in
+  redirect) try redirect sh -c 'echo pwned > {targets["redirect"]}';;
+  sibling) try sibling rm -rf {sibling};;
+  home) try home python3 -c 'open("{targets["home"]}", "a").write("pwned")';;
+  symlink) ln -s {outside} escape-link; try symlink sh -c 'echo pwned > escape-link/via-symlink.txt';;
+  hardlink) try hardlink sh -c 'ln {targets["hardlink"]} hard.txt && echo pwned >> hard.txt';;
+  move) try move sh -c 'echo mine > mine.txt && mv mine.txt {targets["move"]}';;
+  gitconfig) try gitconfig env HOME={home} git config --global core.pager pwned;;
+  unit) try unit sh -c 'mkdir -p {targets["unit"].parent} && echo pwned > {targets["unit"]}';;
+  kill) try kill kill {victim};;
+  settings) try settings sh -c 'echo "approvals: {{mode: off}}" >> {hermes_home}/config.yaml && \
+    mkdir -p {hermes_home}/skills/x && echo pwned > {hermes_home}/skills/x/SKILL.md';;
+  late) (setsid nohup sh -c 'sleep 1; echo pwned > {targets["late"]}' >/dev/null 2>&1 &); echo "DONE late" >> tried.txt;;
+  work) try work sh -c 'echo done > work.txt';;
+  tmp) try tmp sh -c 'echo scratch > "$TMPDIR/scratch.txt" && test -s "$TMPDIR/scratch.txt"';;
+esac; }}
+if [ -n "$1" ]; then one "$1"; else for name in {' '.join(ESCAPES + WORK)}; do one $name; done; fi
 """)
     return script, targets
+
+
+def contents(targets: dict[str, Path]) -> dict[str, bytes | None]:
+    return {name: path.read_bytes() if path.exists() else None for name, path in targets.items()}
 
 
 @pytest.mark.parametrize("driver", ["cli", "acp"])
@@ -64,10 +75,10 @@ def test_every_escape_fails_inside_the_job_and_its_own_work_is_done(bridge: Brid
     require_sandbox()
     victim = subprocess.Popen(["sleep", "60"])
     try:
-        script, targets = escapes(bridge, victim.pid)
+        script, targets = escapes(bridge, victim.pid, bridge.tmp / "hermes-home")
         (bridge.tmp / "hermes-home" / "skills").mkdir(parents=True, exist_ok=True)
         (bridge.tmp / "hermes-home" / "config.yaml").write_text("model: x\n")
-        before = {name: path.read_bytes() if path.exists() else None for name, path in targets.items()}
+        before = contents(targets)
         bridge.configure(hermes_driver=driver)
         client = bridge.client()
         client.params.env = dict(bridge.env, FAKE_HERMES_ACP="1" if driver == "acp" else "0")
@@ -76,7 +87,7 @@ def test_every_escape_fails_inside_the_job_and_its_own_work_is_done(bridge: Brid
         time.sleep(1.5)  # the background process' write, had it been allowed
         assert job.field("STATUS") == "ok", job.text
         log = (bridge.root / "tried.txt").read_text()
-        for name in ("redirect", "sibling", "home", "symlink", "hardlink", "move", "gitconfig", "unit", "kill"):
+        for name in REFUSED:
             assert f"DENIED {name}" in log, (name, log[-3000:])
         assert "DONE work" in log and "DONE tmp" in log, log[-3000:]
         # Hermes' home stays writable (its store, journal and locks sit beside config.yaml): put back at the end
@@ -88,7 +99,7 @@ def test_every_escape_fails_inside_the_job_and_its_own_work_is_done(bridge: Brid
             f"put back | the job created skills/x/SKILL.md; put back (the job's version: "
             f"{job_version.parent / 'skills' / 'x' / 'SKILL.md'})"), job.text
         assert job_version.read_text() == "model: x\napprovals: {mode: off}\n"
-        assert {name: path.read_bytes() if path.exists() else None for name, path in targets.items()} == before
+        assert contents(targets) == before
         assert victim.poll() is None, "the job killed a process of the user's"
         assert (bridge.root / "work.txt").read_text() == "done\n"
         sandbox = job.field("SANDBOX")
@@ -100,17 +111,23 @@ def test_every_escape_fails_inside_the_job_and_its_own_work_is_done(bridge: Brid
         victim.kill()
 
 
-def test_off_runs_unconfined_and_says_so(bridge: Bridge) -> None:
-    bridge.configure(sandbox="off")
-    outside = bridge.tmp / "outside.txt"
-    script = bridge.tmp / "write.sh"
-    script.write_text(f"echo written > {outside}\n")
-    with bridge.client() as client:
-        job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
-        health = client.call("hermes_health")
-    assert job.field("SANDBOX") == "off (setting sandbox: off): the job writes wherever your account can"
-    assert outside.read_text() == "written\n"
-    assert health.field("SANDBOX").startswith("off (setting sandbox: off)")
+def test_off_runs_unconfined_and_says_so_where_every_escape_succeeds(bridge: Bridge) -> None:
+    """The same escapes without the sandbox all succeed: what the sandbox test sees refused is its doing."""
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        script, targets = escapes(bridge, victim.pid, bridge.tmp / "hermes-home")
+        bridge.configure(sandbox="off")
+        with bridge.client() as client:
+            job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
+            health = client.call("hermes_health")
+        log = (bridge.root / "tried.txt").read_text()
+        assert [line.split()[1] for line in log.splitlines() if line.startswith("DONE")] == [*ESCAPES, *WORK], log
+        assert victim.wait(timeout=10) is not None and targets["redirect"].read_text() == "pwned\n"
+        assert job.field("SANDBOX") == "off (setting sandbox: off): the job writes wherever your account can"
+        assert "HERMES_SETTINGS" not in job.text  # the home guard is the sandbox's
+        assert health.field("SANDBOX").startswith("off (setting sandbox: off)")
+    finally:
+        victim.kill()
 
 
 def test_required_refuses_a_job_where_no_sandbox_is_and_auto_runs_it_saying_why(tmp_path: Path, monkeypatch) -> None:
