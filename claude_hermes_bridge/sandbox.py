@@ -1,11 +1,13 @@
-"""[both] Writes limited by the operating system for Hermes and everything it starts (Linux: Landlock): what
-this machine supports, and the step between the supervisor and Hermes that confines the process that then
-becomes Hermes. Imports nothing of the package: it runs before Hermes starts, in a process of its own."""
+"""[both] Writes limited by the operating system for Hermes and everything it starts (Linux: Landlock; macOS:
+Seatbelt through sandbox-exec, by review only): what this machine supports, and the step between the supervisor
+and Hermes that confines the process that then becomes Hermes. Imports nothing of the package: the Linux step
+runs before Hermes starts, in a process of its own."""
 import ctypes
 import json
 import os
 import platform
 import sys
+from typing import NamedTuple
 
 SANDBOX_MODES = ("auto", "required", "off")
 SANDBOX_STEP = "claude_hermes_bridge.sandbox"  # `python -m`-like: confine, then exec Hermes
@@ -37,6 +39,29 @@ class RulesetAttr(ctypes.Structure):
 class PathBeneathAttr(ctypes.Structure):
     _pack_ = 1
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+SANDBOX_EXEC = "/usr/bin/sandbox-exec"
+
+
+class Mechanism(NamedTuple):
+    """What confines a job on this machine: its name in words (empty when none), why none, and whether it also
+    keeps the job from signalling processes outside it."""
+    name: str
+    why_not: str
+    signals_scoped: bool
+
+
+def mechanism() -> Mechanism:
+    if sys.platform == "darwin":
+        if os.path.exists(SANDBOX_EXEC):
+            return Mechanism("Seatbelt, sandbox-exec", "", True)
+        return Mechanism("", f"{SANDBOX_EXEC} is not on this Mac", False)
+    if sys.platform == "win32":
+        return Mechanism("", "Windows has no mechanism the bridge applies: a job object bounds Hermes' processes, "
+                             "not the paths they write", False)
+    abi, why_not = landlock_abi()
+    return Mechanism(f"Landlock ABI {abi}" if abi else "", why_not, abi >= 6)
 
 
 def libc() -> ctypes.CDLL:
@@ -105,10 +130,24 @@ def confine(writable: list[str]) -> int:
 
 def step_argv(writable: list[str], argv: list[str]) -> list[str]:
     """The command that confines itself to `writable`, then becomes argv (same process, same pid, same
-    environment): `python -I -S` spends no time on site packages, `-B` writes no bytecode beside the package."""
+    environment). Linux: `python -I -S -B` spends no time on site packages and writes no bytecode beside the
+    package. macOS: sandbox-exec with the profile made from the same list."""
+    if sys.platform == "darwin":
+        return [SANDBOX_EXEC, "-p", seatbelt_profile(writable), *argv]
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     boot = (f"import sys; sys.path.insert(0, sys.argv.pop(1)); from {SANDBOX_STEP} import step; step()")
     return [sys.executable, "-I", "-S", "-B", "-c", boot, package_parent, json.dumps(writable), "--", *argv]
+
+
+def seatbelt_profile(writable: list[str]) -> str:
+    """A Seatbelt profile with the Landlock rules' meaning: everything allowed but writing, which is allowed
+    beneath each writable folder (or to each file), and signalling, allowed within the sandbox only. Paths are
+    resolved (/tmp is /private/tmp to Seatbelt) and quoted as Scheme strings."""
+    def quoted(path: str) -> str:
+        return '"' + os.path.realpath(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    rules = [f"(subpath {quoted(path)})" if os.path.isdir(path) else f"(literal {quoted(path)})" for path in writable]
+    return "\n".join(["(version 1)", "(allow default)", "(deny file-write*)",
+                      f"(allow file-write* {' '.join(rules)})", "(deny signal (target others))"]) + "\n"
 
 
 def step() -> None:
@@ -130,10 +169,11 @@ def support_line(mode: str) -> str:
     """What a job gets here under this setting, for hermes_health and --check."""
     if mode == "off":
         return "off (setting sandbox: off): a job writes wherever your account can"
-    abi, why_not = landlock_abi()
-    if abi:
-        scoped = "; it cannot signal processes outside it or reach abstract sockets" if abi >= 6 else ""
-        return (f"on (Landlock ABI {abi}): a job writes only in its folder, its private temporary folder, Hermes' "
-                f"home and sandbox_writable{scoped}")
-    return (f"not available here ({why_not}): " + ("every job is refused (sandbox: required)" if mode == "required"
-                                                   else "jobs run unconfined (sandbox: auto)"))
+    found = mechanism()
+    if found.name:
+        scoped = "; it cannot signal processes outside it" if found.signals_scoped else ""
+        return (f"on ({found.name}): a job writes only in its folder, its private temporary folder, Hermes' home "
+                f"(its settings put back at the end) and sandbox_writable{scoped}")
+    refused = ("every job is refused (sandbox: required)" if mode == "required"
+               else "jobs run unconfined (sandbox: auto)")
+    return f"not available here ({found.why_not}): {refused}"

@@ -66,8 +66,9 @@ from .safe_io import (
     shown,
     within_any,
 )
-from .sandbox import SESSION_SERVICES, landlock_abi, step_argv
+from .sandbox import SESSION_SERVICES, step_argv
 from .sandbox import devices as sandbox_devices
+from .sandbox import mechanism as sandbox_mechanism
 from .worktrees import add_worktree, job_roots, save_worktree_work, worktree_git_paths
 
 # `server.py --supervise <id>`: one detached process per job that owns it from start to outcome.
@@ -446,12 +447,13 @@ class Supervisor:
         if cfg.sandbox == "off":
             record.sandbox = "off (setting sandbox: off): the job writes wherever your account can"
             return None
-        abi, why_not = landlock_abi()
-        if not abi:
+        found = sandbox_mechanism()
+        if not found.name:
             if cfg.sandbox == "required":
                 return Outcome(JobState.ERROR, None, f"sandbox is required, and this machine cannot give one "
-                               f"({why_not}); Hermes was not started. Set sandbox to auto or off to run unconfined")
-            record.sandbox = f"not available here ({why_not}): the job writes wherever your account can"
+                               f"({found.why_not}); Hermes was not started. Set sandbox to auto or off to run "
+                               "unconfined")
+            record.sandbox = f"not available here ({found.why_not}): the job writes wherever your account can"
             return None
         self.private_tmp = self.store.root / "tmp" / self.job_id
         self.private_tmp.mkdir(parents=True, exist_ok=True)
@@ -467,11 +469,11 @@ class Supervisor:
             return Outcome(JobState.ERROR, None, f"Hermes' settings in {shown(str(home))} could not be recorded before "
                            f"the job ({exc.strerror or exc}), so what it changed there could not be put back; Hermes "
                            "was not started")
-        scoped = "; no signal to a process outside the job" if abi >= 6 else ""
+        scoped = "; no signal to a process outside the job" if found.signals_scoped else ""
         record.sandbox = (f"writes limited to {shown(own[0])}, {shown(str(self.private_tmp))} (TMPDIR), Hermes' home "
                           f"{shown(str(home))} (its settings, skills, hooks and cron put back at the end)"
                           + (", the repository's objects and the job's branch" if record.worktree else "")
-                          + (f", {shown(', '.join(extra), 600)}" if extra else "") + f" (Landlock ABI {abi}{scoped})")
+                          + (f", {shown(', '.join(extra), 600)}" if extra else "") + f" ({found.name}{scoped})")
         return None
 
     def _restore_home(self) -> None:

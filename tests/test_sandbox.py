@@ -14,7 +14,7 @@ from test_supervisor import supervised
 from test_worktrees import final
 
 from claude_hermes_bridge.jobs import JobState
-from claude_hermes_bridge.sandbox import step_argv
+from claude_hermes_bridge.sandbox import Mechanism, seatbelt_profile, step_argv
 from conftest import require_sandbox
 from harness import Bridge
 
@@ -38,8 +38,9 @@ def escapes(bridge: Bridge, victim: int, hermes_home: Path) -> tuple[Path, dict[
     (outside / "linked.txt").write_text("the user's\n")
     home = bridge.tmp / "home"
     targets = {"redirect": outside / "redirect.txt", "sibling": sibling / "keep.txt", "home": home / ".bashrc",
-               "symlink": outside / "via-symlink.txt", "hardlink": outside / "linked.txt", "move": outside / "moved.txt",
-               "gitconfig": home / ".gitconfig", "unit": home / ".config" / "systemd" / "user" / "x.service",
+               "symlink": outside / "via-symlink.txt", "hardlink": outside / "linked.txt",
+               "move": outside / "moved.txt", "gitconfig": home / ".gitconfig",
+               "unit": home / ".config" / "systemd" / "user" / "x.service",
                "late": outside / "late.txt"}
     script = bridge.tmp / "escapes.sh"
     script.write_text(f"""
@@ -57,7 +58,8 @@ one() {{ case $1 in
   kill) try kill kill {victim};;
   settings) try settings sh -c 'echo "approvals: {{mode: off}}" >> {hermes_home}/config.yaml && \
     mkdir -p {hermes_home}/skills/x && echo pwned > {hermes_home}/skills/x/SKILL.md';;
-  late) (setsid nohup sh -c 'sleep 1; echo pwned > {targets["late"]}' >/dev/null 2>&1 &); echo "DONE late" >> tried.txt;;
+  late) (setsid nohup sh -c 'sleep 1; echo pwned > {targets["late"]}' >/dev/null 2>&1 &)
+    echo "DONE late" >> tried.txt;;
   work) try work sh -c 'echo done > work.txt';;
   tmp) try tmp sh -c 'echo scratch > "$TMPDIR/scratch.txt" && test -s "$TMPDIR/scratch.txt"';;
 esac; }}
@@ -131,7 +133,8 @@ def test_off_runs_unconfined_and_says_so_where_every_escape_succeeds(bridge: Bri
 
 
 def test_required_refuses_a_job_where_no_sandbox_is_and_auto_runs_it_saying_why(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr("claude_hermes_bridge.supervisor.landlock_abi", lambda: (0, "no Landlock in this kernel"))
+    monkeypatch.setattr("claude_hermes_bridge.supervisor.sandbox_mechanism",
+                        lambda: Mechanism("", "no Landlock in this kernel", False))
     (tmp_path / "required").mkdir()
     (tmp_path / "auto").mkdir()
     required, starter = supervised(tmp_path / "required", "print('ran')")
@@ -203,7 +206,8 @@ def test_what_a_job_changed_of_hermes_settings_is_put_back_and_its_version_kept(
     (home / "skills" / "mine" / "SKILL.md").write_text("mine\n")
     program = (f"import os, pathlib; h = pathlib.Path({str(home)!r}); "
                "(h / 'config.yaml').write_text('approvals: {mode: off}\\n'); os.unlink(h / '.env'); "
-               "(h / 'cron' / 'jobs.json').write_text('[]'); (h / 'hooks').mkdir(); (h / 'hooks' / 'x').write_text(''); "
+               "(h / 'cron' / 'jobs.json').write_text('[]'); "
+               "(h / 'hooks').mkdir(); (h / 'hooks' / 'x').write_text(''); "
                "(h / 'state.db').write_text('sessions')")
     supervisor, _ = supervised(tmp_path, program)
     supervisor.cfg.sandbox = "auto"
@@ -215,10 +219,27 @@ def test_what_a_job_changed_of_hermes_settings_is_put_back_and_its_version_kept(
                                   f"the job changed config.yaml; put back (the job's version: {kept / 'config.yaml'})",
                                   "the job created cron/jobs.json; put back (the job's version: "
                                   f"{kept / 'cron' / 'jobs.json'})"]
-    assert (home / "config.yaml").read_text() == "approvals: {mode: manual}\n" and (home / ".env").read_text() == "KEY=1\n"
+    assert (home / "config.yaml").read_text() == "approvals: {mode: manual}\n"
+    assert (home / ".env").read_text() == "KEY=1\n"
     assert not (home / "cron" / "jobs.json").exists() and (home / "hooks" / "x").exists()
     assert (home / "state.db").read_text() == "sessions"  # Hermes' own: kept
     assert (kept / "config.yaml").read_text() == "approvals: {mode: off}\n"
     assert (home / "skills" / "mine" / "SKILL.md").read_text() == "mine\n"
     supervisor.store.remove(supervisor.job_id)
     assert not kept.exists() and not supervisor.store.home_snapshot_path(supervisor.job_id).exists()
+
+
+def test_the_macos_profile_allows_writes_only_beneath_the_same_list_and_quotes_every_path(tmp_path: Path) -> None:
+    """Seatbelt cannot run here: its profile text is what is checked (README says so)."""
+    folder = tmp_path / 'a "quoted" \\ folder'
+    folder.mkdir()
+    profile = seatbelt_profile([str(folder), "/dev/null"])
+    escaped = str(folder.resolve()).replace("\\", "\\\\").replace('"', '\\"')
+    assert profile.splitlines() == [
+        "(version 1)", "(allow default)", "(deny file-write*)",
+        f'(allow file-write* (subpath "{escaped}") (literal "/dev/null"))', "(deny signal (target others))"]
+    monkeypatch = pytest.MonkeyPatch()
+    with monkeypatch.context() as patched:
+        patched.setattr("sys.platform", "darwin")
+        assert step_argv([str(folder)], ["hermes", "acp"]) == ["/usr/bin/sandbox-exec", "-p",
+                                                                seatbelt_profile([str(folder)]), "hermes", "acp"]
