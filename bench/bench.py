@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import os
 import platform
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -28,6 +29,7 @@ import psutil  # noqa: E402
 from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore  # noqa: E402
 from claude_hermes_bridge.launch import JobRequest, supervisor_argv  # noqa: E402
 from claude_hermes_bridge.processes import JOB_MARKER  # noqa: E402
+from claude_hermes_bridge.sandbox import mechanism, step_argv  # noqa: E402
 from claude_hermes_bridge.supervisor import snapshot_folder  # noqa: E402
 from harness import Bridge, BridgeClient, wait_until  # noqa: E402
 
@@ -375,6 +377,24 @@ def activity_rows(bridge: Bridge, client: BridgeClient, files: int, messages: in
     return rows
 
 
+def sandbox_step(folder: Path, runs: int) -> Row:
+    """What the sandbox adds to a job's start: the same program spawned bare and through the sandbox's step
+    (an interpreter that confines itself, then becomes the program), alternating, until it has exited."""
+    program = [shutil.which("true") or "/bin/true"]
+    times: dict[str, list[float]] = {"sandboxed": [], "bare": []}
+    for n in range(runs + 1):
+        for side in times:
+            command = step_argv([str(folder)], program) if side == "sandboxed" else program
+            started = time.perf_counter()
+            subprocess.run(command, check=True, stdin=subprocess.DEVNULL)
+            if n:
+                times[side].append(ms_since(started))
+    added = statistics.median(times["sandboxed"]) - statistics.median(times["bare"])
+    return Row("the sandbox's step: spawn until the program has run (floor: the same, unconfined)",
+               times["sandboxed"], times["bare"], "ms", f"adds {added:.1f} ms {'PASS' if added < 20 else 'MISS'}",
+               "adds < 20 ms")
+
+
 def machine() -> str:
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -410,6 +430,8 @@ def main(argv: list[str]) -> int:
                 rows += activity_rows(bridge, ours, files, messages, runs, calls)
             rows.append(capabilities(bridge, skills, max(3, runs)))
             rows += supervisor_start(bridge, runs)
+            if mechanism().name:
+                rows.append(sandbox_step(bridge.root, max(5, runs * 3)))
         finally:
             bridge.kill_leftovers()
     rows += jobs_listing(sizes, runs)

@@ -3,11 +3,8 @@ Seatbelt through sandbox-exec, by review only): what this machine supports, and 
 and Hermes that confines the process that then becomes Hermes. Imports nothing of the package: the Linux step
 runs before Hermes starts, in a process of its own."""
 import ctypes
-import json
 import os
-import platform
 import sys
-from typing import NamedTuple
 
 SANDBOX_MODES = ("auto", "required", "off")
 SANDBOX_STEP = "claude_hermes_bridge.sandbox"  # `python -m`-like: confine, then exec Hermes
@@ -44,12 +41,13 @@ class PathBeneathAttr(ctypes.Structure):
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
 
 
-class Mechanism(NamedTuple):
+class Mechanism:
     """What confines a job on this machine: its name in words (empty when none), why none, and whether it also
-    keeps the job from signalling processes outside it."""
-    name: str
-    why_not: str
-    signals_scoped: bool
+    keeps the job from signalling processes outside it. (A plain class: the step imports neither typing nor
+    dataclasses, each a few milliseconds of every job's start.)"""
+
+    def __init__(self, name: str, why_not: str, signals_scoped: bool):
+        self.name, self.why_not, self.signals_scoped = name, why_not, signals_scoped
 
 
 def mechanism() -> Mechanism:
@@ -73,10 +71,10 @@ def libc() -> ctypes.CDLL:
 def landlock_abi() -> tuple[int, str]:
     """The Landlock ABI this kernel offers (0 when none), and why not in words."""
     if not sys.platform.startswith("linux"):
-        return 0, f"Landlock is Linux's; this is {platform.system() or sys.platform}"
-    numbers = SYSCALLS.get(platform.machine())
+        return 0, f"Landlock is Linux's; this is {sys.platform}"
+    numbers = SYSCALLS.get(os.uname().machine)
     if numbers is None:
-        return 0, f"Landlock's system calls are not known here for {platform.machine()}"
+        return 0, f"Landlock's system calls are not known here for {os.uname().machine}"
     abi = libc().syscall(numbers[0], None, ctypes.c_size_t(0), ctypes.c_uint32(CREATE_RULESET_VERSION))
     if abi < 1:
         error = ctypes.get_errno()
@@ -99,7 +97,7 @@ def confine(writable: list[str]) -> int:
     abi, why_not = landlock_abi()
     if not abi:
         raise OSError(why_not)
-    create, add_rule, restrict = SYSCALLS[platform.machine()]
+    create, add_rule, restrict = SYSCALLS[os.uname().machine]
     call = libc().syscall
     handled = write_rights(abi)
     attr = RulesetAttr(handled, 0, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
@@ -131,12 +129,13 @@ def confine(writable: list[str]) -> int:
 def step_argv(writable: list[str], argv: list[str]) -> list[str]:
     """The command that confines itself to `writable`, then becomes argv (same process, same pid, same
     environment). Linux: `python -I -S -B` spends no time on site packages and writes no bytecode beside the
-    package. macOS: sandbox-exec with the profile made from the same list."""
+    package (compiling this module costs less than reading the per-user cache, which -X pycache_prefix would
+    extend to every standard module). macOS: sandbox-exec with the profile made from the same list."""
     if sys.platform == "darwin":
         return [SANDBOX_EXEC, "-p", seatbelt_profile(writable), *argv]
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     boot = (f"import sys; sys.path.insert(0, sys.argv.pop(1)); from {SANDBOX_STEP} import step; step()")
-    return [sys.executable, "-I", "-S", "-B", "-c", boot, package_parent, json.dumps(writable), "--", *argv]
+    return [sys.executable, "-I", "-S", "-B", "-c", boot, package_parent, *writable, "--", *argv]
 
 
 def seatbelt_profile(writable: list[str]) -> str:
@@ -152,9 +151,10 @@ def seatbelt_profile(writable: list[str]) -> str:
 
 def step() -> None:
     """The program step_argv runs: confine, then exec Hermes; if Landlock refuses, Hermes is not started."""
-    writable, _, *argv = sys.argv[1:]
+    separator = sys.argv.index("--")  # writable paths are absolute: none is "--"
+    writable, argv = sys.argv[1:separator], sys.argv[separator + 1:]
     try:
-        confine(json.loads(writable))
+        confine(writable)
     except OSError as exc:
         sys.stderr.write(f"[bridge] the sandbox could not be applied ({exc}); Hermes was not started\n")
         sys.exit(126)

@@ -2,7 +2,6 @@
 in the job's folder, its private temporary folder and Hermes' home, and signal no process outside the job.
 The fake Hermes' `!shell=SCRIPT` is the job's shell: each escape a hostile or mistaken job would try, and the
 work it is there to do."""
-import json
 import os
 import subprocess
 import sys
@@ -187,8 +186,8 @@ def test_the_supervisor_starts_hermes_through_the_step_with_a_private_tmp_and_no
     private = supervisor.store.root / "tmp" / supervisor.job_id
     hermes_argv = call["argv"][call["argv"].index("--") + 1:]
     assert call["argv"][:4] == [sys.executable, "-I", "-S", "-B"] and hermes_argv[0] == str(tmp_path / "hermes")
-    writable = json.loads(call["argv"][call["argv"].index("--") - 1])
-    assert writable[:3] == [str(tmp_path / "root"), str(private), str(tmp_path / "home")]
+    boot = call["argv"].index("-c") + 2  # the boot code, then the package's folder, then the writable paths
+    assert call["argv"][boot + 1:boot + 4] == [str(tmp_path / "root"), str(private), str(tmp_path / "home")]
     assert call["env"]["TMPDIR"] == call["env"]["TEMP"] == call["env"]["TMP"] == str(private)
     assert "SSH_AUTH_SOCK" not in call["env"] and "DBUS_SESSION_BUS_ADDRESS" not in call["env"]
     assert record.state is JobState.OK and record.sandbox and record.sandbox.startswith("writes limited to ")
