@@ -228,3 +228,27 @@ def test_a_real_hermes_job_on_windows_answers_and_its_session_resumes(bridge):
             assert resumed.field("SESSION_ID") == session
         contents = [str(m.get("content")) for m in model.requests()[-1]["messages"]]
         assert any("Say hello." in c for c in contents), "the earlier conversation was not sent on resume"
+
+
+def test_the_sandbox_is_not_available_on_windows_so_required_refuses_and_auto_says_so(bridge):
+    """Issue 38: no mechanism is applied on Windows; `required` refuses the job before Hermes starts, naming
+    why, and `auto` runs it saying it is unconfined."""
+    why = "Windows has no mechanism the bridge applies: a job object bounds Hermes' processes, not the paths they write"
+    bridge.configure(sandbox="required")
+    with bridge.client() as client:
+        refused = client.call("hermes_run", task="sandboxed !write=made.txt:x", wait_s=30)
+        if refused.field("STATUS") == "running":
+            refused = client.wait_final(refused.field("JOB_ID"))
+        health = client.call("hermes_health")
+    assert refused.field("STATUS") == "error", refused.text
+    assert refused.field("REASON") == (f"sandbox is required, and this machine cannot give one ({why}); Hermes was "
+                                       "not started. Set sandbox to auto or off to run unconfined"), refused.text
+    assert not (bridge.root / "made.txt").exists() and bridge.runs() == []
+    assert health.field("SANDBOX") == f"not available here ({why}): every job is refused (sandbox: required)"
+    bridge.configure(sandbox="auto")
+    with bridge.client() as client:
+        ran = client.call("hermes_run", task="unconfined !write=made.txt:x", wait_s=30)
+        if ran.field("STATUS") == "running":
+            ran = client.wait_final(ran.field("JOB_ID"))
+    assert ran.field("STATUS") == "ok" and (bridge.root / "made.txt").read_text() == "x", ran.text
+    assert ran.field("SANDBOX") == f"not available here ({why}): the job writes wherever your account can"
