@@ -36,6 +36,7 @@ the MCP stack). A module imports only from modules above it in this list (tests/
   hermes_acp ......... [both] whether this Hermes speaks ACP (choose_driver); [supervisor] the conversation
   drivers ............ [both] the seam: HermesRun, CliRun, AcpRun, DRIVERS, and the launch plan (plan_launch)
   supervisor ......... [supervisor] Supervisor (one detached process per job) and its program, main
+  standby ............ [supervisor] a warm Hermes for the next job, and its program (--standby ID)
   launch ............. [server] JobRequest, launch_job (dedupe, limits, the record), start_job
   render ............. [server] the status block: job_details, render_status, ToolResult
   tools .............. [server] plain functions per tool: arguments, resuming, one job and the list, reading

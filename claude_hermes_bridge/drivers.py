@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Any, Callable, cast
 
 from .config import Config
-from .hermes_acp import ACP_CANCEL_GRACE_S, ACP_EXIT_GRACE_S, COMMAND_SHOWN_CHARS, AcpConversation, approval_policy_dir
+from .hermes_acp import (
+    ACP_CANCEL_GRACE_S,
+    ACP_EXIT_GRACE_S,
+    COMMAND_SHOWN_CHARS,
+    AcpConversation,
+    WarmHermes,
+    approval_policy_dir,
+)
 from .hermes_cli import (
     QUERY_OPTION,
     UNKNOWN_OPTION_RE,
@@ -64,6 +71,16 @@ def start_hermes(argv: list[str], folder: str, env: dict[str, str], stdin: Any, 
                             **popen_kwargs(hermes_creation_flags(IS_WINDOWS)))
 
 
+@dataclasses.dataclass
+class WarmStart:
+    """What a standby hands the supervisor of the job that took it: its Hermes, readied (WarmHermes), the managed
+    policy folder Hermes was started with, and the sandbox's private temporary folder (None: not sandboxed)."""
+
+    hermes: WarmHermes
+    policy_dir: Path
+    private_tmp: Path | None
+
+
 Probe = Callable[[Config, str], "HermesCli | None"]
 ProcessStarter = Callable[[list[str], str, Any, dict[str, str]], subprocess.Popen[bytes]]
 LogWriter = Callable[[str], None]
@@ -97,6 +114,10 @@ class HermesRun:
         raise NotImplementedError
 
     def start(self, plan: LaunchPlan, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        raise NotImplementedError
+
+    def adopt(self, plan: LaunchPlan, warm: WarmStart) -> subprocess.Popen[bytes]:
+        """Go on with a Hermes a standby started and readied (only a driver that keeps Hermes between requests)."""
         raise NotImplementedError
 
     def pump(self) -> None:
@@ -251,6 +272,12 @@ class AcpRun(HermesRun):
                                   self.with_policy(env, int(self.cfg.approval_timeout_s)))
         self.conversation = AcpConversation(proc, self.record, self.cfg, self.store, plan.task, self.log, self.save)
         return proc
+
+    def adopt(self, plan: LaunchPlan, warm: WarmStart) -> subprocess.Popen[bytes]:
+        self.policy_dir = warm.policy_dir
+        self.conversation = AcpConversation(warm.hermes.proc, self.record, self.cfg, self.store, plan.task, self.log,
+                                            self.save, warm.hermes)
+        return warm.hermes.proc
 
     @property
     def talk(self) -> AcpConversation:

@@ -1,4 +1,5 @@
-"""[both] The program picker: guard stdio first, then the supervisor (`--supervise ID`) or the server.
+"""[both] The program picker: guard stdio first, then the supervisor (`--supervise ID`), a standby (`--standby
+ID`) or the server.
 
 Only the stdio guard is imported before the guard runs, and the supervisor's way never imports a server
 module: server.py, `python -m claude_hermes_bridge`, the wheel's console script and the supervisor's boot all
@@ -18,6 +19,10 @@ def console_main() -> None:
         with preflight.bytecode_cached():
             from claude_hermes_bridge import supervisor
         sys.exit(supervisor.main(argv[1]))
+    if len(argv) == 2 and argv[0] == "--standby":
+        with preflight.bytecode_cached():
+            from claude_hermes_bridge import standby
+        sys.exit(standby.main(argv[1]))
     with preflight.bytecode_cached():
         from claude_hermes_bridge import cli
     sys.exit(cli.main(argv, protocol_fds))

@@ -3,6 +3,7 @@ import contextlib
 import functools
 import json
 import os
+import queue
 import re
 import subprocess
 import threading
@@ -270,6 +271,87 @@ def nesting_depth(line: bytes, limit: int) -> int:
 
 ACP_MAX_DEPTH = 64
 COMMAND_SHOWN_CHARS = 1000
+INITIALIZE = {"protocolVersion": 1, "clientCapabilities": {"fs": {"readTextFile": False, "writeTextFile": False},
+                                                           "terminal": False}}
+
+
+def read_messages(proc: subprocess.Popen[bytes], inbox: queue.Queue[dict[str, Any]]) -> None:
+    """Hermes' stdout as messages, until it closes; a line that is not a JSON object (a stray print, junk,
+    nesting deep enough to exhaust the parser) becomes {"bridge/unreadable": True}."""
+    stream = cast(Any, proc.stdout)
+    while True:
+        try:
+            line = stream.readline(ACP_LINE_MAX)
+        except (OSError, ValueError):
+            return
+        if not line:
+            return
+        if not line.strip():
+            continue
+        try:
+            if nesting_depth(line, ACP_MAX_DEPTH) > ACP_MAX_DEPTH:
+                raise ValueError("nested too deep")
+            message = json.loads(line)
+        except (ValueError, RecursionError, MemoryError):
+            message = None
+        inbox.put(message if isinstance(message, dict) else {"bridge/unreadable": True})
+
+
+def send_message(proc: subprocess.Popen[bytes], message: dict[str, Any]) -> None:
+    try:
+        stdin = cast(Any, proc.stdin)
+        stdin.write((json.dumps({"jsonrpc": "2.0", **message}) + "\n").encode())
+        stdin.flush()
+    except (OSError, ValueError):
+        pass  # Hermes is gone; its exit ends the job
+
+
+class WarmHermes:
+    """A `hermes acp` readied before its job (a standby): initialized, and warmed with one throw-away session in
+    the folder the next job is expected in, which is what makes the job's own session/new fast (see
+    docs/performance.md). The job's AcpConversation goes on from here: the same reader, the next request id."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]):
+        self.proc = proc
+        self.inbox: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.reader = threading.Thread(target=read_messages, args=(proc, self.inbox), name="acp-reader", daemon=True)
+        self.reader.start()
+        self.next_id = 0
+        self.agent: dict[str, Any] = {}
+        self.warm_session: str | None = None
+
+    def request(self, method: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Send a request and wait for its result; OSError when Hermes answers with an error, exits or is
+        too slow. Anything else Hermes sends meanwhile is dropped: no job is listening yet."""
+        self.next_id += 1
+        send_message(self.proc, {"id": self.next_id, "method": method, "params": params})
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                message = self.inbox.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    raise OSError(f"Hermes exited ({self.proc.returncode}) before it answered {method}") from None
+                continue
+            if message.get("id") == self.next_id and "method" not in message:
+                result = message.get("result")
+                if not isinstance(result, dict):
+                    raise OSError(f"Hermes answered {method} with an error: {shown(message.get('error'), 300)}")
+                return result
+            if "id" in message and isinstance(message.get("method"), str):  # a request: refused, nobody asked it
+                send_message(self.proc, {"id": message["id"], "error": {"code": -32601, "message": "no job yet"}})
+        raise OSError(f"Hermes did not answer {method} within {timeout_s:g} s")
+
+    def warm_up(self, folder: str, timeout_s: float) -> None:
+        self.agent = self.request("initialize", INITIALIZE, timeout_s)
+        session = self.request("session/new", {"cwd": folder, "mcpServers": []}, timeout_s).get("sessionId")
+        self.warm_session = session if isinstance(session, str) else None
+
+    def drop_pending(self) -> None:
+        """What Hermes sent while waiting (the throw-away session's updates): never the job's."""
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.inbox.get_nowait()
 
 
 class AcpConversation:
@@ -283,13 +365,12 @@ class AcpConversation:
     with its own id) and their answers come back through the job's answers file (claim_answer)."""
 
     def __init__(self, proc: subprocess.Popen[bytes], record: JobRecord, cfg: Config, store: JobStore, task: str,
-                 log: Callable[[str], None], save: Callable[[], None] | None = None):
-        import queue
-
+                 log: Callable[[str], None], save: Callable[[], None] | None = None, warm: WarmHermes | None = None):
         self.proc, self.record, self.cfg, self.store, self.task, self.log = proc, record, cfg, store, task, log
         self.save = save or functools.partial(write_record, store, record)
-        self.inbox: "queue.Queue[dict[str, Any]]" = queue.Queue()
-        self.next_id = 0
+        self.warm = warm
+        self.inbox: queue.Queue[dict[str, Any]] = warm.inbox if warm else queue.Queue()
+        self.next_id = warm.next_id if warm else 0
         self.step: tuple[int, str] = (0, "")  # the request of the handshake waiting for its reply: id, method
         self.session_id: str | None = None
         self.result: dict[str, Any] | None = None
@@ -304,16 +385,20 @@ class AcpConversation:
         self.noted: set[str] = set()
         self.changed = False
         record.acp = {"tool_calls": 0}
-        self.reader = threading.Thread(target=self._read, name="acp-reader", daemon=True)
-        self.reader.start()
+        if warm:
+            warm.drop_pending()
+            self.reader = warm.reader
+        else:
+            self.reader = threading.Thread(target=read_messages, args=(proc, self.inbox), name="acp-reader",
+                                           daemon=True)
+            self.reader.start()
         self.steps = self._handshake()
         self._next_step(next(self.steps))
 
     def _handshake(self) -> Generator[tuple[str, dict[str, Any]], dict[str, Any], None]:
         """The conversation in order: initialize, then session/new (or session/load, for a resume), then one
         session/prompt. Each step yields one request; the reply to it is sent back in (see _reply)."""
-        hermes = yield "initialize", {"protocolVersion": 1, "clientCapabilities": {
-            "fs": {"readTextFile": False, "writeTextFile": False}, "terminal": False}}
+        hermes = self.warm.agent if self.warm else (yield "initialize", INITIALIZE)
         agent = hermes.get("agentInfo")
         version = agent.get("version") if isinstance(agent, dict) else None
         if isinstance(version, str) and version.startswith("0.19"):
@@ -331,6 +416,7 @@ class AcpConversation:
         self.record.session_id = self.session_id
         self.record.session_source = "the ACP session"
         self.changed = True
+        self.record.prompt_sent_at = time.time()
         result = yield "session/prompt", {"sessionId": self.session_id,
                                           "prompt": [{"type": "text", "text": self.task}]}
         self.result = result
@@ -345,34 +431,8 @@ class AcpConversation:
         self._send({"id": self.next_id, "method": step[0], "params": step[1]})
 
     # -- the wire
-    def _read(self) -> None:
-        """Hermes' stdout as messages; a line that is not a JSON object (a stray print, junk, nesting deep
-        enough to exhaust the parser) becomes a note, and the reader goes on."""
-        stream = cast(Any, self.proc.stdout)
-        while True:
-            try:
-                line = stream.readline(ACP_LINE_MAX)
-            except (OSError, ValueError):
-                return
-            if not line:
-                return
-            if not line.strip():
-                continue
-            try:
-                if nesting_depth(line, ACP_MAX_DEPTH) > ACP_MAX_DEPTH:
-                    raise ValueError("nested too deep")
-                message = json.loads(line)
-            except (ValueError, RecursionError, MemoryError):
-                message = None
-            self.inbox.put(message if isinstance(message, dict) else {"bridge/unreadable": True})
-
     def _send(self, message: dict[str, Any]) -> None:
-        try:
-            stdin = cast(Any, self.proc.stdin)
-            stdin.write((json.dumps({"jsonrpc": "2.0", **message}) + "\n").encode())
-            stdin.flush()
-        except (OSError, ValueError):
-            pass  # Hermes is gone; its exit ends the job
+        send_message(self.proc, message)
 
     def note_once(self, kind: str, text: str) -> None:
         """A message of the wrong shape, said in the log the first time its kind is seen."""
@@ -409,8 +469,6 @@ class AcpConversation:
     def pump(self) -> None:
         """Handle every message that arrived, the answers to pending questions, the questions Hermes has
         stopped waiting for; save the record when something changed."""
-        import queue
-
         while True:
             try:
                 message = self.inbox.get_nowait()

@@ -143,6 +143,10 @@ def is_nonce(value: Any) -> bool:
     return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{16,64}", value) is not None
 
 
+def is_standby_marker(value: Any) -> bool:
+    return isinstance(value, str) and re.fullmatch(r"standby:[0-9a-f]{32}", value) is not None
+
+
 def is_questions(value: Any) -> bool:
     return isinstance(value, list) and len(value) <= QUESTIONS_KEPT and all(is_question(q) for q in value)
 
@@ -262,6 +266,9 @@ class JobRecord:
     repository: list[str] = checked(is_guard_notes, factory=list)  # what the job changed in its shared repository
     sandbox: str | None = checked(is_text)  # what the operating system confined the job to, or why nothing
     hermes_home: list[str] = checked(is_guard_notes, factory=list)  # what a sandboxed job changed of Hermes' settings
+    standby_marker: str | None = checked(is_standby_marker)  # a warm job's: the marker its standby gave Hermes
+    start: str | None = checked(is_text)  # warm, or cold and why: how Hermes came to the job
+    prompt_sent_at: float | None = checked(is_number)  # when the task reached Hermes (ACP: session/prompt sent)
 
     def add_decision(self, decision: dict[str, Any]) -> None:
         """A question decided: counted, and kept among the newest DECISIONS_KEPT."""
@@ -274,6 +281,8 @@ class JobRecord:
     def marker(self) -> str:
         """The value of JOB_MARKER in this job's processes: the id alone would be shared by a job of the same
         id in another jobs folder (another install, another test run), and a stop would kill both."""
+        if self.standby_marker:  # given before the job existed: random, so as unique as id and nonce
+            return self.standby_marker
         return f"{self.id}:{self.nonce}" if self.nonce else self.id
 
     @classmethod

@@ -7,17 +7,19 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import psutil
 
 from .config import Config, audit
 from .git_calls import GitFailed, git
-from .jobs import JOB_ID_RE, JobRecord, JobState, JobStore, job_sort_key, observe
+from .hermes_cli import locate_hermes
+from .jobs import JOB_ID_RE, JobRecord, JobState, JobStore, is_standby_marker, job_sort_key, observe
 from .preflight import PACKAGE_DIR, SERVER_DIR
 from .processes import JOB_MARKER, popen_kwargs, supervisor_creation_flags
 from .repo_guard import check_repository
 from .safe_io import (
+    CREATE_FLAGS,
     IS_WINDOWS,
     DamagedRecord,
     LockTimeout,
@@ -31,18 +33,20 @@ from .safe_io import (
     shown,
     write_atomic,
 )
+from .standby import TAKE_ANSWER_S, is_alive_standby, launch_key, standby_folder
 from .supervisor import disk_error
 from .worktrees import WORKTREE_BRANCH_PREFIX, is_own_folder, remove_worktree, save_worktree_work, worktree_of
 
 # The package's own entry, found from the folder that holds it (a clone, a bundle or site-packages), whatever
 # the interpreter's path: entry.console_main imports the supervisor's modules only, never the MCP stack.
+STANDBY_LOG_BYTES = 1 << 20
 SUPERVISOR_BOOT = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
                    "from claude_hermes_bridge.entry import console_main; console_main()")
 
 
-def supervisor_argv(job_id: str) -> list[str]:
-    """The command that starts a job's supervisor."""
-    return [sys.executable, "-c", SUPERVISOR_BOOT, str(PACKAGE_DIR.parent), "--supervise", job_id]
+def supervisor_argv(job_id: str, program: str = "--supervise") -> list[str]:
+    """The command that starts a job's supervisor (or, with --standby, a standby for the job's folder)."""
+    return [sys.executable, "-c", SUPERVISOR_BOOT, str(PACKAGE_DIR.parent), program, job_id]
 
 
 @dataclasses.dataclass
@@ -127,6 +131,7 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
         path = str(store.worktree_path(job_id))
         record.worktree.update(path=path, branch=WORKTREE_BRANCH_PREFIX + job_id)
         record.cwd = os.path.join(path, *record.worktree["subdir"].split("/")) if record.worktree["subdir"] else path
+    standby = ready_standby(cfg, store, record)
     try:
         store.write(record)
         store.mark_active(job_id)
@@ -137,20 +142,37 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
         with contextlib.suppress(OSError):
             store.remove(job_id)
         raise Refused(f"cannot write the job record in {store.root} ({disk_error(exc)}); nothing started") from None
+    with log:
+        if standby and take_standby(store, record):
+            note_supervisor(store, job_id, int(standby["pid"]))
+            start_standby(cfg, store, job_id)
+            return record
+        if record.start == "warm":
+            record.standby_marker, record.start = None, "cold: the standby did not answer in time"
+            with contextlib.suppress(OSError):
+                store.write(record)
+        started = spawn_supervisor(cfg, store, record, log)
+    if started and warm_startable(cfg, record):
+        start_standby(cfg, store, job_id)
+    return record
+
+
+def spawn_supervisor(cfg: Config, store: JobStore, record: JobRecord, log: Any) -> bool:
+    """The job's own supervisor, detached; False (and the record says why) when it could not be started."""
+    job_id = record.id
     env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path), **{JOB_MARKER: record.marker})
     argv = supervisor_argv(job_id)
-    with log:
-        for attempt, flags in enumerate(supervisor_creation_flags(IS_WINDOWS)):
-            try:
-                supervisor = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                              cwd=str(SERVER_DIR), env=env, close_fds=True, **popen_kwargs(flags))
-                # its exit status is collected by a thread of its own, so it never lingers as a zombie
-                threading.Thread(target=supervisor.wait, name=f"reap {job_id}", daemon=True).start()
-                note_supervisor(store, job_id, supervisor.pid)
-                record_detach_mode(store, attempt == 0)
-                return record
-            except OSError as exc:
-                failure = exc
+    for attempt, flags in enumerate(supervisor_creation_flags(IS_WINDOWS)):
+        try:
+            supervisor = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                          cwd=str(SERVER_DIR), env=env, close_fds=True, **popen_kwargs(flags))
+            # its exit status is collected by a thread of its own, so it never lingers as a zombie
+            threading.Thread(target=supervisor.wait, name=f"reap {job_id}", daemon=True).start()
+            note_supervisor(store, job_id, supervisor.pid)
+            record_detach_mode(store, attempt == 0)
+            return True
+        except OSError as exc:
+            failure = exc
     record.change_state(JobState.ERROR, f"the supervisor could not start: {failure}")
     try:
         store.write(record)
@@ -158,7 +180,104 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
     except OSError as exc:
         raise Refused(f"the supervisor could not start ({failure}), and the jobs folder refuses writes "
                       f"({disk_error(exc)})") from None
-    return record
+    return False
+
+
+def warm_startable(cfg: Config, record: JobRecord) -> bool:
+    return record.driver == "acp" and cfg.warm_start and not record.worktree and not IS_WINDOWS
+
+
+def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> dict[str, Any] | None:
+    """The standby this job can take, with record.start and its marker set for it; or None, and record.start
+    says why the job starts cold."""
+    if record.driver != "acp":
+        record.start = "cold: the CLI driver starts Hermes for each job"
+    elif not cfg.warm_start:
+        record.start = "cold: warm_start is off"
+    elif record.worktree:
+        record.start = "cold: a worktree job's folder is new, and a warm Hermes is readied for a known folder"
+    elif IS_WINDOWS:
+        record.start = "cold: warm starts are not built for Windows yet"
+    else:
+        ready = read_json(standby_folder(store) / "ready.json")
+        why = standby_mismatch(cfg, ready, record.cwd or "")
+        if why is None:
+            record.start, record.standby_marker = "warm", str(ready["marker"])
+            return cast(dict[str, Any], ready)
+        record.start = f"cold: {why}"
+    return None
+
+
+def standby_mismatch(cfg: Config, ready: Any, folder: str) -> str | None:
+    """Why this standby cannot take a job in folder, or None when it can."""
+    if not isinstance(ready, dict) or not is_standby_marker(ready.get("marker")):
+        return "no warm Hermes is waiting (one is readied after a job starts, for the next in its folder)"
+    if ready.get("folder") != folder:
+        return "the warm Hermes waiting was readied for another folder"
+    try:
+        exe = locate_hermes(cfg).usable or ""
+    except OSError:
+        exe = ""
+    if ready.get("key") != launch_key(cfg, folder, exe):
+        return "the warm Hermes waiting was started with other settings (config, Hermes, its home or environment)"
+    if not is_alive_standby(ready):
+        return "the warm Hermes waiting had exited"
+    return None
+
+
+def take_standby(store: JobStore, record: JobRecord) -> bool:
+    """Hand the job to the standby: claim it (one server wins), name the job, and wait for its answer; on none
+    within TAKE_ANSWER_S, take the job back (one of the two renames wins), so exactly one supervisor serves it."""
+    folder = standby_folder(store)
+    claimed, taken = folder / f"claimed-{record.id}.json", folder / f"taken-{record.id}.json"
+    try:
+        os.rename(folder / "ready.json", claimed)
+    except OSError:
+        return False
+    if (read_json(claimed) or {}).get("marker") != record.standby_marker:  # another standby replaced it meanwhile
+        with contextlib.suppress(OSError):
+            os.rename(claimed, folder / "ready.json")
+        return False
+    with contextlib.suppress(OSError):
+        os.rename(claimed, taken)
+    deadline = time.monotonic() + TAKE_ANSWER_S
+    while time.monotonic() < deadline:
+        if (folder / f"serving-{record.id}.json").exists():
+            return True
+        time.sleep(0.01)
+    for name in (taken, claimed):
+        with contextlib.suppress(OSError):
+            os.rename(name, folder / f"abandoned-{record.id}.json")
+            (folder / f"abandoned-{record.id}.json").unlink(missing_ok=True)
+            return False
+    return (folder / f"serving-{record.id}.json").exists()
+
+
+def start_standby(cfg: Config, store: JobStore, job_id: str) -> None:
+    """A standby for the next job in this job's folder, detached; it dedupes itself (standby.main). Best
+    effort: a job never waits for it or fails by it."""
+    folder = standby_folder(store)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        log_path = folder / "standby.log"
+        if log_path.exists() and log_path.stat().st_size > STANDBY_LOG_BYTES:
+            log_path.unlink()
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(log_path, CREATE_FLAGS, 0o600))
+        log = open_append(log_path)
+    except OSError:
+        return
+    env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path))
+    with log:
+        for flags in supervisor_creation_flags(IS_WINDOWS):
+            try:
+                standby = subprocess.Popen(supervisor_argv(job_id, "--standby"), stdin=subprocess.DEVNULL, stdout=log,
+                                           stderr=log, cwd=str(SERVER_DIR), env=env, close_fds=True,
+                                           **popen_kwargs(flags))
+                threading.Thread(target=standby.wait, name=f"reap standby {job_id}", daemon=True).start()
+                return
+            except OSError:
+                continue
 
 
 def note_supervisor(store: JobStore, job_id: str, pid: int) -> None:

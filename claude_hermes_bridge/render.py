@@ -200,6 +200,18 @@ def decision_lines(record: JobRecord) -> list[str]:
     return lines
 
 
+def start_line(record: JobRecord) -> list[str]:
+    """How Hermes came to the job (warm: a standby's, started before it), and how long the task took to reach
+    it from the call that started the job."""
+    if not record.start:
+        return []
+    mode, _, why = record.start.partition(": ")
+    timing = (f"the task reached Hermes {max(0.0, record.prompt_sent_at - record.created_at):.1f} s after the job "
+              "was started" if record.prompt_sent_at and record.created_at else "")
+    return [f"START: {shown(mode, 20)} ({'; '.join(part for part in (timing, shown(why, 300)) if part)})"
+            if timing or why else f"START: {shown(mode, 20)}"]
+
+
 def sandbox_lines(record: JobRecord) -> list[str]:
     """What the operating system confined the job to, and what it changed of Hermes' settings (put back)."""
     lines = [f"SANDBOX: {shown(record.sandbox, 1200)}"] if record.sandbox else []
@@ -318,7 +330,7 @@ def running_lines(view: JobView, log: Path, details: JobDetails | None) -> tuple
              f"TIMEOUT_S: {record.timeout_s:g} (hard cap we enforce)", f"FULL_LOG: {shown(str(log))}"]
     if view.condition:
         lines.append(f"CONDITION: {shown(view.condition, 600)}")
-    lines += sandbox_lines(record) + spend_line(record) + worktree_lines(record)
+    lines += start_line(record) + sandbox_lines(record) + spend_line(record) + worktree_lines(record)
     if details:
         lines.append(f"ACTIVITY: {shown(details.activity, 400)}")
         if details.current_tool:
@@ -363,7 +375,7 @@ def final_lines(view: JobView, cfg: Config, log: Path, details: JobDetails | Non
     if details:
         after.append(f"USAGE: {shown(details.usage, 400)}")
     after += spend_line(record)
-    after += sandbox_lines(record) + changes_lines(record) + worktree_lines(record)
+    after += start_line(record) + sandbox_lines(record) + changes_lines(record) + worktree_lines(record)
     if details:
         after += ["--- HERMES ANSWER ---", *quoted_answer(details.answer or "", cfg.max_output_chars)]
     return lines, after + ["--- HERMES OUTPUT ---", log_excerpt(log, cfg.max_output_chars)]

@@ -16,7 +16,7 @@ from typing import Any, cast
 import psutil
 
 from .config import Config, audit, load_config
-from .drivers import HermesRun, LaunchPlan, ProcessStarter, driver_of, plan_launch, usable_hermes
+from .drivers import HermesRun, LaunchPlan, ProcessStarter, WarmStart, driver_of, plan_launch, usable_hermes
 from .git_calls import GitFailed
 from .hermes_cli import (
     FOLDER_MOVE_RE,
@@ -295,6 +295,37 @@ class SpendWatch:
         return None
 
 
+def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str],
+                  private_tmp: Path | None) -> tuple[list[str], dict[str, str]]:
+    """Hermes' command and environment: through the sandbox's step when writable is given, with its private
+    temporary folder and without the addresses of the user's session services."""
+    env = hermes_env(cfg, marker)
+    if not writable:
+        return argv, env
+    env = {key: value for key, value in env.items() if key not in SESSION_SERVICES}
+    env.update(TMPDIR=str(private_tmp), TEMP=str(private_tmp), TMP=str(private_tmp))
+    return step_argv(writable, argv), env
+
+
+def private_tmp_of(store: JobStore, name: str) -> Path:
+    """A sandboxed job's own temporary folder (TMPDIR), made now; removed with the job."""
+    folder = store.root / "tmp" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def sandbox_writable(cfg: Config, folder: str, private_tmp: Path, worktree: dict[str, Any] | None) -> list[str]:
+    """Everything a sandboxed job may write, in this order: its folder (a worktree job's worktree), its private
+    temporary folder, Hermes' home, what git needs for a worktree job's commits, sandbox_writable, devices."""
+    home = cfg.hermes_home_path
+    home.mkdir(parents=True, exist_ok=True)
+    return [folder, str(private_tmp), str(home), *worktree_git_paths(worktree), *sandbox_extra(cfg), *sandbox_devices()]
+
+
+def sandbox_extra(cfg: Config) -> list[str]:
+    return [path for path in cfg.sandbox_writable if os.path.isabs(path) and os.path.isdir(path)]
+
+
 class Supervisor:
     """Owns one job from a detached process: starts Hermes with the record's driver, enforces the timeout,
     obeys cancel, records. Its collaborators come in (config, store, the process starter), so tests can drive
@@ -304,8 +335,9 @@ class Supervisor:
     poll, and the outcome is retried with back-off for OUTCOME_RETRY_S, writing nothing else meanwhile."""
 
     def __init__(self, job_id: str, cfg: Config, store: JobStore, start_process: ProcessStarter | None = None,
-                 subreaper: bool = False):
+                 subreaper: bool = False, warm: WarmStart | None = None):
         self.cfg = cfg
+        self.warm = warm  # a standby's Hermes, started before the job (standby.py)
         self.store = store
         self.start_process = start_process
         self.run_: HermesRun | None = None
@@ -455,14 +487,12 @@ class Supervisor:
                                "unconfined")
             record.sandbox = f"not available here ({found.why_not}): the job writes wherever your account can"
             return None
-        self.private_tmp = self.store.root / "tmp" / self.job_id
-        self.private_tmp.mkdir(parents=True, exist_ok=True)
-        home = cfg.hermes_home_path
-        home.mkdir(parents=True, exist_ok=True)
         own = [record.worktree["path"]] if record.worktree else [folder]
-        extra = [path for path in cfg.sandbox_writable if os.path.isabs(path) and os.path.isdir(path)]
-        self.writable = [*own, str(self.private_tmp), str(home), *worktree_git_paths(record.worktree), *extra,
-                         *sandbox_devices()]
+        self.private_tmp = self.warm.private_tmp if self.warm and self.warm.private_tmp else private_tmp_of(
+            self.store, self.job_id)
+        self.writable = sandbox_writable(cfg, own[0], self.private_tmp, record.worktree)
+        home = cfg.hermes_home_path
+        extra = sandbox_extra(cfg)
         try:
             guard_home(self.store, self.job_id, str(home))
         except OSError as exc:
@@ -512,12 +542,11 @@ class Supervisor:
             with contextlib.suppress(StoreUnavailable):
                 base = read_store(cfg, lambda db: session_spend(db, cast(str, record.session_requested)))
                 record.spend_base = {key: value for key, value in (base or {}).items() if is_number(value)}
-        env = hermes_env(cfg, record.marker)
-        if self.writable:
-            plan = dataclasses.replace(plan, argv=step_argv(self.writable, plan.argv))
-            env = {key: value for key, value in env.items() if key not in SESSION_SERVICES}
-            env.update(TMPDIR=str(self.private_tmp), TEMP=str(self.private_tmp), TMP=str(self.private_tmp))
-        proc = run.start(plan, env)
+        if self.warm:
+            proc = run.adopt(plan, self.warm)
+        else:
+            argv, env = hermes_launch(cfg, plan.argv, record.marker, self.writable, self.private_tmp)
+            proc = run.start(dataclasses.replace(plan, argv=argv), env)
         if IS_WINDOWS:
             self.windows_job = self._job_object_for(proc)
         self.hermes = psutil.Process(proc.pid)

@@ -1,0 +1,253 @@
+"""[supervisor] A warm Hermes for the next job: one `hermes acp` started, initialized and warmed with a throw-away
+session in the folder of the job that asked for it, waiting, under a supervisor that becomes the next matching
+job's supervisor (`--standby ID`). One per jobs folder; the hand-over is a chain of renames in its folder, each
+of which only one process can win:
+
+  ready.json (the standby, ready) --server--> claimed-<job>.json --server--> taken-<job>.json
+  taken-<job>.json --standby--> serving-<job>.json     (the standby serves the job)
+  taken-<job>.json --server---> abandoned-<job>.json   (no answer in TAKE_ANSWER_S: the server starts it cold)
+  ready.json --standby--> retired-<pid>.json           (idle, stale, replaced: it exits)
+
+so a job is served by exactly one supervisor, and a standby retires only while nobody has claimed it."""
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from .config import Config, audit, load_config
+from .drivers import WarmStart, start_hermes, usable_hermes
+from .hermes_acp import WarmHermes, approval_policy_dir
+from .hermes_cli import hermes_env
+from .jobs import FINAL_STATES, JobStore
+from .preflight import PACKAGE_DIR, VERSION
+from .processes import JOB_MARKER, Ownership, become_subreaper, stop_tree
+from .safe_io import (
+    LockTimeout,
+    ProcessId,
+    Refused,
+    locked,
+    open_append,
+    read_json,
+    running_process,
+    within_any,
+    write_atomic,
+)
+from .sandbox import mechanism as sandbox_mechanism
+from .supervisor import Supervisor, hermes_launch, private_tmp_of, sandbox_writable
+
+POLL_S = 0.05
+TAKE_ANSWER_S = 3.0  # how long a server waits for the standby to answer a take before it starts the job cold
+LOCK_WAIT_S = 15.0  # how long a new standby waits for the one it replaces to retire
+PAST_START_S = 30.0  # a standby is prepared once the job that asked for it is past its start (or after this)
+WARM_UP_S = 90.0
+STALE_CHECK_S = 5.0
+
+
+def standby_folder(store: JobStore) -> Path:
+    return store.root / "standby"
+
+
+def launch_key(cfg: Config, folder: str, exe: str) -> str:
+    """Everything a warm Hermes was started with that a job's own start would set: the settings, Hermes (its
+    executable, its home's config.yaml and .env as they are now), the folder, the environment Hermes inherits,
+    the bridge's code. A job whose key differs starts cold."""
+    def stamp(path: Path | str) -> list[float]:
+        try:
+            status = os.stat(path)
+        except OSError:
+            return []
+        return [status.st_mtime_ns, status.st_size, status.st_ino]
+    home = cfg.hermes_home_path
+    environment = {key: value for key, value in hermes_env(cfg).items()
+                   if key not in (JOB_MARKER, "HERMES_BRIDGE_CONFIG")}  # the config: its settings are in cfg
+    code = [stamp(path) for path in sorted(PACKAGE_DIR.glob("*.py"))]
+    parts = [VERSION, dataclasses.asdict(cfg), exe, stamp(exe), str(home), stamp(home / "config.yaml"),
+             stamp(home / ".env"), folder, sorted(environment.items()), sandbox_mechanism().name, code]
+    return hashlib.sha256(json.dumps(parts, default=str, sort_keys=True).encode()).hexdigest()
+
+
+def is_alive_standby(ready: Any) -> bool:
+    """Whether a published standby's process still runs (the same process: its start time too)."""
+    pid, create_time = (ready.get("pid"), ready.get("create_time")) if isinstance(ready, dict) else (None, None)
+    return (isinstance(pid, int) and isinstance(create_time, (int, float))
+            and running_process(ProcessId(pid, float(create_time))) is not None)
+
+
+@dataclasses.dataclass
+class Standby:
+    """A prepared Hermes, as the standby holds it until a job takes it."""
+
+    key: str
+    folder: str
+    marker: str
+    warm: WarmStart
+    prepared_s: float
+
+
+def copy_stream(stream: Any) -> None:
+    """Hermes' stderr onto this process's, whichever file that is now (the standby's log, then the job's)."""
+    for chunk in iter(lambda: stream.read1(65536), b""):
+        with contextlib.suppress(OSError):
+            os.write(2, chunk)
+
+
+def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str) -> Standby:
+    """Hermes started as a job's would be (the sandbox with a private temporary folder of its own, the managed
+    policy, the environment), initialized, and warmed with a throw-away session in folder. OSError: not ready."""
+    started = time.monotonic()
+    marker = "standby:" + secrets.token_hex(16)
+    found = sandbox_mechanism() if cfg.sandbox != "off" else None
+    private_tmp = private_tmp_of(store, "standby-" + secrets.token_hex(6)) if found and found.name else None
+    writable = sandbox_writable(cfg, folder, private_tmp, None) if private_tmp else []
+    argv, env = hermes_launch(cfg, [exe, "acp"], marker, writable, private_tmp)
+    policy = approval_policy_dir(int(cfg.approval_timeout_s))
+    proc = start_hermes(argv, folder, dict(env, HERMES_MANAGED_DIR=str(policy)), subprocess.PIPE, subprocess.PIPE,
+                        subprocess.PIPE)
+    threading.Thread(target=copy_stream, args=(proc.stderr,), name="hermes-stderr", daemon=True).start()
+    warm = WarmStart(WarmHermes(proc), policy, private_tmp)
+    try:
+        warm.hermes.warm_up(folder, WARM_UP_S)
+    except OSError:
+        dismiss(cfg, warm, marker)
+        raise
+    return Standby(key, folder, marker, warm, round(time.monotonic() - started, 3))
+
+
+def dismiss(cfg: Config, warm: WarmStart, marker: str) -> None:
+    """A standby's Hermes and everything it made, gone (nothing of a job's is touched)."""
+    proc = warm.hermes.proc
+    with contextlib.suppress(psutil.Error):
+        stop_tree(Ownership(marker, frozenset({os.getpid()})), psutil.Process(proc.pid), [], cfg.kill_grace_s)
+    with contextlib.suppress(OSError):
+        proc.wait(5)
+    shutil.rmtree(warm.policy_dir, ignore_errors=True)
+    if warm.private_tmp:
+        shutil.rmtree(warm.private_tmp, ignore_errors=True)
+
+
+def wait_past_start(store: JobStore, job_id: str) -> None:
+    """Preparing a Hermes costs a few CPU-seconds: not while the job that asked for it is starting."""
+    deadline = time.monotonic() + PAST_START_S
+    while time.monotonic() < deadline:
+        try:
+            record = store.read(job_id)
+        except Exception:  # noqa: BLE001  (a record that cannot be read is past its start as far as this goes)
+            return
+        if record.prompt_sent_at or record.state in FINAL_STATES:
+            return
+        time.sleep(0.2)
+
+
+def wait_for_a_job(cfg: Config, store: JobStore, standby: Standby) -> str | None:
+    """Publish the standby, then wait: the id of the job that took it, or None once it retired (idle past
+    standby_idle_s, replaced by another folder's or settings', stale, or its Hermes gone)."""
+    folder = standby_folder(store)
+    ready, wanted = folder / "ready.json", folder / "wanted.json"
+    process = ProcessId.of(psutil.Process())
+    write_atomic(ready, json.dumps({"key": standby.key, "folder": standby.folder, "marker": standby.marker,
+                                    "pid": process.pid, "create_time": process.create_time,
+                                    "prepared_s": standby.prepared_s}).encode())
+    idle_until = time.monotonic() + cfg.standby_idle_s
+    next_check = time.monotonic() + STALE_CHECK_S
+    retiring = False
+    while True:
+        for taken in sorted(folder.glob("taken-*.json")):
+            job_id = taken.name[len("taken-"):-len(".json")]
+            with contextlib.suppress(OSError):
+                os.rename(taken, folder / f"serving-{job_id}.json")
+                return job_id
+        if not (ready.exists() or any(folder.glob("claimed-*.json")) or any(folder.glob("taken-*.json"))):
+            return None  # taken back by a server that waited for an answer in vain, or retired
+        if not retiring:
+            stale = False
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + STALE_CHECK_S
+                with contextlib.suppress(Exception):
+                    stale = launch_key(load_config(), standby.folder, usable_hermes(cfg)) != standby.key
+            wanted_key = (read_json(wanted) or {}).get("key") if wanted.exists() else None
+            if (stale or time.monotonic() >= idle_until or standby.warm.hermes.proc.poll() is not None
+                    or (wanted_key and wanted_key != standby.key)):
+                retiring = True
+                try:
+                    os.rename(ready, folder / f"retired-{process.pid}.json")
+                except OSError:
+                    continue  # claimed meanwhile: its taken- file is on its way
+                (folder / f"retired-{process.pid}.json").unlink(missing_ok=True)
+                return None
+        time.sleep(POLL_S)
+
+
+def serve(cfg: Config, store: JobStore, job_id: str, standby: Standby, subreaper: bool) -> int:
+    """Become the job's supervisor: the job's log is this process's output from now on (Hermes' stderr follows
+    through copy_stream), and the Supervisor runs it as it runs a cold one, on the warm Hermes."""
+    with open_append(store.log_path(job_id)) as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    sys.stderr.write(f"[bridge] warm start: this Hermes was started and readied {standby.prepared_s:g} s before the "
+                     f"job, in {standby.folder}\n")
+    try:
+        supervisor = Supervisor(job_id, cfg, store, subreaper=subreaper, warm=standby.warm)
+        signal.signal(signal.SIGTERM, supervisor.on_sigterm)
+        return supervisor.run()
+    finally:
+        if standby.warm.hermes.proc.poll() is None:  # a job refused before Hermes got its task
+            dismiss(cfg, standby.warm, standby.marker)
+        shutil.rmtree(standby.warm.policy_dir, ignore_errors=True)
+        (standby_folder(store) / f"serving-{job_id}.json").unlink(missing_ok=True)
+
+
+def main(job_id: str) -> int:
+    """The standby's program, `--standby ID` (ID: the job whose folder it is prepared for): no MCP."""
+    cfg = load_config()
+    store = JobStore.of(cfg)
+    subreaper = become_subreaper()
+    folder = standby_folder(store)
+    try:
+        record = store.read(job_id)
+        exe = usable_hermes(cfg)
+    except (Refused, Exception):  # noqa: BLE001  (nothing to prepare for)
+        return 0
+    cwd = record.cwd or ""
+    if record.worktree or not os.path.isdir(cwd) or not within_any(os.path.realpath(cwd), cfg.roots):
+        return 0
+    wait_past_start(store, job_id)
+    key = launch_key(cfg, cwd, exe)
+    published = read_json(folder / "ready.json")
+    if is_alive_standby(published) and published.get("key") == key:
+        return 0  # one is ready for this already
+    folder.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        write_atomic(folder / "wanted.json", json.dumps({"key": key}).encode())
+    try:
+        with locked(folder / "standby.lock", LOCK_WAIT_S):
+            if (read_json(folder / "wanted.json") or {}).get("key") != key:
+                return 0  # a later job asked for another
+            (folder / "ready.json").unlink(missing_ok=True)  # a dead standby's: the lock says nobody holds it
+            try:
+                standby = prepare(cfg, store, cwd, exe, key)
+            except OSError as exc:
+                audit(cfg, event="standby", problem=f"not prepared: {exc}")
+                return 0
+            try:
+                taken = wait_for_a_job(cfg, store, standby)
+            except OSError as exc:  # the jobs folder refuses writes: no standby
+                audit(cfg, event="standby", problem=f"not published: {exc}")
+                taken = None
+            if taken is None:
+                dismiss(cfg, standby.warm, standby.marker)
+                return 0
+    except LockTimeout:
+        return 0
+    return serve(cfg, store, taken, standby, subreaper)

@@ -1,0 +1,146 @@
+"""Issue 39 with the fake Hermes: a warm `hermes acp` readied after an ACP job for the next in its folder, taken
+by exactly one job, which its standby supervises as a cold one is; and every way a standby can fail leaves the
+job to a cold start, no process behind and no second standby."""
+import json
+import threading
+import time
+from typing import Any
+
+import psutil
+import pytest
+from test_worktrees import final
+
+from harness import Bridge, BridgeClient, wait_until
+
+pytestmark = pytest.mark.posix("the fake hermes is a shell script; warm starts are not built for Windows")
+
+
+def acp_client(bridge: Bridge) -> BridgeClient:
+    client = bridge.client()
+    client.params.env = dict(bridge.env, FAKE_HERMES_ACP="1")
+    return client
+
+
+def ready(bridge: Bridge, timeout: float = 40) -> dict[str, Any]:
+    """The standby's published description, once it is ready."""
+    path = bridge.jobs / "standby" / "ready.json"
+    return wait_until(lambda: json.loads(path.read_text()) if path.exists() else None, timeout, "a ready standby")
+
+
+def hermes_of(standby: dict[str, Any]) -> int:
+    """The pid of the standby's Hermes (its child running the fake's ACP side)."""
+    children = psutil.Process(standby["pid"]).children(recursive=True)
+    return next(child.pid for child in children if "acp" in " ".join(child.cmdline()))
+
+
+def test_the_next_job_in_the_folder_takes_the_warm_hermes_and_runs_as_a_cold_one_does(bridge: Bridge) -> None:
+    bridge.configure(hermes_driver="acp")
+    with acp_client(bridge) as client:
+        first = final(client, task="first !write=one.txt:1", cwd=str(bridge.root))
+        assert first.field("STATUS") == "ok", first.text
+        assert first.field("START").startswith("cold (the task reached Hermes "), first.text
+        assert "no warm Hermes is waiting" in first.field("START")
+        standby = ready(bridge)
+        warm_hermes = hermes_of(standby)
+        second = final(client, task="second !write=two.txt:2", cwd=str(bridge.root))
+        assert second.field("STATUS") == "ok", second.text
+        assert second.field("START").startswith("warm (the task reached Hermes "), second.text
+        assert (bridge.root / "two.txt").read_text() == "2"
+        [run] = [r for r in bridge.runs() if r.get("task", "").startswith("second")]
+        assert run["pid"] == warm_hermes and run["cwd"] == str(bridge.root)
+        assert run["marker"] == bridge.record(second.field("JOB_ID")).marker == standby["marker"]
+        assert "warm start: this Hermes was started and readied" in (bridge.jobs / f"{second.field('JOB_ID')}.log"
+                                                                     ).read_text()
+        assert wait_until(lambda: gone(warm_hermes) or None, 20, "the warm job's Hermes to exit with it")
+        third_standby = ready(bridge)  # the next one, readied after the warm job
+        assert third_standby["pid"] != standby["pid"]
+
+
+def test_cli_jobs_and_warm_start_off_start_cold_and_write_nothing(bridge: Bridge) -> None:
+    bridge.configure(hermes_driver="cli")
+    with acp_client(bridge) as client:
+        cli = final(client, task="plain !write=a.txt:1", cwd=str(bridge.root))
+    assert cli.field("START") == "cold (the CLI driver starts Hermes for each job)", cli.text
+    bridge.configure(hermes_driver="acp", warm_start=False)
+    with acp_client(bridge) as client:
+        acp = final(client, task="acp !write=b.txt:1", cwd=str(bridge.root))
+    assert acp.field("START").endswith("; warm_start is off)"), acp.text
+    time.sleep(1)
+    assert not (bridge.jobs / "standby").exists()
+
+
+def test_a_standby_killed_while_waiting_leaves_the_next_job_cold_and_is_replaced(bridge: Bridge) -> None:
+    bridge.configure(hermes_driver="acp")
+    with acp_client(bridge) as client:
+        final(client, task="first !write=one.txt:1", cwd=str(bridge.root))
+        standby = ready(bridge)
+        hermes = hermes_of(standby)
+        psutil.Process(standby["pid"]).kill()
+        wait_until(lambda: gone(standby["pid"]) or None, 10, "the killed standby to be gone")
+        job = final(client, task="after the kill !write=two.txt:2", cwd=str(bridge.root))
+        assert job.field("STATUS") == "ok" and job.field("START").endswith("the warm Hermes waiting had exited)"), \
+            job.text
+        replacement = ready(bridge)
+        assert replacement["pid"] != standby["pid"]
+    assert wait_until(lambda: gone(hermes) or None, 20, "the killed standby's Hermes to exit (its input closed)")
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_standby_of_other_settings_is_not_taken_and_retires(bridge: Bridge) -> None:
+    bridge.configure(hermes_driver="acp")
+    with acp_client(bridge) as client:
+        final(client, task="first !write=one.txt:1", cwd=str(bridge.root))
+        standby = ready(bridge)
+        hermes = hermes_of(standby)
+    bridge.configure(hermes_driver="acp", max_output_chars=12345)
+    with acp_client(bridge) as client:
+        job = final(client, task="other settings !write=two.txt:2", cwd=str(bridge.root))
+    assert job.field("START").endswith("was started with other settings (config, Hermes, its home or environment))")
+    assert wait_until(lambda: gone(hermes) or None, 30, "the stale standby's Hermes to exit")
+    assert ready(bridge)["pid"] != standby["pid"]
+
+
+def test_a_standby_that_never_answers_the_take_leaves_the_job_to_a_cold_start(bridge: Bridge) -> None:
+    """A standby stopped (or killed) while it is being taken: the server takes the job back after a few
+    seconds and starts it cold; the standby, woken later, finds no job to serve."""
+    bridge.configure(hermes_driver="acp")
+    with acp_client(bridge) as client:
+        final(client, task="first !write=one.txt:1", cwd=str(bridge.root))
+        standby = ready(bridge)
+        process = psutil.Process(standby["pid"])
+        process.suspend()
+        try:
+            job = final(client, task="while stopped !write=two.txt:2", cwd=str(bridge.root))
+        finally:
+            process.resume()
+    assert job.field("STATUS") == "ok" and job.field("START").endswith("the standby did not answer in time)"), job.text
+    folder = bridge.jobs / "standby"
+    assert not list(folder.glob("taken-*")) and not list(folder.glob("serving-*"))
+    assert wait_until(lambda: gone(process.pid) or None, 30, "the abandoned standby to exit")
+    assert ready(bridge)["pid"] != process.pid  # the job's own replacement, once the lock was free
+
+
+def test_two_servers_racing_for_one_standby_one_gets_it_the_other_starts_cold(bridge: Bridge) -> None:
+    bridge.configure(hermes_driver="acp")
+    with acp_client(bridge) as client:
+        final(client, task="first !write=one.txt:1", cwd=str(bridge.root))
+    ready(bridge)
+    results: dict[str, Any] = {}
+
+    def run(name: str) -> None:
+        with acp_client(bridge) as client:
+            results[name] = final(client, task=f"racer {name} !write={name}.txt:{name}", cwd=str(bridge.root))
+    racers = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join(120)
+    starts = sorted(result.field("START").split(" ")[0] for result in results.values())
+    assert starts == ["cold", "warm"], {name: result.text for name, result in results.items()}
+    assert all(result.field("STATUS") == "ok" for result in results.values())
