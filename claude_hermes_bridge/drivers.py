@@ -27,6 +27,7 @@ from .hermes_cli import (
     ends_with_session_line,
     forget_probe,
     hermes_command,
+    hermes_env,
     known_cli,
     locate_hermes,
     probe_cli,
@@ -37,6 +38,9 @@ from .hermes_store import StoreUnavailable, Usage, blocked_commands, read_store,
 from .jobs import JobRecord, JobState, JobStore, Outcome, write_record
 from .processes import hermes_creation_flags, interrupt_group, popen_kwargs
 from .safe_io import IS_WINDOWS, Refused, open_regular, shown_whole
+from .sandbox import SESSION_SERVICES, step_argv
+from .sandbox import devices as sandbox_devices
+from .worktrees import worktree_git_paths
 
 
 # The ways to drive Hermes, behind one seam: `hermes chat` with the task on its command line or stdin (CliRun)
@@ -79,6 +83,37 @@ class WarmStart:
     hermes: WarmHermes
     policy_dir: Path
     private_tmp: Path | None
+
+
+def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str],
+                  private_tmp: Path | None) -> tuple[list[str], dict[str, str]]:
+    """Hermes' command and environment: through the sandbox's step when writable is given, with its private
+    temporary folder and without the addresses of the user's session services."""
+    env = hermes_env(cfg, marker)
+    if not writable:
+        return argv, env
+    env = {key: value for key, value in env.items() if key not in SESSION_SERVICES}
+    env.update(TMPDIR=str(private_tmp), TEMP=str(private_tmp), TMP=str(private_tmp))
+    return step_argv(writable, argv), env
+
+
+def private_tmp_of(store: JobStore, name: str) -> Path:
+    """A sandboxed job's own temporary folder (TMPDIR), made now; removed with the job."""
+    folder = store.root / "tmp" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def sandbox_writable(cfg: Config, folder: str, private_tmp: Path, worktree: dict[str, Any] | None) -> list[str]:
+    """Everything a sandboxed job may write, in this order: its folder (a worktree job's worktree), its private
+    temporary folder, Hermes' home, what git needs for a worktree job's commits, sandbox_writable, devices."""
+    home = cfg.hermes_home_path
+    home.mkdir(parents=True, exist_ok=True)
+    return [folder, str(private_tmp), str(home), *worktree_git_paths(worktree), *sandbox_extra(cfg), *sandbox_devices()]
+
+
+def sandbox_extra(cfg: Config) -> list[str]:
+    return [path for path in cfg.sandbox_writable if os.path.isabs(path) and os.path.isdir(path)]
 
 
 Probe = Callable[[Config, str], "HermesCli | None"]

@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 
 from .config import Config, audit, load_config
-from .drivers import WarmStart, start_hermes, usable_hermes
+from .drivers import WarmStart, hermes_launch, private_tmp_of, sandbox_writable, start_hermes, usable_hermes
 from .hermes_acp import WarmHermes, approval_policy_dir
 from .hermes_cli import hermes_env
 from .jobs import FINAL_STATES, JobStore
@@ -45,7 +45,7 @@ from .safe_io import (
     write_atomic,
 )
 from .sandbox import mechanism as sandbox_mechanism
-from .supervisor import Supervisor, hermes_launch, private_tmp_of, sandbox_writable
+from .supervisor import Supervisor
 
 POLL_S = 0.05
 TAKE_ANSWER_S = 3.0  # how long a server waits for the standby to answer a take before it starts the job cold

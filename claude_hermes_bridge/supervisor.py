@@ -16,12 +16,23 @@ from typing import Any, cast
 import psutil
 
 from .config import Config, audit, load_config
-from .drivers import HermesRun, LaunchPlan, ProcessStarter, WarmStart, driver_of, plan_launch, usable_hermes
+from .drivers import (
+    HermesRun,
+    LaunchPlan,
+    ProcessStarter,
+    WarmStart,
+    driver_of,
+    hermes_launch,
+    plan_launch,
+    private_tmp_of,
+    sandbox_extra,
+    sandbox_writable,
+    usable_hermes,
+)
 from .git_calls import GitFailed
 from .hermes_cli import (
     FOLDER_MOVE_RE,
     MOVE_ANNOUNCEMENT_BYTES,
-    hermes_env,
     model_trouble,
     read_tail,
     session_id_from_log,
@@ -66,10 +77,8 @@ from .safe_io import (
     shown,
     within_any,
 )
-from .sandbox import SESSION_SERVICES, step_argv
-from .sandbox import devices as sandbox_devices
 from .sandbox import mechanism as sandbox_mechanism
-from .worktrees import add_worktree, job_roots, save_worktree_work, worktree_git_paths
+from .worktrees import add_worktree, job_roots, save_worktree_work
 
 # `server.py --supervise <id>`: one detached process per job that owns it from start to outcome.
 POLL_S = 0.2
@@ -293,37 +302,6 @@ class SpendWatch:
         if stop_at_turns and record.max_turns and spend["api_calls"] >= record.max_turns:
             return JobState.OVER_BUDGET, f"reached max_turns ({record.max_turns}): {spend['api_calls']} API calls"
         return None
-
-
-def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str],
-                  private_tmp: Path | None) -> tuple[list[str], dict[str, str]]:
-    """Hermes' command and environment: through the sandbox's step when writable is given, with its private
-    temporary folder and without the addresses of the user's session services."""
-    env = hermes_env(cfg, marker)
-    if not writable:
-        return argv, env
-    env = {key: value for key, value in env.items() if key not in SESSION_SERVICES}
-    env.update(TMPDIR=str(private_tmp), TEMP=str(private_tmp), TMP=str(private_tmp))
-    return step_argv(writable, argv), env
-
-
-def private_tmp_of(store: JobStore, name: str) -> Path:
-    """A sandboxed job's own temporary folder (TMPDIR), made now; removed with the job."""
-    folder = store.root / "tmp" / name
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def sandbox_writable(cfg: Config, folder: str, private_tmp: Path, worktree: dict[str, Any] | None) -> list[str]:
-    """Everything a sandboxed job may write, in this order: its folder (a worktree job's worktree), its private
-    temporary folder, Hermes' home, what git needs for a worktree job's commits, sandbox_writable, devices."""
-    home = cfg.hermes_home_path
-    home.mkdir(parents=True, exist_ok=True)
-    return [folder, str(private_tmp), str(home), *worktree_git_paths(worktree), *sandbox_extra(cfg), *sandbox_devices()]
-
-
-def sandbox_extra(cfg: Config) -> list[str]:
-    return [path for path in cfg.sandbox_writable if os.path.isabs(path) and os.path.isdir(path)]
 
 
 class Supervisor:

@@ -140,12 +140,18 @@ class ScriptedModel(ThreadingHTTPServer):
 
     def record(self, path: str, request: dict[str, Any]) -> None:
         with self._lock, open(self.log_path, "a") as handle:
-            handle.write(json.dumps({"path": path, "request": request}) + "\n")
+            handle.write(json.dumps({"path": path, "request": request, "at": time.time()}) + "\n")
 
     def requests(self) -> list[dict[str, Any]]:
         if not self.log_path.exists():
             return []
         return [json.loads(line)["request"] for line in self.log_path.read_text().splitlines()]
+
+    def request_times(self) -> list[float]:
+        """When each request arrived (time.time()), in order."""
+        if not self.log_path.exists():
+            return []
+        return [json.loads(line)["at"] for line in self.log_path.read_text().splitlines()]
 
     def __enter__(self) -> "ScriptedModel":
         self._thread.start()
