@@ -10,6 +10,7 @@ Uses the fake hermes from the tests; needs no other service.
 """
 import argparse
 import dataclasses
+import functools
 import os
 import platform
 import shutil
@@ -25,13 +26,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import psutil  # noqa: E402
+from test_real_hermes import write_hermes_home  # noqa: E402
 
 from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore  # noqa: E402
 from claude_hermes_bridge.launch import JobRequest, supervisor_argv  # noqa: E402
 from claude_hermes_bridge.processes import JOB_MARKER  # noqa: E402
 from claude_hermes_bridge.sandbox import mechanism, step_argv  # noqa: E402
 from claude_hermes_bridge.supervisor import snapshot_folder  # noqa: E402
-from harness import Bridge, BridgeClient, wait_until  # noqa: E402
+from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, BridgeClient, wait_until  # noqa: E402
+from scripted_model import ScriptedModel  # noqa: E402
 
 MINIMAL = [sys.executable, str(Path(__file__).resolve().parent / "minimal_server.py")]
 MB = 2**20
@@ -395,6 +398,49 @@ def sandbox_step(folder: Path, runs: int) -> Row:
                "adds < 20 ms")
 
 
+def first_request_s(client: BridgeClient, model: ScriptedModel, task: str) -> tuple[float, str]:
+    """From hermes_run's call to the model's first request, in seconds, and the job's START line."""
+    started = time.time()
+    job_id = client.call("hermes_run", task=task, wait_s=0).field("JOB_ID")
+    arrived = wait_until(lambda: model.first_request_with(task), 120, "the model's first request for the task")
+    return arrived - started, client.wait_final(job_id).field("START")
+
+
+def warm_start_rows(runs: int) -> list[Row]:
+    """Issue 39: hermes_run until the model's first request with a warm Hermes against a cold start, alternating,
+    for each real Hermes with ACP (installed by tests/install_e2e.sh), the next job in the same folder."""
+    rows = []
+    for version in REAL_ACP_VERSIONS:
+        exe = REAL_HERMES_VERSIONS[version]
+        if not exe.exists():
+            print(f"warm start rows: the real Hermes {version} is not installed (bash tests/install_e2e.sh)")
+            continue
+        with tempfile.TemporaryDirectory() as tmp, ScriptedModel(Path(tmp)) as model:
+            bridge = Bridge.create(Path(tmp))
+            write_hermes_home(bridge.tmp / "real-home", model.base_url)
+            times: dict[str, list[float]] = {"warm": [], "cold": []}
+            try:
+                for n in range(runs + 1):
+                    for side in ("cold", "warm"):
+                        bridge.configure(hermes_exe=str(exe), hermes_home=str(bridge.tmp / "real-home"),
+                                         hermes_driver="acp", approvals="yolo", warm_start=side == "warm")
+                        with bridge.client() as client:
+                            if side == "warm" and n:  # the first warm job readies the standby the others take
+                                wait_until(functools.partial(Path.exists, bridge.jobs / "standby" / "ready.json"), 120,
+                                           "a ready standby")
+                            took, start = first_request_s(client, model, f"bench {side} {n}")
+                        assert start.startswith(side) or (n == 0 and side == "warm"), start
+                        if n:
+                            times[side].append(took)
+            finally:
+                bridge.kill_leftovers()
+        warm = statistics.median(times["warm"])
+        rows.append(Row(f"hermes_run until the model's first request, Hermes {version} over ACP, warm (floor: cold)",
+                        times["warm"], times["cold"], "s", f"warm {warm:.2f} s {'PASS' if warm <= 1.0 else 'MISS'}",
+                        "warm <= 1.0 s"))
+    return rows
+
+
 def machine() -> str:
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -435,6 +481,7 @@ def main(argv: list[str]) -> int:
         finally:
             bridge.kill_leftovers()
     rows += jobs_listing(sizes, runs)
+    rows += warm_start_rows(max(2, runs) if args.tiny else max(5, runs))
     print(f"machine: {machine()}")
     print(f"runs: {runs} per figure ({calls} for single calls); total {time.time() - started:.0f} s\n")
     header = ["figure", "bridge: median (min-max)", "floor: median (min-max)", "result", "target"]

@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 
-from .config import Config, audit, load_config
+from .config import SETTINGS, Config, audit, load_config
 from .drivers import WarmStart, hermes_launch, private_tmp_of, sandbox_writable, start_hermes, usable_hermes
 from .hermes_acp import WarmHermes, approval_policy_dir
 from .hermes_cli import hermes_env
@@ -53,6 +53,7 @@ LOCK_WAIT_S = 15.0  # how long a new standby waits for the one it replaces to re
 PAST_START_S = 30.0  # a standby is prepared once the job that asked for it is past its start (or after this)
 WARM_UP_S = 90.0
 STALE_CHECK_S = 5.0
+STANDBY_SETTINGS = ("warm_start", "standby_idle_s")  # the standby's own: they do not change how Hermes started
 
 
 def standby_folder(store: JobStore) -> Path:
@@ -73,7 +74,8 @@ def launch_key(cfg: Config, folder: str, exe: str) -> str:
     environment = {key: value for key, value in hermes_env(cfg).items()
                    if key not in (JOB_MARKER, "HERMES_BRIDGE_CONFIG")}  # the config: its settings are in cfg
     code = [stamp(path) for path in sorted(PACKAGE_DIR.glob("*.py"))]
-    parts = [VERSION, dataclasses.asdict(cfg), exe, stamp(exe), str(home), stamp(home / "config.yaml"),
+    settings = {key: getattr(cfg, key) for key in SETTINGS if key not in STANDBY_SETTINGS}
+    parts = [VERSION, settings, exe, stamp(exe), str(home), stamp(home / "config.yaml"),
              stamp(home / ".env"), folder, sorted(environment.items()), sandbox_mechanism().name, code]
     return hashlib.sha256(json.dumps(parts, default=str, sort_keys=True).encode()).hexdigest()
 

@@ -147,11 +147,16 @@ class ScriptedModel(ThreadingHTTPServer):
             return []
         return [json.loads(line)["request"] for line in self.log_path.read_text().splitlines()]
 
-    def request_times(self) -> list[float]:
-        """When each request arrived (time.time()), in order."""
+    def first_request_with(self, text: str) -> float | None:
+        """When the first request whose last user message is text arrived (time.time()), or None."""
         if not self.log_path.exists():
-            return []
-        return [json.loads(line)["at"] for line in self.log_path.read_text().splitlines()]
+            return None
+        for line in self.log_path.read_text().splitlines():
+            entry = json.loads(line)
+            users = [m for m in entry["request"].get("messages") or [] if m.get("role") == "user"]
+            if users and text_of(users[-1]) == text:
+                return float(entry["at"])
+        return None
 
     def __enter__(self) -> "ScriptedModel":
         self._thread.start()

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from conftest import require_sandbox
-from harness import REPO
+from conftest import require_component, require_sandbox
+from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, REPO
 
 pytestmark = pytest.mark.posix("the benchmark drives the fake hermes, a shell script")
 
@@ -17,13 +17,17 @@ ROWS = ["cold start: spawn, initialize, tools/list", "server RSS after start", "
         "hermes_status of a running job with activity, store of 2,000 messages",
         "hermes_capabilities over 50 skills", "supervisor spawn until Hermes' pid", "supervisor RSS at Hermes' start",
         "the sandbox's step: spawn until the program has run", "hermes_jobs with 100 records",
-        "hermes_jobs with 1,000 records"]
+        "hermes_jobs with 1,000 records",
+        *(f"hermes_run until the model's first request, Hermes {version} over ACP, warm"
+          for version in REAL_ACP_VERSIONS)]
 
 
 def test_bench_runs_tiny_and_prints_every_row():
     require_sandbox()  # its row is printed where a job is sandboxed
+    for version in REAL_ACP_VERSIONS:  # the warm start rows run the real Hermes
+        require_component(REAL_HERMES_VERSIONS[version], f"the real Hermes CLI {version}")
     done = subprocess.run([sys.executable, str(REPO / "bench" / "bench.py"), "--tiny"], capture_output=True,
-                          text=True, timeout=240)
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     table = [line for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line]
     assert len(table) == len(ROWS) + 1
