@@ -8,9 +8,10 @@ from .hermes_cli import command_preview, hermes_version_on_disk, known_cli, loca
 from .jobs import JobStore, disk_problem
 from .launch import worktree_count
 from .preflight import VERSION, dependency_version, version_tuple
-from .safe_io import plural, read_json, shown
+from .safe_io import IS_WINDOWS, clock_words, plural, read_json, shown
 from .sandbox import support_line
 from .skills import HEALTH_RECENT_JOBS
+from .standby import is_alive_standby, standby_folder
 from .supervisor import disk_error
 
 
@@ -50,6 +51,19 @@ def hermes_version_line(exe: str | None, version: str | None) -> str:
     return shown(version) if version else "unknown (no hermes_agent dist-info beside the executable)"
 
 
+def warm_start_line(cfg: Config, store: JobStore) -> str:
+    """Whether a warm Hermes waits for the next ACP job, and for which folder."""
+    if not cfg.warm_start:
+        return "off (setting warm_start: false)"
+    if IS_WINDOWS:
+        return "not built for Windows yet: every job starts Hermes"
+    ready = read_json(standby_folder(store) / "ready.json")
+    if is_alive_standby(ready) and isinstance(ready.get("folder"), str):
+        return (f"a warm Hermes waits for the next ACP job in {shown(ready['folder'])} "
+                f"(readied in {ready.get('prepared_s', '?')} s{clock_words(ready.get('ready_at'))})")
+    return "on; no warm Hermes waits now (one is readied after an ACP job starts, for the next in its folder)"
+
+
 def health(cfg: Config, at_start: Config | None = None) -> str:
     """Everything a user needs to see why the bridge cannot work, without starting any process. at_start:
     the config as the server loaded it when it started, so a change of the file since (a job can write it)
@@ -85,6 +99,7 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
         driver_line(cfg, exe, probe=False),
         f"APPROVALS: {approvals_line(cfg, exe)}",
         f"SANDBOX: {support_line(cfg.sandbox)}",
+        f"WARM_START: {warm_start_line(cfg, store)}",
         f"ALLOWED_ROOTS: {shown(', '.join(cfg.roots), 2000) or 'NONE: no job can start: ' + roots_missing(cfg)}",
         f"READ_SCOPE: {'anywhere' if cfg.read_anywhere else 'allowed roots and job files'}",
         f"JOBS_DIR: {shown(str(store.root))} ({writable})",

@@ -28,6 +28,7 @@ from claude_hermes_bridge.cli import either
 from claude_hermes_bridge.config import SETTINGS_ENV, Config, load_config
 from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore
 from claude_hermes_bridge.render import ANSWER_PREFIX
+from claude_hermes_bridge.safe_io import ProcessId
 
 REPO = Path(__file__).resolve().parent.parent
 MCP_LINE = int(installed_version("mcp").split(".")[0])
@@ -95,6 +96,17 @@ def windows_launcher(bin_dir: Path, personality: str) -> Path:
     return Path(exe)
 
 
+def live_standbys(jobs: Path) -> list[psutil.Process]:
+    """The standby processes of a jobs folder, from the files each keeps there while it lives."""
+    found = []
+    for path in (jobs / "standby").glob("standby-*.pid"):
+        with suppress(OSError, ValueError):
+            identity = ProcessId(**json.loads(path.read_text()))
+            if (process := identity.process()) is not None:
+                found.append(process)
+    return found
+
+
 @dataclasses.dataclass
 class Bridge:
     """One isolated bridge installation for a test: its config, folders and environment."""
@@ -121,14 +133,19 @@ class Bridge:
                      hermes=hermes, settings={})
         bridge.configure(hermes_exe=str(hermes), hermes_home=str(tmp_path / "hermes-home"),
                          allowed_roots=[str(root)], jobs_dir=str(bridge.jobs), logs_dir=str(tmp_path / "logs"),
-                         kill_grace_s=1, default_timeout_s=120, sandbox_writable=[str(trace)])
+                         kill_grace_s=1, default_timeout_s=120, sandbox_writable=[str(trace)],
+                         warm_start=False)  # tests/test_standby.py turns it on
         return bridge
 
     def kill_leftovers(self) -> None:
-        """Never leave a fake's tree behind, whatever a test did."""
+        """Never leave a fake's tree behind, whatever a test did, nor a standby of this jobs folder."""
         for pid in live_pids(self.traced_pids()):
             with suppress(psutil.Error):
                 psutil.Process(pid).kill()
+        for process in live_standbys(self.jobs):
+            with suppress(psutil.Error):
+                for member in [process, *process.children(recursive=True)]:
+                    member.kill()
 
     @property
     def env(self) -> dict[str, str]:

@@ -23,7 +23,7 @@ def warm(bridge: Bridge, request: pytest.FixtureRequest) -> Any:
     with ScriptedModel(bridge.tmp) as model:
         write_hermes_home(home, model.base_url)
         bridge.configure(hermes_exe=str(exe), hermes_home=str(home), kill_grace_s=5, hermes_driver="acp",
-                         approvals="yolo")
+                         approvals="yolo", warm_start=True)
         with bridge.client() as client:
             yield bridge, model, client, home
 

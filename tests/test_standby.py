@@ -34,7 +34,7 @@ def hermes_of(standby: dict[str, Any]) -> int:
 
 
 def test_the_next_job_in_the_folder_takes_the_warm_hermes_and_runs_as_a_cold_one_does(bridge: Bridge) -> None:
-    bridge.configure(hermes_driver="acp")
+    bridge.configure(hermes_driver="acp", warm_start=True)
     with acp_client(bridge) as client:
         first = final(client, task="first !write=one.txt:1", cwd=str(bridge.root))
         assert first.field("STATUS") == "ok", first.text
@@ -42,6 +42,8 @@ def test_the_next_job_in_the_folder_takes_the_warm_hermes_and_runs_as_a_cold_one
         assert "no warm Hermes is waiting" in first.field("START")
         standby = ready(bridge)
         warm_hermes = hermes_of(standby)
+        health = client.call("hermes_health").field("WARM_START")
+        assert health.startswith(f"a warm Hermes waits for the next ACP job in {bridge.root} (readied in "), health
         second = final(client, task="second !write=two.txt:2", cwd=str(bridge.root))
         assert second.field("STATUS") == "ok", second.text
         assert second.field("START").startswith("warm (the task reached Hermes "), second.text
@@ -65,12 +67,14 @@ def test_cli_jobs_and_warm_start_off_start_cold_and_write_nothing(bridge: Bridge
     with acp_client(bridge) as client:
         acp = final(client, task="acp !write=b.txt:1", cwd=str(bridge.root))
     assert acp.field("START").endswith("; warm_start is off)"), acp.text
+    with acp_client(bridge) as client:
+        assert client.call("hermes_health").field("WARM_START") == "off (setting warm_start: false)"
     time.sleep(1)
     assert not (bridge.jobs / "standby").exists()
 
 
 def test_a_standby_killed_while_waiting_leaves_the_next_job_cold_and_is_replaced(bridge: Bridge) -> None:
-    bridge.configure(hermes_driver="acp")
+    bridge.configure(hermes_driver="acp", warm_start=True)
     with acp_client(bridge) as client:
         final(client, task="first !write=one.txt:1", cwd=str(bridge.root))
         standby = ready(bridge)
@@ -93,12 +97,12 @@ def gone(pid: int) -> bool:
 
 
 def test_a_standby_of_other_settings_is_not_taken_and_retires(bridge: Bridge) -> None:
-    bridge.configure(hermes_driver="acp")
+    bridge.configure(hermes_driver="acp", warm_start=True)
     with acp_client(bridge) as client:
         final(client, task="first !write=one.txt:1", cwd=str(bridge.root))
         standby = ready(bridge)
         hermes = hermes_of(standby)
-    bridge.configure(hermes_driver="acp", max_output_chars=12345)
+    bridge.configure(hermes_driver="acp", warm_start=True, max_output_chars=12345)
     with acp_client(bridge) as client:
         job = final(client, task="other settings !write=two.txt:2", cwd=str(bridge.root))
     assert job.field("START").endswith("was started with other settings (config, Hermes, its home or environment))")
@@ -109,7 +113,7 @@ def test_a_standby_of_other_settings_is_not_taken_and_retires(bridge: Bridge) ->
 def test_a_standby_that_never_answers_the_take_leaves_the_job_to_a_cold_start(bridge: Bridge) -> None:
     """A standby stopped (or killed) while it is being taken: the server takes the job back after a few
     seconds and starts it cold; the standby, woken later, finds no job to serve."""
-    bridge.configure(hermes_driver="acp")
+    bridge.configure(hermes_driver="acp", warm_start=True)
     with acp_client(bridge) as client:
         final(client, task="first !write=one.txt:1", cwd=str(bridge.root))
         standby = ready(bridge)
@@ -127,7 +131,7 @@ def test_a_standby_that_never_answers_the_take_leaves_the_job_to_a_cold_start(br
 
 
 def test_two_servers_racing_for_one_standby_one_gets_it_the_other_starts_cold(bridge: Bridge) -> None:
-    bridge.configure(hermes_driver="acp")
+    bridge.configure(hermes_driver="acp", warm_start=True)
     with acp_client(bridge) as client:
         final(client, task="first !write=one.txt:1", cwd=str(bridge.root))
     ready(bridge)
