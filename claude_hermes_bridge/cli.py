@@ -22,7 +22,7 @@ from .config import (
 from .health import approvals_line
 from .hermes_acp import driver_line
 from .hermes_cli import hermes_env, locate_hermes
-from .mcp_edge import JOB_VIEW_URI, serve_after_the_script
+from .mcp_edge import JOB_VIEW_URI, TRY_CLIENT_NAME, serve_after_the_script
 from .preflight import SERVER_DIR, VERSION, dependency_version, missing_dependencies
 from .safe_io import TOOL_NAMES, clean_text, shown, write_atomic
 from .sandbox import SANDBOX_MODES, support_line
@@ -158,6 +158,12 @@ def init_config(settings: dict[str, Any], force: bool, create_roots: bool = Fals
         sys.stderr.write(f"claude-hermes-bridge: --allowed-roots {', '.join(absent)}: no such folder, so jobs could "
                          "not start there; nothing written. Create it (or add --create-roots), then run this again\n")
         return 1
+    if settings.get("hermes_exe"):
+        hermes = locate_hermes(Config(path=path, hermes_exe=settings["hermes_exe"]))
+        if not hermes.usable:
+            sys.stderr.write(f"claude-hermes-bridge: --hermes-exe {settings['hermes_exe']}: {hermes.problem}; nothing "
+                             "written. Give Hermes' absolute path (`which hermes`), then run this again\n")
+            return 1
     for root in absent:
         os.makedirs(root, exist_ok=True)
         print(f"created {root}")
@@ -184,6 +190,7 @@ async def try_task(command: list[str], task: str, cwd: str | None, terminal: boo
     import anyio
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
+    from mcp.types import Implementation
 
     params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
     started = time.monotonic()
@@ -194,7 +201,9 @@ async def try_task(command: list[str], task: str, cwd: str | None, terminal: boo
         print(f"... {message or 'running'} ({time.monotonic() - started:.0f} s)", flush=True)
 
     with anyio.fail_after(24 * 3600):
-        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        terminal_client = Implementation(name=TRY_CLIENT_NAME, version=VERSION)  # its answers are the user's
+        async with stdio_client(params) as (read, write), ClientSession(read, write,
+                                                                      client_info=terminal_client) as session:
             await session.initialize()
             arguments: dict[str, Any] = {"task": task, "wait_s": 5}
             if cwd:

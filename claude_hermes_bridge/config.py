@@ -226,7 +226,8 @@ def config_search() -> str:
 def config_fix() -> str:
     """How to make a config, in the words that fit this install: a clone has config.example.json to copy."""
     if (SERVER_DIR / "config.example.json").exists():
-        return "copy config.example.json to config.json and set allowed_roots"
+        return ("run `python server.py --init-config --allowed-roots DIR --hermes-exe PATH` (or copy "
+                "config.example.json to config.json and set allowed_roots)")
     return "run `claude-hermes-bridge --init-config --allowed-roots DIR` (or server.py --init-config)"
 
 
@@ -451,9 +452,13 @@ def resolve_path(path: str, what: str) -> str:
 def confine_cwd(cfg: Config, cwd: str | None) -> str:
     """The job's working folder, resolved and inside an allowed root; never 'allow all'."""
     roots = cfg.roots
+    listed = [root for root in cfg.allowed_roots if isinstance(root, str) and os.path.isabs(os.path.expanduser(root))]
+    if not roots and listed:
+        raise Refused(f"no job may start: the allowed_roots listed ({shown(', '.join(listed), 600)}, from "
+                      f"{cfg.sources.get('allowed_roots', 'the config')}) are gone or are not folders. Fix: create "
+                      f"them again (mkdir -p), or list folders that exist under allowed_roots in {cfg.path}")
     if not roots:
-        raise Refused("no allowed_roots are configured, so no job may start. Fix: list the folders Hermes "
-                      f"may work in under allowed_roots in {cfg.path}")
+        raise Refused("no allowed_roots are configured, so no job may start. Fix: " + config_fix())
     chosen = cwd if cwd not in (None, "") else (cfg.default_cwd or roots[0])
     resolved = resolve_path(chosen, "cwd")
     if not within_any(resolved, roots):

@@ -77,7 +77,7 @@ LATE_KEY = "late"  # the answers file's list of late answers, which the supervis
 ANSWER_DECISIONS = ("allow", "deny", "allow_for_job")
 SESSION_OPTION = "allow_session"  # Hermes' "allow for this session" option, by its id
 ANSWERERS = {"user": "the user (elicitation)", "planner": "the planner (hermes_approve)",  # who answered, in words
-             "view": "the user (job view)"}
+             "view": "the user (job view)", "terminal": "the user (at the terminal, --try)"}
 TREE_KEPT = 20_000
 CHANGED_LINES = 50
 TEXT_FIELD_MAX_BYTES = 256 << 10  # Hermes' answer as the record keeps it, JSON-encoded

@@ -269,6 +269,17 @@ class McpEdge:
         return server._lowlevel_server if self.line == 2 else server._mcp_server
 
 
+TRY_CLIENT_NAME = "claude-hermes-bridge --try"  # the client `server.py --try` declares: the user, at a terminal
+
+
+def client_name(ctx: Any) -> str | None:
+    """The name the client declared (initialize, or the request's envelope on 2026-07-28), on both SDK lines."""
+    params = getattr(ctx.session, "client_params", None)
+    info = getattr(params, "clientInfo", None) or getattr(params, "client_info", None)
+    name = getattr(info, "name", None)
+    return name if isinstance(name, str) else None
+
+
 def user_asker(ctx: Any, tasks: JobTasks) -> AskUser | None:
     """Ask the user directly (elicitation) when the client can, while a call waits on the job."""
     from mcp.types import ClientCapabilities, ElicitationCapability
@@ -423,12 +434,14 @@ def register_job_tools(registry: ToolRegistry) -> None:
                                                                       user_asker(ctx, registry.tasks), job_ids, until))
 
     @tool(registry.destructive, "Answer Hermes' question")
-    async def hermes_approve(job_id: str, approval_id: str, decision: str) -> CallToolResult:
+    async def hermes_approve(job_id: str, approval_id: str, decision: str, ctx: Any) -> CallToolResult:
         """Answer the question a job waits on (STATUS: needs_approval): decision "allow" lets Hermes run what
         its APPROVAL line says, "deny" blocks it, "allow_for_job" also allows the same exact command when this
         job asks again. Ask the user first: this lets an agent run a command it
         deems dangerous. An answer after Hermes stopped waiting is refused."""
-        return await registry.respond("hermes_approve", lambda cfg: approve_tool(cfg, job_id, approval_id, decision))
+        by = "terminal" if client_name(ctx) == TRY_CLIENT_NAME else "planner"
+        return await registry.respond("hermes_approve", lambda cfg: approve_tool(cfg, job_id, approval_id, decision,
+                                                                                  by))
 
     @tool(registry.destructive, "Cancel a Hermes job")
     async def hermes_cancel(job_id: str, ctx: Any) -> CallToolResult:

@@ -1,6 +1,7 @@
 """[server] The status block the model reads: job_details, render_status, ToolResult."""
 import contextlib
 import dataclasses
+import re
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -23,9 +24,19 @@ from .supervisor import human_size
 RUNNING_TAIL_CHARS = 2000
 
 
+# Hermes' own log lines (`2026-12-03 23:17:19 [INFO] agent.tool_executor: ...`): the log keeps them, the block does not
+HERMES_LOG_LINE_RE = re.compile(rb"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? \[(?:INFO|DEBUG)\] ")
+
+
 def log_excerpt(path: Path, max_chars: int) -> str:
-    """The end of a log, bounded by max_chars, saying how much was cut and how to read the rest."""
-    tail, size = read_tail(path, max_chars * 4)
+    """The end of a log for a person, bounded by max_chars: what Hermes said, its tools, warnings and errors, and
+    the bridge's notes, without Hermes' own INFO and DEBUG log lines (FULL_LOG keeps them); saying how much was
+    cut and how to read the rest."""
+    raw_tail, size = read_tail(path, max_chars * 8)
+    lines = raw_tail.split(b"\n")
+    kept_lines = [line for line in lines if not HERMES_LOG_LINE_RE.match(line)]
+    left_out = len(lines) - len(kept_lines)
+    tail = b"\n".join(kept_lines)
     raw = tail.decode("utf-8", "replace")
     start = 0
     if len(clean_text(tail)) > max_chars:  # keep the longest end of the raw text whose clean form fits
@@ -38,12 +49,14 @@ def log_excerpt(path: Path, max_chars: int) -> str:
                 low = middle + 1
         start = low
     text = clean_str(raw[start:])
+    note = (f"[{plural(left_out, 'line')} of Hermes' own INFO log left out here; FULL_LOG has every line]\n"
+            if left_out else "")
     kept_bytes = len(tail) if start == 0 else len(raw[start:].encode("utf-8", "replace"))
-    hidden = size - kept_bytes
+    hidden = size - len(raw_tail) + len(tail) - kept_bytes
     if hidden <= 0:
-        return text if text else "(no output)"
+        return note + text if text or note else "(no output)"
     return (f"[cut: the first {hidden} of {size} bytes are not shown; read them with "
-            f"hermes_read(path=\"{shown(str(path))}\", offset=0, max_bytes=...)]\n...{text}")
+            f"hermes_read(path=\"{shown(str(path))}\", offset=0, max_bytes=...)]\n{note}...{text}")
 
 
 def elapsed_s(record: JobRecord, running: bool) -> int:
@@ -348,7 +361,10 @@ def final_lines(view: JobView, cfg: Config, log: Path, details: JobDetails | Non
     """An ended job's lines before the notes, and after them: advice, usage, changes, answer, output."""
     record = view.record
     exit_code, session = record.exit_code, record.session_id
-    lines = [f"EXIT_CODE: {'none' if exit_code is None else exit_code}",
+    denied = (record.decided or {}).get("deny", 0)
+    lines = [f"DENIED: {plural(denied, 'command')} Hermes asked to run {'was' if denied == 1 else 'were'} denied (see "
+             "APPROVALS): the work may be incomplete; check it with hermes_read"] if denied else []
+    lines += [f"EXIT_CODE: {'none' if exit_code is None else exit_code}",
              f"SESSION_ID: {shown(session) if session else 'none captured'}",
              f"CWD: {shown(record.cwd, 1000)}", f"ELAPSED_S: {elapsed_s(record, view.running)}",
              f"FULL_LOG: {shown(str(log))}"]

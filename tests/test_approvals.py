@@ -94,6 +94,8 @@ def test_the_bundle_defaults_yolo_false_and_approvals_deny_leave_every_bypass_of
         assert approvals_of(result.text) == [f"- {acp.record(result.field('JOB_ID')).decisions[0]['id']}: run "
                                              "`touch denied.txt` (dangerous) -> deny by the bridge: approvals deny"]
         assert not (acp.root / "denied.txt").exists()
+        assert result.text.splitlines()[2] == ("DENIED: 1 command Hermes asked to run was denied (see APPROVALS): the "
+                                               "work may be incomplete; check it with hermes_read"), result.text
 
 
 def test_yolo_allows_and_says_so_over_acp_and_passes_yolo_to_the_cli(acp):

@@ -15,7 +15,7 @@ from claude_hermes_bridge.mcp_edge import TASK_FAILED_STATES
 from claude_hermes_bridge.processes import JOB_MARKER
 from claude_hermes_bridge.render import spend_line
 from claude_hermes_bridge.supervisor import SpendWatch, never_lower
-from harness import Bridge, BridgeClient, refused
+from harness import Bridge, BridgeClient, refused, wait_until
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script")
 
@@ -221,12 +221,19 @@ def test_a_decoy_session_in_the_store_does_not_lift_the_budget(bridge):
     with client_of(bridge, "cli") as client:
         job = client.call("hermes_run", task="work !calls=40", cwd=str(folder), max_tokens=3000, wait_s=0)
         store = bridge.tmp / "hermes-home" / "state.db"
-        deadline = time.time() + 20
-        while not store.exists() and time.time() < deadline:
-            time.sleep(0.05)
-        with sqlite3.connect(store, timeout=10) as db:
-            db.execute("INSERT INTO sessions (id, source, started_at, cwd) VALUES (?, 'cli', ?, ?)",
-                       ("20261203_000000_decoy0", time.time(), str(folder)))
+
+        def plant_decoy() -> bool | None:
+            """The decoy row, once the fake has made its store and its tables (a file alone is not enough)."""
+            if not store.exists():
+                return None  # connecting would make it
+            try:
+                with sqlite3.connect(store, timeout=10) as db:
+                    db.execute("INSERT INTO sessions (id, source, started_at, cwd) VALUES (?, 'cli', ?, ?)",
+                               ("20261203_000000_decoy0", time.time(), str(folder)))
+                return True
+            except sqlite3.OperationalError:
+                return None
+        wait_until(plant_decoy, 20, "Hermes' store with its sessions table")
         end = client.wait_final(job.field("JOB_ID"))
     assert end.field("STATUS") == "over_budget", end.text
     assert "counted over 2 sessions started in the job's folder" in end.field("SPEND")

@@ -589,8 +589,20 @@ def test_roots_compare_whole_components_and_resolved_paths(tmp_path, bad):
 
 def test_no_roots_refuses_every_folder_with_the_fix(tmp_path):
     (tmp_path / "work").mkdir()
-    with pytest.raises(Refused, match="no allowed_roots"):
+    with pytest.raises(Refused, match="no allowed_roots are configured, .* Fix: run `python server.py --init-config"):
         confine_cwd(config_for(tmp_path, allowed_roots=[]), str(tmp_path / "work"))
+
+
+def test_a_root_that_was_deleted_is_named_as_gone_not_as_unconfigured(tmp_path):
+    gone = tmp_path / "project"
+    gone.mkdir()
+    cfg = config_for(tmp_path, allowed_roots=[str(gone)])
+    gone.rmdir()
+    with pytest.raises(Refused) as refusal:
+        confine_cwd(cfg, None)
+    assert f"the allowed_roots listed ({gone}, from " in str(refusal.value)
+    assert "are gone or are not folders. Fix: create them again (mkdir -p)" in str(refusal.value)
+    assert "no allowed_roots are configured" not in str(refusal.value)
 
 
 @pytest.mark.posix("FIFOs, symlinks and POSIX signals")

@@ -752,6 +752,11 @@ def test_init_config_with_a_root_that_does_not_exist_says_so_and_writes_nothing_
     created = run([sys.executable, str(script), "--init-config", "--allowed-roots", str(absent), "--create-roots"], env)
     assert created.returncode == 0 and absent.is_dir(), created.stdout + created.stderr
     assert json.loads(written.read_text())["allowed_roots"] == [str(absent)]
+    missing_hermes = tmp_path / "no-such" / "hermes"
+    wrong = run([sys.executable, str(script), "--init-config", "--force", "--allowed-roots", str(absent),
+                 "--hermes-exe", str(missing_hermes)], env)
+    assert wrong.returncode == 1 and f"--hermes-exe {missing_hermes}: " in wrong.stderr, wrong.stderr
+    assert "nothing written" in wrong.stderr and json.loads(written.read_text()).get("hermes_exe") is None
     absent.rmdir()  # removed after the config was written: every later message names the real cause
     checked = run([sys.executable, str(script), "--check"], env)
     assert f"none of the allowed roots is an existing folder ({absent}" in checked.stdout, checked.stdout
@@ -805,7 +810,7 @@ def test_try_on_a_terminal_asks_the_question_itself_and_relays_the_answer(bridge
         subprocess.run([tmux, "-S", socket, "kill-server"], check=False)
     out = log.read_text()
     assert "Hermes asks to run `touch tried.txt` (dangerous)" in asking and "Hermes denies this by itself at" in asking
-    assert "allow by the planner (hermes_approve), applied" in out and "STATUS: ok" in out and "EXIT=0" in out, out
+    assert "allow by the user (at the terminal, --try), applied" in out and "STATUS: ok" in out and "EXIT=0" in out, out
     assert (bridge.root / "tried.txt").exists()
 
 

@@ -323,6 +323,20 @@ def test_log_excerpt_is_bounded_and_says_how_much_was_cut(tmp_path):
     assert len(body) <= 1000 and body.endswith("tail line\n") and "\x1b" not in text
 
 
+def test_the_excerpt_leaves_hermes_own_info_log_to_the_full_log_and_keeps_what_a_person_wants(tmp_path):
+    """Issue 40: the tail of a real Hermes' log was mostly its INFO lines; the answer, tool lines, warnings and
+    the bridge's notes stay, and the excerpt says how many lines it left out."""
+    log = tmp_path / "job.log"
+    info = "".join(f"2026-12-03 23:17:{n:02d} [INFO] agent.conversation_loop: API call #{n}\n" for n in range(40))
+    log.write_text("[hermes] execute: pytest -q\n" + info + "2026-12-03 23:17:41,123 [DEBUG] tools: probe\n"
+                   "2026-12-03 23:17:42 [WARNING] agent.model_metadata: no context length\n"
+                   "[hermes] completed:\n3 passed\nThe tests pass.\n[bridge] approval 1-ab: allowed\n")
+    text = log_excerpt(log, 8000)
+    assert text.startswith("[41 lines of Hermes' own INFO log left out here; FULL_LOG has every line]\n"), text
+    assert "[INFO]" not in text and "[DEBUG]" not in text and "[WARNING] agent.model_metadata" in text
+    assert "[hermes] execute: pytest -q" in text and text.endswith("The tests pass.\n[bridge] approval 1-ab: allowed\n")
+
+
 @pytest.mark.posix("a negative exit code is a POSIX signal")
 def test_describe_exit_names_signals_and_tells_a_crash_from_a_kill():
     assert describe_exit(-9) == "Hermes was killed by SIGKILL (9) from outside the bridge"
