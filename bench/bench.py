@@ -116,11 +116,12 @@ def run_until_pid(bridge: Bridge, client: BridgeClient, runs: int) -> tuple[Row,
     for job_id in job_ids:
         client.wait_final(job_id)
     overhead = statistics.median(ours) - statistics.median(floor)
-    median_rss = statistics.median(supervisor_rss)
+    largest_rss = max(supervisor_rss)  # the first job's in a fresh jobs folder among them (issue 39 saw 33 MB)
     return (Row("hermes_run(wait_s=0) until the record shows Hermes' pid (floor: Popen)", ours, floor, "ms",
                 f"overhead {overhead:.0f} ms {'PASS' if overhead <= 150 else 'MISS'}", "overhead <= 150 ms"),
             Row("supervisor RSS (floor: bare interpreter)", supervisor_rss, bare_rss, "MB",
-                f"{median_rss:.1f} MB {'PASS' if median_rss <= 25 else 'MISS'}", "<= 25 MB"))
+                f"first job {supervisor_rss[0]:.1f} MB, largest {largest_rss:.1f} MB "
+                f"{'PASS' if largest_rss <= 25 else 'MISS'}", "every one <= 25 MB"))
 
 
 def spend_reading(bridge: Bridge, client: BridgeClient, seconds: float) -> Row:

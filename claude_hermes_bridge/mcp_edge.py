@@ -8,16 +8,17 @@ import re
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from .bodies import (
     DISK_DEADLINE_S,
     AskUser,
+    Listing,
+    ToolBody,
     ViewTokens,
     approve_tool,
     cancel_tool,
     land_tool,
-    listing_tool,
     off_loop,
     resume_tool,
     run_tool,
@@ -360,7 +361,7 @@ class ToolRegistry:
                                  meta=meta)(fn)
         return register
 
-    async def respond(self, tool_name: str, body: Callable[[Config], Awaitable[ToolResult]],
+    async def respond(self, tool_name: str, body: ToolBody | Listing,
                       task: Any = None) -> "CallToolResult":
         """The text as the model reads it, whole; a job's facts and a one-time token for the job view in _meta.
         Never structuredContent: a host that has it hands the model only that (Claude Code's print mode did,
@@ -460,14 +461,14 @@ def register_lookup_tools(registry: ToolRegistry, cfg: Config) -> None:
     async def hermes_jobs(limit: int | None = None, state: str | None = None) -> CallToolResult:
         """Jobs on disk, newest first (default limit 50): id, state, duration, cwd, first words of the task.
         state filters: running, ok, error, timeout, cancelled, over_budget, orphaned, damaged."""
-        return await registry.respond("hermes_jobs", lambda cfg: listing_tool(list_jobs, cfg, limit, state))
+        return await registry.respond("hermes_jobs", Listing(list_jobs, (limit, state)))
 
     @tool(registry.read_only, "Read a file or folder")
     async def hermes_read(path: str, max_bytes: int | None = None, offset: int | None = None) -> CallToolResult:
         """Read a file (a byte range: offset, negative = from the end, to page a job log; max_bytes, default
         20000) or list a folder, to verify Hermes' work without waking an agent. Confined to the allowed
         roots and the job files."""
-        return await registry.respond("hermes_read", lambda cfg: listing_tool(read_path, cfg, path, max_bytes, offset))
+        return await registry.respond("hermes_read", Listing(read_path, (path, max_bytes, offset)))
 
     @tool(registry.read_only, "Hermes skills")
     async def hermes_capabilities(query: str | None = None, category: str | None = None,
@@ -475,13 +476,13 @@ def register_lookup_tools(registry: ToolRegistry, cfg: Config) -> None:
         """Hermes' installed skills, read from disk. No arguments: categories with counts. query: ranked
         matches over name, description and tags. category: the skills of one category."""
         return await registry.respond("hermes_capabilities",
-                             lambda cfg: listing_tool(capabilities, cfg, skill_index, query, category, limit))
+                             Listing(capabilities, (skill_index, query, category, limit)))
 
     @tool(registry.read_only, "Bridge health")
     async def hermes_health() -> CallToolResult:
         """Is Hermes found, which options its command line declares, config problems, allowed roots, job
         counts. Instant: starts no process."""
-        return await registry.respond("hermes_health", lambda now: listing_tool(health, now, cfg))
+        return await registry.respond("hermes_health", Listing(health, (cfg,)))
 
 
 def register_review(registry: ToolRegistry) -> None:

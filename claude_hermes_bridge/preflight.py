@@ -1,5 +1,6 @@
 """[both] What must hold before the rest is imported: the dependencies, named with the command that installs them."""
 import contextlib
+import functools
 import importlib.util
 import re
 import sys
@@ -20,7 +21,10 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
 
 
+@functools.cache
 def dependency_version(package: str) -> str | None:
+    """The installed version, read once per process: the running code does not change with the disk, and
+    reading a dist-info costs hermes_health most of its call."""
     import importlib.metadata
 
     try:

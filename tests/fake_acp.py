@@ -166,6 +166,7 @@ class Agent:
             if method == "eof":
                 return 0
             if method == "initialize":
+                time.sleep(float(os.environ.get("FAKE_ACP_INIT_DELAY", "0")))  # a slow start, to catch one midway
                 send({"id": message["id"], "result": {"protocolVersion": 1, "agentInfo": {
                     "name": "hermes-agent", "version": os.environ.get("FAKE_ACP_VERSION", "0.22.2")},
                     "agentCapabilities": {"loadSession": True}}})

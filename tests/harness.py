@@ -23,7 +23,7 @@ from anyio.from_thread import start_blocking_portal
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from claude_hermes_bridge.bodies import run_tool_body
+from claude_hermes_bridge.bodies import Listing, ToolBody, run_tool_body
 from claude_hermes_bridge.cli import either
 from claude_hermes_bridge.config import SETTINGS_ENV, Config, load_config
 from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore
@@ -161,7 +161,7 @@ class Bridge:
     def client(self, **kwargs: Any) -> "BridgeClient":
         return BridgeClient(self.env, **kwargs)
 
-    def call_body(self, monkeypatch: Any, tool: str, body: Callable[[Config], Any]) -> "Result":
+    def call_body(self, monkeypatch: Any, tool: str, body: "ToolBody | Listing") -> "Result":
         """A tool body run in this process as the server runs it (answer: this bridge's config, a refusal or
         a bug as a result, the audit line), without MCP: for tables of cases a host sees one of end to end."""
         import anyio

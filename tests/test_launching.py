@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from claude_hermes_bridge.bodies import listing_tool, run_tool, run_tool_body, status_tool
+from claude_hermes_bridge.bodies import Listing, run_tool, run_tool_body, status_tool
 from claude_hermes_bridge.cli import either
 from claude_hermes_bridge.config import SETTINGS_ENV, Config
 from claude_hermes_bridge.drivers import plan_launch
@@ -394,7 +394,7 @@ def test_tool_bodies_run_without_mcp_and_every_outcome_is_a_result_with_one_audi
     refused = anyio.run(run_tool_body, "hermes_status", lambda cfg: status_tool(cfg, "../x", 0))
     error = anyio.run(run_tool_body, "hermes_jobs", broken)
     listing = anyio.run(run_tool_body, "hermes_jobs",
-                        lambda cfg: listing_tool(list_jobs, cfg, None, None))
+                        Listing(list_jobs, (None, None)))
     assert refused.status == "refused" and refused.is_error and "is not a job id" in refused.text
     assert error.status == "error" and "internal error in hermes_jobs: RuntimeError: boom" in error.text
     assert listing.status == "ok" and not listing.is_error and "No jobs yet" in listing.text

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from claude_hermes_bridge.bodies import listing_tool
+from claude_hermes_bridge.bodies import Listing
 from claude_hermes_bridge.tools import read_path
 from harness import (
     BOUND_STRETCH,
@@ -52,7 +52,7 @@ def test_read_tricks_are_refused(playground, monkeypatch, path, word):
     bridge, _ = playground
     path = in_playground(bridge.root, path)
     refused(bridge.call_body(monkeypatch, "hermes_read",
-                             lambda cfg: listing_tool(read_path, cfg, path, None, None)), word)
+                             Listing(read_path, (path, None, None))), word)
 
 
 @pytest.mark.posix("FIFOs and sockets")

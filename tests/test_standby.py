@@ -10,7 +10,7 @@ import psutil
 import pytest
 from test_worktrees import final
 
-from harness import Bridge, BridgeClient, wait_until
+from harness import Bridge, BridgeClient, live_standbys, wait_until
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script; warm starts are not built for Windows")
 
@@ -148,3 +148,42 @@ def test_two_servers_racing_for_one_standby_one_gets_it_the_other_starts_cold(br
     starts = sorted(result.field("START").split(" ")[0] for result in results.values())
     assert starts == ["cold", "warm"], {name: result.text for name, result in results.items()}
     assert all(result.field("STATUS") == "ok" for result in results.values())
+
+
+def test_the_server_exiting_while_a_standby_prepares_loses_no_job_and_leaves_no_process(bridge: Bridge) -> None:
+    """The standby is detached from the server that started it: it finishes preparing, is the only one, waits
+    standby_idle_s for a job and then exits with its Hermes; the job that asked for it ends as it would."""
+    bridge.configure(hermes_driver="acp", warm_start=True, standby_idle_s=5)
+    client = acp_client(bridge)
+    client.params.env = dict(client.params.env or {}, FAKE_ACP_INIT_DELAY="2")
+    with client:
+        job_id = client.call("hermes_run", task="first !write=one.txt:1", cwd=str(bridge.root), wait_s=0
+                             ).field("JOB_ID")
+        [preparing] = wait_until(lambda: live_standbys(bridge.jobs) or None, 20, "a standby to start preparing")
+    assert not (bridge.jobs / "standby" / "ready.json").exists()  # the server left before it was ready
+    with acp_client(bridge) as client:
+        assert client.wait_final(job_id).field("STATUS") == "ok"
+    assert (bridge.root / "one.txt").read_text() == "1"
+    standby = ready(bridge)
+    assert standby["pid"] == preparing.pid and live_standbys(bridge.jobs) == [preparing]
+    hermes = hermes_of(standby)
+    assert wait_until(lambda: (gone(preparing.pid) and gone(hermes)) or None, 30, "the idle standby and its Hermes "
+                      "to exit")
+    assert not (bridge.jobs / "standby" / "ready.json").exists() and not live_standbys(bridge.jobs)
+
+
+def test_a_jobs_folder_that_refuses_the_standby_leaves_jobs_cold_and_starts_nothing(bridge: Bridge) -> None:
+    """Where the standby's folder cannot be made (a full or read-only jobs folder; here a file in its place),
+    jobs run cold as before and no standby process starts."""
+    bridge.configure(hermes_driver="acp", warm_start=True)
+    bridge.jobs.mkdir(parents=True, exist_ok=True)
+    (bridge.jobs / "standby").write_text("not a folder")
+    with acp_client(bridge) as client:
+        for name in ("one", "two"):
+            job = final(client, task=f"{name} !write={name}.txt:1", cwd=str(bridge.root))
+            assert job.field("STATUS") == "ok" and job.field("START").startswith("cold ("), job.text
+        assert client.call("hermes_health").field("WARM_START").startswith("on; no warm Hermes waits now")
+        time.sleep(1)
+        started = [" ".join(child.cmdline()) for child in psutil.Process(client.server_pid).children(recursive=True)]
+    assert not [line for line in started if "--standby" in line], started
+    assert (bridge.jobs / "standby").read_text() == "not a folder"
