@@ -27,6 +27,7 @@ the MCP stack). A module imports only from modules above it in this list (tests/
                        confine_read); the audit log
   jobs ............... [both] JobRecord (every field checked, every list bounded), JobStore (the jobs folder),
                        JobView (observe: orphaned, frozen, waiting for the disk)
+  folder_changes ..... [both] what a job changed in its folder: listings compared (snapshot_folder), human_size
   git_calls .......... [both] the bridge's own git, which runs no program a repository's config or attributes name
   worktrees .......... [both] a worktree job's repository, its worktree made and removed, its work saved
   repo_guard ......... [both] a worktree job's shared repository: config and hooks put back, refs named
@@ -40,6 +41,7 @@ the MCP stack). A module imports only from modules above it in this list (tests/
   launch ............. [server] JobRequest, launch_job (dedupe, limits, the record), start_job
   render ............. [server] the status block: job_details, render_status, ToolResult
   tools .............. [server] plain functions per tool: arguments, resuming, one job and the list, reading
+  review ............. [server] a worktree job's patch as the job view's pages, file by file (hermes_view_patch)
   skills ............. [server] Hermes' skills for hermes_capabilities
   health ............. [server] hermes_health and the server's instructions
   bodies ............. [server] async tool bodies (run_tool_body, ...), disk work off the event loop, no MCP

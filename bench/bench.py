@@ -28,11 +28,11 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 import psutil  # noqa: E402
 from test_real_hermes import write_hermes_home  # noqa: E402
 
+from claude_hermes_bridge.folder_changes import snapshot_folder  # noqa: E402
 from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore  # noqa: E402
 from claude_hermes_bridge.launch import JobRequest, supervisor_argv  # noqa: E402
 from claude_hermes_bridge.processes import JOB_MARKER  # noqa: E402
 from claude_hermes_bridge.sandbox import mechanism, step_argv  # noqa: E402
-from claude_hermes_bridge.supervisor import snapshot_folder  # noqa: E402
 from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, BridgeClient, wait_until  # noqa: E402
 from scripted_model import ScriptedModel  # noqa: E402
 

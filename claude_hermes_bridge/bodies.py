@@ -200,11 +200,11 @@ async def land_tool(cfg: Config, job_id: Any, action: Any) -> ToolResult:
 
 @dataclasses.dataclass(frozen=True)
 class Listing:
-    """hermes_jobs, hermes_read, hermes_capabilities, hermes_health: text from the disk, nothing started. Its
-    config, text and audit line are made in one worker-thread trip: a trip costs about 0.3 ms, which was most
-    of a warm hermes_health call."""
+    """hermes_jobs, hermes_read, hermes_capabilities, hermes_health, hermes_view_patch: from the disk, nothing
+    started. Its config, result and audit line are made in one worker-thread trip: a trip costs about 0.3 ms,
+    which was most of a warm hermes_health call."""
 
-    fn: Callable[..., str]
+    fn: Callable[..., str | ToolResult]
     args: tuple[Any, ...] = ()
 
 
@@ -238,7 +238,8 @@ def listed(tool: str, listing: Listing) -> ToolResult:
     cfg: Config | None = None
     try:
         cfg = load_config()
-        outcome = ToolResult(listing.fn(cfg, *listing.args))
+        answer = listing.fn(cfg, *listing.args)
+        outcome = answer if isinstance(answer, ToolResult) else ToolResult(answer)
     except Exception as exc:  # noqa: BLE001 - every failure becomes the model's answer
         outcome = failure_result(tool, exc)
     if cfg is not None:

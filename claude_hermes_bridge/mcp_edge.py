@@ -33,6 +33,7 @@ from .jobs import FINAL_STATES, JobState, JobStore
 from .launch import recover_worktrees
 from .preflight import PACKAGE_DIR, VERSION, dependency_version
 from .render import QUESTIONS_SHOWN, ToolResult, deadline_words, job_details, status_result
+from .review import view_patch
 from .safe_io import Refused, T, plural, shown
 from .skills import SkillIndex, capabilities
 from .tools import LaunchArguments, answer_approval, job_view, list_jobs, read_path, request_cancel
@@ -321,6 +322,7 @@ JOB_VIEW_URI = "ui://claude-hermes-bridge/job"
 JOB_VIEW_MIME = "text/html;profile=mcp-app"
 VIEW_LINK = {"ui": {"resourceUri": JOB_VIEW_URI}, "ui/resourceUri": JOB_VIEW_URI}  # the flat key: older hosts
 VIEW_FACTS = "viewFacts"  # the _meta key of a result's facts, for the job view (hosts keep _meta from the model)
+VIEW_PATCH = "viewPatch"  # the _meta key of a page of a worktree job's patch, for the job view
 APP_ONLY = {"ui": {"resourceUri": JOB_VIEW_URI, "visibility": ["app"]}}
 
 
@@ -374,6 +376,8 @@ class ToolRegistry:
         if outcome.facts is not None:
             token = self.view_tokens.issue(outcome.facts["job_id"], [q["id"] for q in outcome.facts["questions"]])
             result.update(_meta={"viewToken": token, VIEW_FACTS: outcome.facts})
+        if outcome.patch is not None:
+            result.update(_meta={VIEW_PATCH: outcome.patch})
         return CallToolResult.model_validate(result)
 
 
@@ -510,6 +514,12 @@ def register_review(registry: ToolRegistry) -> None:
     async def hermes_view_job(job_id: str) -> CallToolResult:
         """For the job view only (the host keeps it off the model's list): the job's block and its facts."""
         return await respond("hermes_view_job", lambda cfg: view_job_tool(cfg, job_id))
+
+    @tool(read_only, "Job view: the change under review", APP_ONLY)
+    async def hermes_view_patch(job_id: str, offset: int = 0) -> CallToolResult:
+        """For the job view only: a page of a finished worktree job's patch, file by file, from offset (0, or a
+        page's next_offset). The model reads the patch with hermes_read."""
+        return await respond("hermes_view_patch", Listing(view_patch, (job_id, offset)))
 
     @tool(destructive, "Job view: the user's answer", APP_ONLY)
     async def hermes_view_answer(job_id: str, approval_id: str, decision: str, token: str) -> CallToolResult:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from .config import Config
+from .folder_changes import human_size
 from .hermes_cli import read_tail, retry_advice
 from .hermes_store import (
     StoreUnavailable,
@@ -19,7 +20,6 @@ from .hermes_store import (
 )
 from .jobs import CHANGED_LINES, FINAL_STATES, PART_DONE_STATES, JobRecord, JobState, JobStore, JobView
 from .safe_io import clean_str, clean_text, clock_words, is_number, machine_clock, plural, shown
-from .supervisor import human_size
 
 RUNNING_TAIL_CHARS = 2000
 
@@ -233,6 +233,18 @@ def sandbox_lines(record: JobRecord) -> list[str]:
     return lines
 
 
+def budget_facts(record: JobRecord) -> list[dict[str, Any]]:
+    """Each budget the job has and what it has spent of it so far, for the job view's bars (a cost Hermes does
+    not price is left out: it cannot be shown against its budget)."""
+    spend = record.spend or {}
+    tokens = int(spend.get("tokens_in", 0)) + int(spend.get("tokens_out", 0))
+    budgets: list[tuple[str, float, float | None]] = [
+        ("tokens", tokens, record.max_tokens), ("turns", int(spend.get("api_calls", 0)), record.max_turns)]
+    if spend.get("priced") or not spend:
+        budgets.insert(1, ("dollars", float(spend.get("cost_usd", 0)), record.max_cost_usd))
+    return [{"what": what, "spent": spent, "limit": limit} for what, spent, limit in budgets if limit]
+
+
 def spend_line(record: JobRecord) -> list[str]:
     """The job's spend against its budgets, as Hermes' store counted it (a price Hermes does not know is said,
     never shown as zero)."""
@@ -319,6 +331,20 @@ def worktree_lines(record: "JobRecord") -> list[str]:
         lines.append(f'LAND: not yet. hermes_land(job_id="{record.id}", action="merge") applies it to '
                      f"{shown(worktree['repo'])}; \"discard\" drops it; \"keep\" leaves it for retention")
     return lines
+
+
+def worktree_facts(record: "JobRecord") -> list[list[str]]:
+    """A worktree job's rows as a person reads them in the job view (the view shows the change itself and the
+    buttons that land it, so no PATCH path nor advice on hermes_land)."""
+    worktree = record.worktree
+    if not worktree:
+        return []
+    origin = "your uncommitted files" if worktree.get("from") == "working-tree" else "the last commit"
+    rows = [["worktree", f"{shown(worktree['path'])} (branch {shown(worktree['branch'])}, started from {origin} "
+                         f"{shown(worktree['base'])[:12]} of {shown(worktree['repo'])})"]]
+    if record.repository:
+        rows.append(["repository", " | ".join(shown(note, 1000) for note in record.repository)])
+    return rows
 
 
 def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
@@ -408,6 +434,7 @@ class ToolResult:
     cwd: str | None = None
     reason: str | None = None
     facts: dict[str, Any] | None = None  # the same facts as fields (in _meta), for the job view
+    patch: dict[str, Any] | None = None  # a page of a worktree job's patch (in _meta), for the job view
 
     @property
     def is_error(self) -> bool:
@@ -428,7 +455,7 @@ def job_facts(view: JobView, details: JobDetails, notes: list[str]) -> dict[str,
     from disk or from Hermes escaped as in the block."""
     record = view.record
     questions = [{"id": shown(q["id"], 40), "what": shown(q["what"], 2400), "expires_at": q["expires_at"],
-                  "seconds_left": seconds_left(q), "deadline": deadline_words(q)}
+                  "seconds_left": seconds_left(q)}
                  for q in view.pending_questions[:QUESTIONS_SHOWN]]
     changes = record.changes or {}
     return {"job_id": record.id, "status": view.shown_state, "running": view.running,
@@ -444,7 +471,12 @@ def job_facts(view: JobView, details: JobDetails, notes: list[str]) -> dict[str,
                         "lines": [shown(line, 400) for line in changes.get("lines", [])[:CHANGED_LINES]],
                         "note": shown(changes["note"]) if "note" in changes else None},
             "answer": clean_str(details.answer[:20000]) if details.answer and not view.running else None,
-            "questions": questions, "worktree": [line.split(": ", 1) for line in worktree_lines(record)],
+            "questions": questions, "worktree": worktree_facts(record),
+            "diff": {key: record.diff[key] for key in ("files", "insertions", "deletions", "patch_bytes")}
+            if record.diff else None,
+            "landed": {"action": shown(str(record.landed["action"]), 20), "how": shown(str(record.landed["how"]), 600),
+                       "at": record.landed.get("at")} if record.landed else None,
+            "budgets": budget_facts(record),
             "landable": bool(record.worktree and record.diff and not record.landed and not view.running),
             "notes": [shown(note, 1000) for note in notes]}
 

@@ -4,10 +4,8 @@ import dataclasses
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -29,6 +27,7 @@ from .drivers import (
     sandbox_writable,
     usable_hermes,
 )
+from .folder_changes import FolderWatch
 from .git_calls import GitFailed
 from .hermes_cli import (
     FOLDER_MOVE_RE,
@@ -48,7 +47,6 @@ from .hermes_store import (
 )
 from .home_guard import guard_home, restore_home
 from .jobs import (
-    CHANGED_LINES,
     GUARD_NOTES_KEPT,
     HEARTBEAT_S,
     LATE_ANSWERS_KEPT,
@@ -82,95 +80,6 @@ from .worktrees import add_worktree, job_roots, save_worktree_work
 
 # `server.py --supervise <id>`: one detached process per job that owns it from start to outcome.
 POLL_S = 0.2
-
-
-@dataclasses.dataclass
-class FolderSnapshot:
-    """The files under a job's folder (relative path -> size, mtime), or why they were not listed; identity
-    is the folder's own device and inode, taken without following a symlink."""
-
-    files: dict[str, tuple[int, int]]
-    taken_ns: int
-    note: str | None = None
-    identity: tuple[int, int] | None = None
-
-
-def lstat_folder(folder: str) -> tuple[int, int] | None:
-    """The folder's device and inode, or None when it is no folder (a symlink is not followed)."""
-    try:
-        info = os.lstat(folder)
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino) if stat.S_ISDIR(info.st_mode) else None
-
-
-def snapshot_folder(folder: str, skip: list[str], max_entries: int, max_s: float) -> FolderSnapshot:
-    """Every file under folder, walked iteratively without following symlinks (a link is listed, never
-    entered), skipping folders named in skip; bounded by entries and seconds, past which it says so. The
-    folder must be the same folder before and after the walk: a job that swapped it for a symlink would
-    otherwise have files from elsewhere listed as its changes."""
-    taken_ns = time.time_ns()
-    identity = lstat_folder(folder)
-    if identity is None:
-        return FolderSnapshot({}, taken_ns, "not tracked (CWD is no longer a folder; replaced by a symlink?)")
-    deadline = time.monotonic() + max_s
-    files: dict[str, tuple[int, int]] = {}
-    pending = [folder]
-    entries = 0
-    while pending:
-        current = pending.pop()
-        try:
-            with os.scandir(current) as listing:
-                for entry in listing:
-                    entries += 1
-                    if entries > max_entries:
-                        return FolderSnapshot({}, taken_ns, f"not tracked (more than {max_entries} files under CWD)")
-                    if entry.is_dir(follow_symlinks=False):
-                        if entry.name not in skip:
-                            pending.append(entry.path)
-                        continue
-                    try:
-                        info = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    files[os.path.relpath(entry.path, folder)] = (info.st_size, info.st_mtime_ns)
-        except OSError:
-            continue
-        if time.monotonic() > deadline:
-            return FolderSnapshot({}, taken_ns, f"not tracked (listing CWD took more than {max_s:g} s)")
-    if lstat_folder(folder) != identity:
-        return FolderSnapshot({}, taken_ns, "not tracked (CWD was replaced while it was being listed)")
-    return FolderSnapshot(files, taken_ns, identity=identity)
-
-
-def human_size(size: int) -> str:
-    """1023 B, 1.2 KB, 3.4 MB."""
-    if size < 1024:
-        return f"{size} B"
-    scaled = size / 1024
-    for unit in ("KB", "MB"):
-        if scaled < 1024:
-            return f"{scaled:.1f} {unit}"
-        scaled /= 1024
-    return f"{scaled:.1f} GB"
-
-
-def compare_snapshots(before: FolderSnapshot, after: FolderSnapshot) -> dict[str, Any]:
-    """What changed between two snapshots, ready for the record: counts and at most CHANGED_LINES lines.
-    A file changed while the first snapshot was being taken counts as created by the job."""
-    if before.note or after.note:
-        return {"note": before.note or after.note}
-    if before.identity != after.identity:
-        return {"note": "not tracked (CWD was replaced by another folder or a symlink during the job)"}
-    old = {path: meta for path, meta in before.files.items() if meta[1] < before.taken_ns}
-    created = sorted(path for path in after.files if path not in old)
-    modified = sorted(path for path in after.files if path in old and after.files[path] != old[path])
-    deleted = sorted(path for path in old if path not in after.files)
-    lines = ([f"+ {path} ({human_size(after.files[path][0])})" for path in created]
-             + [f"~ {path} ({human_size(after.files[path][0])})" for path in modified]
-             + [f"- {path}" for path in deleted])
-    return {"created": len(created), "modified": len(modified), "deleted": len(deleted),
-            "lines": lines[:CHANGED_LINES], "more": max(0, len(lines) - CHANGED_LINES)}
 
 
 class BoundedLog:
@@ -329,8 +238,7 @@ class Supervisor:
         self.log = BoundedLog(store.log_path(job_id), cfg.max_log_bytes)
         self.windows_job: WindowsJob | None = None
         self.hermes: psutil.Process | None = None
-        self.before: FolderSnapshot | None = None
-        self.snapshot_thread: threading.Thread | None = None
+        self.watch: FolderWatch | None = None
         self.unsaved = False
         self.writable: list[str] = []  # what the sandbox lets the job write; empty: not sandboxed
         self.private_tmp: Path | None = None
@@ -513,8 +421,8 @@ class Supervisor:
     def _start(self, plan: "LaunchPlan", run: HermesRun) -> subprocess.Popen[bytes]:
         """Start Hermes as planned, after the folder listing has begun, and record who it is."""
         record, cfg = self.record, self.cfg
-        if not record.worktree:  # a worktree job's changes are git's to tell
-            self._start_snapshot(plan.folder)
+        self.watch = FolderWatch(plan.folder, cfg.changed_files_skip, cfg.changed_files_max_entries,
+                                 cfg.changed_files_max_s)
         record.argv = plan.shown_argv
         if record.session_requested:  # a resumed session's earlier spend is not this job's, budgeted or not
             with contextlib.suppress(StoreUnavailable):
@@ -603,6 +511,8 @@ class Supervisor:
         if now >= self.next_heartbeat or self.unsaved:
             self.next_heartbeat = now + HEARTBEAT_S
             self.record.heartbeat = machine_clock()
+            if self.watch and (so_far := self.watch.changes_so_far()):
+                self.record.changes = so_far  # what the job view lists while the job runs
             self.save()
 
     def _keep_log_bounded(self) -> None:
@@ -620,27 +530,6 @@ class Supervisor:
             return JobState.ERROR, (f"Hermes moved to {shown(moved)}, outside the allowed roots (a resumed session "
                                     "runs in its recorded folder); the job was stopped at once")
         return self.spend.passed_while_running()
-
-    def _start_snapshot(self, folder: str) -> None:
-        """The folder's files as the job starts, listed in the background so the launch is not delayed."""
-        cfg = self.cfg
-
-        def take() -> None:
-            self.before = snapshot_folder(folder, cfg.changed_files_skip, cfg.changed_files_max_entries,
-                                          cfg.changed_files_max_s)
-        self.snapshot_thread = threading.Thread(target=take, daemon=True)
-        self.snapshot_thread.start()
-
-    def _changes(self) -> dict[str, Any] | None:
-        if self.snapshot_thread is None:
-            return None
-        self.snapshot_thread.join(self.cfg.changed_files_max_s + 5)
-        if self.before is None:
-            return {"note": "not tracked (the start listing did not finish)"}
-        cfg = self.cfg
-        after = snapshot_folder(self.record.cwd or "", cfg.changed_files_skip, cfg.changed_files_max_entries,
-                                cfg.changed_files_max_s)
-        return compare_snapshots(self.before, after)
 
     def _usage(self, session_id: str | None) -> None:
         """The session's counters, kept in the record for hermes_jobs and for when the store is gone."""
@@ -718,11 +607,11 @@ class Supervisor:
         try:
             if self.writable:
                 self._restore_home()
-            if record.worktree:
+            if record.worktree:  # a worktree job's changes are git's to tell
                 self._check_repository()
                 save_worktree_work(self.store, record)
-            else:
-                record.changes = self._changes()
+            elif self.watch:
+                record.changes = self.watch.changes()
             self._usage(session_id)
         except Exception as exc:  # a report of the job, never a reason to lose its outcome
             self.note(f"could not list the changes, save the worktree's work or read the usage: {exc}")

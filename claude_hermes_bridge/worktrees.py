@@ -192,10 +192,12 @@ def save_worktree_work(store: "JobStore", record: "JobRecord") -> None:
     partial = patch.with_name(patch.name + ".partial")
     partial.unlink(missing_ok=True)
     with open(partial, "xb") as handle:
-        git(top, "diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", base, work, stdout=handle)
+        git(top, "diff", "--binary", "--find-renames", "--no-color", "--no-ext-diff", "--no-textconv", base, work,
+            stdout=handle)
     os.replace(partial, patch)
     files = insertions = deletions = 0
-    for line in git(top, "diff", "--numstat", "-z", "--no-renames", "--no-textconv", base, work).stdout.split(b"\0"):
+    numstat = git(top, "diff", "--numstat", "-z", "--find-renames", "--no-textconv", base, work).stdout
+    for line in numstat.split(b"\0"):  # counted as the patch shows them: a renamed file is one file
         fields = line.split(b"\t", 2)
         if len(fields) == 3:
             files += 1

@@ -512,9 +512,11 @@ EXPECTED_ARGS = {
     "hermes_approve": ({"job_id", "approval_id", "decision"}, {"job_id", "approval_id", "decision"}),
     "hermes_land": ({"job_id", "action"}, {"job_id", "action"}),
     "hermes_view_job": ({"job_id"}, {"job_id"}),  # the job view's own (app-only) tools
+    "hermes_view_patch": ({"job_id"}, {"job_id", "offset"}),
     "hermes_view_answer": ({"job_id", "approval_id", "decision", "token"}, {"job_id", "approval_id", "decision",
                                                                             "token"}),
 }
 
 
-READ_ONLY = {"hermes_status", "hermes_jobs", "hermes_read", "hermes_capabilities", "hermes_health", "hermes_view_job"}
+READ_ONLY = {"hermes_status", "hermes_jobs", "hermes_read", "hermes_capabilities", "hermes_health", "hermes_view_job",
+             "hermes_view_patch"}

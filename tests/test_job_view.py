@@ -114,7 +114,7 @@ def test_the_page_and_the_links_are_what_an_apps_host_reads_and_app_only_tools_s
     for name in ("hermes_run", "hermes_resume", "hermes_status"):
         assert meta[name]["ui"]["resourceUri"] == JOB_VIEW_URI and meta[name]["ui/resourceUri"] == (
             JOB_VIEW_URI)
-    for name in ("hermes_view_job", "hermes_view_answer"):
+    for name in ("hermes_view_job", "hermes_view_patch", "hermes_view_answer"):
         assert meta[name]["ui"]["visibility"] == ["app"]
     assert "visibility" not in meta["hermes_approve"].get("ui", {})
     listed = [r.model_dump(mode="json", by_alias=True) for r in resources]
@@ -218,6 +218,24 @@ def test_a_running_job_shows_its_current_tool_and_cancel_stops_it_and_the_pollin
     assert polls >= 1 and polls_after == polls  # it polled while the job ran, and stopped once it was final
 
 
+def test_a_running_job_shows_its_changed_files_so_far_and_its_spend_against_its_budgets(bridge, browser, host_url):
+    with bridge.client() as client:
+        arguments = {"task": "!calls=3 !write=notes.txt:x !sleep=60", "wait_s": 0, "max_tokens": 100000,
+                     "max_turns": 50}
+        started = raw_call(client, "hermes_run", **arguments)
+        view = View(browser, host_url, client, started, arguments)
+        view.frame.locator("pre", has_text="+ notes.txt").wait_for(timeout=30000)
+        changed = view.text("#facts")
+        view.frame.locator(".budget[data-what=tokens]", has_text="3,300 of").wait_for(timeout=30000)
+        budgets = view.text("#budgets")
+        width = view.frame.locator(".budget[data-what=tokens] .bar > span").evaluate("bar => bar.style.width")
+        view.screenshot("job-view-running")
+        client.call("hermes_cancel", job_id=started["_meta"]["viewFacts"]["job_id"])
+    assert "changed so far\n1 created, 0 modified, 0 deleted" in changed, changed
+    assert "3,300 of 100,000 tokens (3 % of the budget)" in budgets and "3 of 50 turns (6 % of the budget)" in budgets
+    assert width == "3%"
+
+
 @pytest.mark.parametrize("action", ["Merge", "Discard"])
 def test_a_finished_worktree_job_is_merged_or_discarded_from_the_view(bridge, browser, host_url, action):
     repo = make_repo(bridge.root / "repo")
@@ -225,15 +243,124 @@ def test_a_finished_worktree_job_is_merged_or_discarded_from_the_view(bridge, br
         arguments = {"task": "!write=b.txt:bee", "cwd": str(repo), "isolation": "worktree", "wait_s": 30}
         done = raw_call(client, "hermes_run", **arguments)
         view = View(browser, host_url, client, done, arguments)
-        assert "1 file changed" in view.text("#facts")
-        if action == "Merge":
-            view.screenshot("job-view-worktree")
-        view.click(f"#actions button:text('{action}')")
-        view.frame.locator("dt", has_text="landed").wait_for(timeout=30000)
+        view.frame.locator("details.file[data-path='b.txt']").wait_for(timeout=15000)
+        assert view.text("#review h1") == "The change: 1 file, +1 \u22120"
+        view.click(f"#actions button[data-action={action.lower()}]")
+        if action == "Discard":  # a destructive click asks first, and "Keep it" keeps it
+            assert "Discard this job's work?" in view.text(".confirm")
+            view.click(".confirm button[data-action=keep]")
+            view.click("#actions button[data-action=discard]")
+            view.click(".confirm button[data-action=confirm-discard]")
+        view.frame.locator("#landing strong").wait_for(timeout=30000)
+        landing = view.text("#landing")
         context = view.page.evaluate("window.modelContext")
     assert (repo / "b.txt").exists() == (action == "Merge")
     assert bool(git(repo, "branch", "--list", "hermes-bridge/*")) == (action == "Merge")  # a merge keeps it
+    if action == "Merge":
+        assert landing.startswith("Merged at ") and "merged into main (" in landing, landing
+    else:
+        assert landing.startswith("Discarded at ") and "were removed" in landing, landing
     assert f"pressed {action}" in context[0]["content"][0]["text"]
+
+
+def script_job(bridge: Bridge, repo: Path, name: str, script: str) -> dict[str, Any]:
+    """hermes_run arguments for a worktree job of repo whose Hermes runs script (sh) in its worktree."""
+    path = bridge.tmp / f"{name}.sh"
+    path.write_text(script)
+    return {"task": f"!shell={path}", "cwd": str(repo), "isolation": "worktree", "wait_s": 30}
+
+
+def test_the_view_shows_each_file_of_the_change_as_what_it_is_with_its_lines(bridge, browser, host_url):
+    repo = make_repo(bridge.root / "repo", {"edit.txt": "one\ntwo\nthree\n", "gone.txt": "bye\n",
+                                            "old-name.txt": "".join(f"line {n}\n" for n in range(20))})
+    arguments = script_job(bridge, repo, "kinds", "printf 'one\\nTWO\\nthree\\nfour\\n' > edit.txt\nrm gone.txt\n"
+                           "mv old-name.txt new-name.txt\nprintf 'fresh\\n' > added.txt\n"
+                           "head -c 2100 /dev/zero > blob.bin\n")
+    with bridge.client() as client:
+        done = raw_call(client, "hermes_run", **arguments)
+        view = View(browser, host_url, client, done, arguments)
+        files = view.frame.locator("details.file")
+        files.nth(4).wait_for(timeout=15000)
+        kinds = {files.nth(n).get_attribute("data-path"): files.nth(n).get_attribute("data-kind") for n in range(5)}
+        edit = view.frame.locator("details.file[data-path='edit.txt'] tr:not(.head)")
+        rows = [[edit.nth(n).locator("td").nth(c).inner_text() for c in range(4)] for n in range(edit.count())]
+        summaries = {path: view.text(f"details.file[data-path='{path}'] summary") for path in kinds}
+        binary = view.text("details.file[data-path='blob.bin']")
+        heading = view.text("#review h1")
+        view.screenshot("job-view-review")
+    assert kinds == {"added.txt": "added", "blob.bin": "added", "edit.txt": "modified", "gone.txt": "deleted",
+                     "new-name.txt": "renamed"}
+    assert rows == [["1", "1", "", "one"], ["2", "", "-", "two"], ["", "2", "+", "TWO"], ["3", "3", "", "three"],
+                    ["", "4", "+", "four"]]
+    assert "old-name.txt \u2192 new-name.txt" in summaries["new-name.txt"]
+    assert "Binary file, 2.1 KB" in binary and "binary" in summaries["blob.bin"]
+    assert "+2 \u22121" in summaries["edit.txt"]
+    assert heading == "The change: 5 files, +3 \u22122"  # a renamed file is one file, as the patch shows it
+
+
+def test_a_change_of_5000_lines_shows_its_first_page_and_pages_on(bridge, browser, host_url):
+    repo = make_repo(bridge.root / "repo")
+    arguments = script_job(bridge, repo, "big", "for n in 0 1 2 3 4 5 6 7 8 9; do seq 1 500 | sed \"s/^/$n: /\" "
+                           "> part$n.txt; done\n")
+    with bridge.client() as client:
+        done = raw_call(client, "hermes_run", **arguments)
+        view = View(browser, host_url, client, done, arguments)
+        more = view.frame.locator("#review button[data-action=more-files]")
+        more.wait_for(timeout=15000)
+        first_page = (view.frame.locator("details.file").count(), view.frame.locator("tr.add").count(),
+                      more.inner_text())
+        hidden = view.text("details.file[data-path='part0.txt'] tr.note")
+        for shown in (8, 10):  # a hunk shows 400 lines: four files fill a page of 1,500
+            more.click(timeout=15000)
+            view.frame.locator("details.file").nth(shown - 1).wait_for(timeout=15000)
+        view.frame.locator("#review h1").wait_for()
+        left = more.count()
+        paths = [view.frame.locator("details.file").nth(n).get_attribute("data-path") for n in range(10)]
+        total = view.frame.locator("details.file").count()
+        calls = view.page.evaluate("window.calls")
+    assert first_page == (4, 1600, "Show more files (4 of 10 shown)"), first_page
+    assert hidden.startswith("\u2026 100 more lines of this hunk not shown"), hidden
+    assert total == 10 and left == 0 and paths == [f"part{n}.txt" for n in range(10)]
+    assert calls.count("hermes_view_patch") == 3
+
+
+def test_what_the_patch_holds_is_shown_as_text_and_runs_nothing(bridge, browser, host_url):
+    repo = make_repo(bridge.root / "repo")
+    hostile = ("<script>window.pwned = 1</script>\n<img src=x onerror=\"window.pwned = 2\">\n"
+               "access = \u202e \u2066admin\u2069 \u2066// check\u200b\n")
+    (bridge.tmp / "hostile.txt").write_text(hostile)
+    arguments = script_job(bridge, repo, "hostile", f"cp {bridge.tmp / 'hostile.txt'} page.html\n")
+    with bridge.client() as client:
+        done = raw_call(client, "hermes_run", **arguments)
+        view = View(browser, host_url, client, done, arguments)
+        view.frame.locator("details.file[data-path='page.html']").wait_for(timeout=15000)
+        code = view.frame.locator("details.file td.code")
+        lines = [code.nth(n).inner_text() for n in range(code.count())]
+        frame = next(f for f in view.page.frames if f != view.page.main_frame)
+        dom = frame.evaluate("[window.pwned === undefined, document.querySelectorAll('img').length, "
+                             "document.querySelectorAll('script').length]")
+    assert lines == ["<script>window.pwned = 1</script>", '<img src=x onerror="window.pwned = 2">',
+                     "access = \\u202e \\u2066admin\\u2069 \\u2066// check\\u200b"]
+    assert dom == [True, 0, 1]  # no image made, and the view's own script the only one
+    assert not [line for line in view.console if "Content Security Policy" in line], view.console
+
+
+def test_a_merge_that_conflicts_shows_its_paths_and_changes_nothing(bridge, browser, host_url):
+    repo = make_repo(bridge.root / "repo", {"a.txt": "one\n", "b.txt": "same\n"})
+    with bridge.client() as client:
+        arguments = {"task": "!write=a.txt:the-job", "cwd": str(repo), "isolation": "worktree", "wait_s": 30}
+        done = raw_call(client, "hermes_run", **arguments)
+        (repo / "a.txt").write_text("the user's\n")
+        git(repo, "commit", "-qam", "the user's own change meanwhile")
+        view = View(browser, host_url, client, done, arguments)
+        view.frame.locator("details.file[data-path='a.txt']").wait_for(timeout=15000)
+        view.click("#actions button[data-action=merge]")
+        view.frame.locator("#landing.refused").wait_for(timeout=30000)
+        landing = view.text("#landing")
+        buttons = view.text("#actions")
+        view.screenshot("job-view-conflict")
+    assert landing.startswith("Merge did not happen.") and "conflicts with the main tree in 1 path: a.txt" in landing
+    assert (repo / "a.txt").read_text() == "the user's\n" and "Merge" in buttons  # still there to try again
 
 
 def test_without_tool_calls_from_the_host_the_buttons_are_disabled_and_the_view_says_so(bridge, browser,

@@ -14,6 +14,7 @@ import pytest
 
 from claude_hermes_bridge.bodies import cancel_tool, status_tool
 from claude_hermes_bridge.config import START_GRACE_S, Config
+from claude_hermes_bridge.folder_changes import FolderSnapshot, compare_snapshots, snapshot_folder
 from claude_hermes_bridge.hermes_cli import describe_exit, ends_with_session_line, session_id_from_log
 from claude_hermes_bridge.hermes_store import (
     STORE_DEADLINE_S,
@@ -43,7 +44,6 @@ from claude_hermes_bridge.skills import (
     capabilities,
     front_matter,
 )
-from claude_hermes_bridge.supervisor import FolderSnapshot, compare_snapshots, snapshot_folder
 from harness import (
     BOUND_STRETCH,
     BridgeClient,
