@@ -42,6 +42,7 @@ the MCP stack). A module imports only from modules above it in this list (tests/
   render ............. [server] the status block: job_details, render_status, ToolResult
   tools .............. [server] plain functions per tool: arguments, resuming, one job and the list, reading
   review ............. [server] a worktree job's patch as the job view's pages, file by file (hermes_view_patch)
+  steer .............. [server] hermes_steer: guidance for a running ACP job, relayed through the jobs folder
   skills ............. [server] Hermes' skills for hermes_capabilities
   health ............. [server] hermes_health and the server's instructions
   bodies ............. [server] async tool bodies (run_tool_body, ...), disk work off the event loop, no MCP

@@ -8,10 +8,11 @@ from typing import Any, Awaitable, Callable
 
 from .config import Config, audit, first_words, load_config
 from .hermes_acp import ACP_EXTRA_FIX
-from .jobs import JobView, validate_job_id
+from .jobs import JobStore, JobView, validate_job_id
 from .launch import JobRequest, launch_job
 from .render import ToolResult, elapsed_s, job_details, refused_result, status_result
 from .safe_io import Refused, T, machine_clock, shown
+from .steer import note_undelivered, request_steer, steer_outcome
 from .supervisor import disk_error
 from .tools import (
     LaunchArguments,
@@ -170,6 +171,37 @@ async def approve_tool(cfg: Config, job_id: Any, approval_id: Any, decision: Any
     return await off_loop(status_result, view, cfg, [applied_answer(view, approval_id)])
 
 
+STEER_RELAY_S = 8.0  # how long hermes_steer waits to hear what Hermes made of the guidance
+
+
+async def steer_tool(cfg: Config, job_id: Any, guidance: Any, when: Any, by: str) -> ToolResult:
+    """hermes_steer (the planner) and the job view's Steer (the user): the guidance relayed to the job's
+    supervisor, then the job's block once Hermes has answered it (a few seconds at most), or what is known by
+    then; a steer that met the job's end is said as not delivered, never lost."""
+    import anyio
+
+    view, steer = await off_loop(request_steer, cfg, job_id, guidance, when, by)
+    deadline = time.monotonic() + STEER_RELAY_S
+    settled, words = steer_outcome(view, steer["id"])
+    while not settled and time.monotonic() < deadline:
+        await anyio.sleep(0.2)
+        view = await off_loop(job_view, cfg, view.record.id)
+        settled, words = steer_outcome(view, steer["id"])
+    if not view.running and not any(s["id"] == steer["id"] for s in view.record.steers):
+        await off_loop(note_undelivered, JobStore.of(cfg), view.record.id, steer)
+        view = await off_loop(job_view, cfg, view.record.id)
+    return await off_loop(status_result, view, cfg, [words])
+
+
+async def view_steer_tool(cfg: Config, tokens: "ViewTokens", job_id: Any, guidance: Any, when: Any,
+                          token: Any) -> ToolResult:
+    """The user's guidance from the job view, with a one-time token a result gave the view."""
+    if not tokens.redeem(token, job_id):
+        raise Refused("this guidance carries no valid one-time token of the job view for this job; steer in the "
+                      "job view, or ask the user and use hermes_steer")
+    return await steer_tool(cfg, job_id, guidance, when, "view")
+
+
 async def cancel_tool(cfg: Config, job_id: Any, progress: Progress | None = None) -> ToolResult:
     view, note = await off_loop(request_cancel, cfg, job_id)
     if view.running:
@@ -288,9 +320,9 @@ class ViewTokens:
         self.issued[token] = (now + VIEW_TOKEN_S, job_id, frozenset(question_ids))
         return token
 
-    def redeem(self, token: Any, job_id: Any, approval_id: Any) -> bool:
-        """Whether token was issued, is unexpired, and was given with this job and this question (used up
-        either way, so a token tried against another job is gone)."""
+    def redeem(self, token: Any, job_id: Any, approval_id: Any = None) -> bool:
+        """Whether token was issued, is unexpired, and was given with this job and (for an answer) this question
+        (used up either way, so a token tried against another job is gone)."""
         given = self.issued.pop(token, None) if isinstance(token, str) else None
         return (given is not None and given[0] > time.monotonic() and given[1] == job_id
-                and approval_id in given[2])
+                and (approval_id is None or approval_id in given[2]))

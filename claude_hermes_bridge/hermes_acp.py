@@ -20,6 +20,7 @@ from .jobs import (
     QUESTIONS_MAX_BYTES,
     SESSION_NAME_RE,
     SESSION_OPTION,
+    STEERS_KEPT,
     TEXT_FIELD_MAX_BYTES,
     JobRecord,
     JobState,
@@ -57,6 +58,25 @@ ACP_OUTPUT_CHARS = 2000
 HERMES_019_APPROVAL_TIMEOUT_S = 60.0  # Hermes 0.19's ACP denies an unanswered question after a fixed 60 s
 ACP_EXTRA_FIX = ("install Hermes' acp extra (pip install 'hermes-agent[acp]' in Hermes' environment; on 0.22: "
                  "hermes pm install --extra acp)")
+
+
+# Guidance for a running turn (hermes_steer) is a second session/prompt on the job's session: `/steer TEXT`
+# reaches the model after the current tool batch, `/queue TEXT` is a turn after this one (0.19.0 and 0.22.2).
+# Hermes answers it with a message chunk just before that prompt's result; these are its openings.
+STEER_COMMANDS = {"now": "/steer", "next_turn": "/queue"}
+STEER_REPLIES = ("\u23e9", "\u26a0", "No active turn", "Queued for the next turn", "Redirected the active turn",
+                 "Usage: /")
+STEER_REFUSALS = ("\u26a0", "Usage: /")  # "Steer failed: ...", a command without its text
+STEER_AFTER_PROMPT_S = 2.0  # a steer sent before Hermes has claimed the turn would run as the turn itself
+# Stop reasons besides end_turn, in words (max_tokens and max_turn_requests: upstream's main branch)
+STOP_REASONS = {
+    "refusal": "Hermes refused the prompt (stopReason refusal); a session made with the CLI cannot be continued "
+               "over ACP",
+    "max_tokens": "the model stopped at its output token limit (stopReason max_tokens): the turn was cut short and "
+                  "may be part-done",
+    "max_turn_requests": "Hermes stopped at its own turn limit (stopReason max_turn_requests; agent.max_turns in "
+                         "its config.yaml): the work may be part-done",
+}
 
 
 ACP_RECHECK_S = 600  # a "no" is asked again after this: installing the extra does not touch the hermes script
@@ -384,6 +404,9 @@ class AcpConversation:
         self.folder_may_have_moved = False  # a command ran: Hermes' terminal folder may not be the job's now
         self.noted: set[str] = set()
         self.changed = False
+        self.steering: dict[int, dict[str, Any]] = {}  # request id -> the record's steer waiting for Hermes' reply
+        self.steer_stamp: tuple[int, int, int] | None = None
+        self.turn_seen = False  # an event of the prompt's turn arrived: Hermes has claimed it
         record.acp = {"tool_calls": 0}
         if warm:
             warm.drop_pending()
@@ -457,6 +480,7 @@ class AcpConversation:
         """After Hermes exited: the last messages it wrote, then no question is left pending."""
         self.reader.join(2)
         self.pump()
+        self._end_steers()
         for question in list(self.record.questions):
             self._expire(question, "Hermes itself: it stopped waiting for an answer"
                          if machine_clock() >= question["expires_clock"] - 2
@@ -480,6 +504,7 @@ class AcpConversation:
                 self.note_once(f"raised {type(exc).__name__}", f"a message from Hermes the bridge could not handle "
                                f"({type(exc).__name__}: {shown(str(exc), 200)})")
         self._check_answers()
+        self._check_steers()
         if self.changed:
             self.changed = False
             self.save()
@@ -490,7 +515,9 @@ class AcpConversation:
             return
         method = message.get("method")
         params = message.get("params")
-        if method is None and "id" in message:
+        if method is None and message.get("id") in self.steering:
+            self._steer_reply(message)
+        elif method is None and "id" in message:
             if message["id"] == self.step[0] and not self.finished:
                 self._reply(message)
         elif not isinstance(params, dict) and method in ("session/request_permission", "session/update"):
@@ -534,6 +561,8 @@ class AcpConversation:
 
     def _update(self, update: dict[str, Any]) -> None:
         kind = update.get("sessionUpdate")
+        if self.step[1] == "session/prompt" and kind in ("tool_call", "agent_message_chunk", "agent_thought_chunk"):
+            self.turn_seen = True
         if kind == "tool_call":
             tool_kind = update.get("kind") if isinstance(update.get("kind"), str) else "other"
             if tool_kind not in FOLDER_KEEPING_KINDS and self.step[1] == "session/prompt":  # not a replayed one
@@ -550,8 +579,12 @@ class AcpConversation:
                                                if len(output) > ACP_OUTPUT_CHARS else "")
             self.log(f"[hermes] {update['status']}:\n{cut}\n")
         elif kind == "agent_message_chunk":
-            text = content_text(update.get("content"))
-            if text and sum(map(len, self.answer_chunks)) < ANSWER_MAX_CHARS:
+            text = content_text(update.get("content"))  # an empty one is upstream's keep-alive: nothing
+            if text and self.steering and text.startswith(STEER_REPLIES):
+                steer = next(iter(self.steering.values()))  # Hermes answers its prompts in order
+                steer["hermes"] = fit_json(clean_str(text), 600)
+                self.log(f"\n[hermes] {clean_str(text)}\n")
+            elif text and sum(map(len, self.answer_chunks)) < ANSWER_MAX_CHARS:
                 self.answer_chunks.append(text)
                 self._set(answer="".join(self.answer_chunks))
                 self.log(text)
@@ -663,6 +696,60 @@ class AcpConversation:
         self.question_bytes.pop(question["id"], None)
         self.record.questions = [q for q in self.record.questions if q["id"] != question["id"]]
 
+    # -- steering
+    def _check_steers(self) -> None:
+        """Guidance the server wrote to the steer file, each sent once as its own session/prompt while the
+        job's turn runs (not before Hermes has claimed the turn: it would take the steer for the turn)."""
+        prompt_sent = self.record.prompt_sent_at or 0.0
+        if self.step[1] != "session/prompt" or self.finished or not (
+                self.turn_seen or time.time() - prompt_sent >= STEER_AFTER_PROMPT_S):
+            return
+        try:
+            found = os.stat(self.store.steers_path(self.record.id))
+        except OSError:
+            return
+        stamp = (found.st_mtime_ns, found.st_size, found.st_ino)
+        if stamp == self.steer_stamp:
+            return
+        self.steer_stamp = stamp
+        known = {steer["id"] for steer in self.record.steers}
+        for request in self.store.steers_file(self.record.id):
+            if request["id"] in known or len(self.record.steers) >= STEERS_KEPT:
+                continue
+            self.next_id += 1
+            steer = self.steering[self.next_id] = {**request, "state": "sent", "hermes": ""}
+            self.record.steers = [*self.record.steers, steer]
+            self.changed = True
+            self._send({"id": self.next_id, "method": "session/prompt", "params": {
+                "sessionId": self.session_id,
+                "prompt": [{"type": "text", "text": f"{STEER_COMMANDS[request['when']]} {request['text']}"}]}})
+            self.log(f"\n[bridge] steer {request['id']} by {request['by']} sent to Hermes ({request['when']}): "
+                     f"{escaped(request['text'][:300])}\n")
+
+    def _steer_reply(self, message: dict[str, Any]) -> None:
+        """Hermes' result for a steer's prompt: taken (its message chunk said how), or refused."""
+        steer = self.steering.pop(message["id"])
+        error = message.get("error")
+        if "error" in message or not isinstance(message.get("result"), dict):
+            text = error.get("message") if isinstance(error, dict) else error
+            steer["state"], steer["hermes"] = "refused", fit_json(f"an error: {shown(text, 300)}", 600)
+        else:
+            steer["state"] = "refused" if steer["hermes"].startswith(STEER_REFUSALS) else "acknowledged"
+        steer["answered_at"] = time.time()
+        self.changed = True
+
+    def _end_steers(self) -> None:
+        """At the end, no steer is left unsaid: one Hermes never answered, one the server relayed too late."""
+        for steer in self.steering.values():
+            steer["state"], steer["hermes"] = "not delivered", "Hermes did not answer it before the job ended"
+        self.steering.clear()
+        known = {steer["id"] for steer in self.record.steers}
+        late = [{**request, "state": "not delivered", "hermes": "the job's turn had ended when it arrived"}
+                for request in self.store.steers_file(self.record.id) if request["id"] not in known]
+        if late:
+            self.record.steers = [*self.record.steers, *late][-STEERS_KEPT:]
+        self.changed = self.changed or bool(late)
+
     def outcome(self, exit_code: int | None) -> Outcome:
         if self.failure:
             return Outcome(JobState.ERROR, exit_code, self.failure)
@@ -672,7 +759,6 @@ class AcpConversation:
         if self.result is None:
             return Outcome(JobState.ERROR, exit_code, "Hermes exited before it answered the prompt" + (
                 f" ({describe_exit(exit_code)}); see the log" if exit_code is not None else ""))
-        if stop == "refusal":
-            return Outcome(JobState.ERROR, exit_code, "Hermes refused the prompt (stopReason refusal); a session "
-                           "made with the CLI cannot be continued over ACP")
+        if stop in STOP_REASONS:
+            return Outcome(JobState.ERROR, exit_code, STOP_REASONS[stop])
         return Outcome(JobState.ERROR, exit_code, f"Hermes stopped with stopReason {shown(stop, 60)}")

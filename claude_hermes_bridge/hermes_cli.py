@@ -354,6 +354,10 @@ def retry_advice(state: "JobState", reason: str) -> str | None:
         return "no: fix Hermes' model settings (`hermes chat -q hi` must work by hand)"
     if "rejected its command line" in reason or "Nothing was run" in reason or "Hermes cannot be started" in reason:
         return "no: fix what the REASON names (hermes_health shows the setup)"
+    if "stopReason max_tokens" in reason:
+        return "maybe: inspect the files, then resume the session (hermes_resume) to go on, or split the task"
+    if "stopReason max_turn_requests" in reason:
+        return "no: resume the session (hermes_resume) to go on, or raise agent.max_turns in Hermes' config.yaml"
     if "crashed" in reason or "interrupted" in reason:
         return "yes, once the files are checked (the turn may be part-done)"
     return "maybe: read the log (FULL_LOG) for why Hermes failed"

@@ -72,6 +72,11 @@ DECISIONS_KEPT = 100
 LATE_ANSWERS_KEPT = 20
 GUARD_NOTES_KEPT = 40  # what a job changed in its shared repository or in Hermes' settings, one note per path
 ANSWERS_MAX_BYTES = 1 << 20
+STEERS_KEPT = 20  # steers of one job: in its steer file and in its record
+GUIDANCE_MAX_CHARS = 4000
+STEER_WHEN = ("now", "next_turn")
+# what became of a steer the supervisor took: sent to Hermes, taken or refused by Hermes, or not delivered
+STEER_STATES = ("sent", "acknowledged", "refused", "not delivered")
 LATE_KEY = "late"  # the answers file's list of late answers, which the supervisor copies into the record
 # allow_for_job: this question, and the same command (the exact text) asked again in this job, are allowed
 ANSWER_DECISIONS = ("allow", "deny", "allow_for_job")
@@ -145,6 +150,19 @@ def is_nonce(value: Any) -> bool:
 
 def is_standby_marker(value: Any) -> bool:
     return isinstance(value, str) and re.fullmatch(r"standby:[0-9a-f]{32}", value) is not None
+
+
+def is_steer_request(value: Any) -> bool:
+    """A steer as the server writes it for the supervisor: its id, the guidance, when, who, at what time."""
+    return (is_text_fields(value, ("id", "text", "when", "by")) and value["when"] in STEER_WHEN
+            and len(value["text"]) <= GUIDANCE_MAX_CHARS and is_number(value.get("at")))
+
+
+def is_steers(value: Any) -> bool:
+    """The record's steers: each request with its state and, once Hermes answered, what it said."""
+    return isinstance(value, list) and len(value) <= STEERS_KEPT and all(
+        is_steer_request(steer) and steer.get("state") in STEER_STATES
+        and isinstance(steer.get("hermes", ""), str) for steer in value)
 
 
 def is_questions(value: Any) -> bool:
@@ -269,6 +287,7 @@ class JobRecord:
     standby_marker: str | None = checked(is_standby_marker)  # a warm job's: the marker its standby gave Hermes
     start: str | None = checked(is_text)  # warm, or cold and why: how Hermes came to the job
     prompt_sent_at: float | None = checked(is_number)  # when the task reached Hermes (ACP: session/prompt sent)
+    steers: list[dict[str, Any]] = checked(is_steers, factory=list)  # guidance sent while it ran (hermes_steer)
 
     def add_decision(self, decision: dict[str, Any]) -> None:
         """A question decided: counted, and kept among the newest DECISIONS_KEPT."""
@@ -429,6 +448,16 @@ class JobStore:
         under the record's lock (claim_answer), and read by the job's supervisor."""
         return self.root / f"{job_id}.answers"
 
+    def steers_path(self, job_id: str) -> Path:
+        """The guidance for a running job, [{id, text, when, by, at}], written by the server under the record's
+        lock (request_steer) and read by the job's supervisor, which sends each to Hermes once."""
+        return self.root / f"{job_id}.steer"
+
+    def steers_file(self, job_id: str) -> list[dict[str, Any]]:
+        """The steer file's requests of the right shape (a job can write the file)."""
+        found = read_json(self.steers_path(job_id), ANSWERS_MAX_BYTES)
+        return [steer for steer in found if is_steer_request(steer)][:STEERS_KEPT] if isinstance(found, list) else []
+
     def answers_file(self, job_id: str) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
         """The answers file in one read: the answers claimed for a job's questions, and the answers that came
         after their question was decided; entries of the right shape only (a job can write the file)."""
@@ -459,7 +488,7 @@ class JobStore:
         for counter in range(1, 1_000_000):
             job_id = f"{stamp}-{counter}"
             if any(os.path.lexists(path) for path in (self.record_path(job_id), self.cancel_path(job_id),
-                                                      self.answers_path(job_id))):
+                                                      self.answers_path(job_id), self.steers_path(job_id))):
                 continue
             try:
                 task_fd = create_exclusive(self.task_path(job_id))
@@ -556,7 +585,8 @@ class JobStore:
         instead of a log without a record left behind for ever."""
         shutil.rmtree(self.home_changes_path(job_id), ignore_errors=True)
         for path in (self.log_path(job_id), self.task_path(job_id), self.cancel_path(job_id),
-                     self.answers_path(job_id), self.patch_path(job_id), self.repository_snapshot_path(job_id),
+                     self.answers_path(job_id), self.steers_path(job_id), self.patch_path(job_id),
+                     self.repository_snapshot_path(job_id),
                      self.home_snapshot_path(job_id), self.locks / f"{job_id}.lock",
                      self.record_path(job_id)):
             path.unlink(missing_ok=True)

@@ -24,8 +24,10 @@ from .bodies import (
     run_tool,
     run_tool_body,
     status_tool,
+    steer_tool,
     view_answer_tool,
     view_job_tool,
+    view_steer_tool,
 )
 from .config import Config, config_search, load_config
 from .health import health, server_instructions
@@ -349,6 +351,7 @@ class ToolRegistry:
         self.read_only = hints(read_only=True, destructive=False, idempotent=True, open_world=False)
         self.launches = hints(read_only=False, destructive=False, idempotent=False, open_world=True)
         self.destructive = hints(read_only=False, destructive=True, idempotent=True, open_world=False)
+        self.steers = hints(read_only=False, destructive=False, idempotent=False, open_world=False)
 
     def tool(self, annotations: Any, title: str, meta: dict[str, Any] | None = None
              ) -> Callable[[Callable[..., Any]], Any]:
@@ -448,6 +451,14 @@ def register_job_tools(registry: ToolRegistry) -> None:
         return await registry.respond("hermes_approve", lambda cfg: approve_tool(cfg, job_id, approval_id, decision,
                                                                                   by))
 
+    @tool(registry.steers, "Steer a running job")
+    async def hermes_steer(job_id: str, guidance: str, when: str = "now") -> CallToolResult:
+        """Correct a running job without stopping it (ACP jobs): when "now", Hermes reads the guidance as a
+        user message after its current tool calls; "next_turn" runs it as a turn after this one. The reply
+        says whether Hermes took it; every later block lists it (STEERED). A CLI job, an ended one, or one
+        waiting on a question (answer it first) is refused, saying why."""
+        return await registry.respond("hermes_steer", lambda cfg: steer_tool(cfg, job_id, guidance, when, "planner"))
+
     @tool(registry.destructive, "Cancel a Hermes job")
     async def hermes_cancel(job_id: str, ctx: Any) -> CallToolResult:
         """Stop a running job and its whole process tree; the job ends as cancelled. Work may be part-done."""
@@ -520,6 +531,13 @@ def register_review(registry: ToolRegistry) -> None:
         """For the job view only: a page of a finished worktree job's patch, file by file, from offset (0, or a
         page's next_offset). The model reads the patch with hermes_read."""
         return await respond("hermes_view_patch", Listing(view_patch, (job_id, offset)))
+
+    @tool(registry.steers, "Job view: the user's guidance", APP_ONLY)
+    async def hermes_view_steer(job_id: str, guidance: str, when: str, token: str) -> CallToolResult:
+        """For the job view only: the user's guidance for a running job, with the view's one-time token. The
+        model steers with hermes_steer instead."""
+        return await respond("hermes_view_steer",
+                             lambda cfg: view_steer_tool(cfg, view_tokens, job_id, guidance, when, token))
 
     @tool(destructive, "Job view: the user's answer", APP_ONLY)
     async def hermes_view_answer(job_id: str, approval_id: str, decision: str, token: str) -> CallToolResult:

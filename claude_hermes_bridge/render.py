@@ -245,6 +245,20 @@ def budget_facts(record: JobRecord) -> list[dict[str, Any]]:
     return [{"what": what, "spent": spent, "limit": limit} for what, spent, limit in budgets if limit]
 
 
+def steer_words(steer: dict[str, Any]) -> str:
+    """One steer as the blocks list it: which, who, when, what, and what became of it."""
+    state = {"sent": "sent; Hermes has not answered yet", "acknowledged": "taken by Hermes",
+             "refused": "REFUSED by Hermes", "not delivered": "NOT delivered"}[steer["state"]]
+    said = f": {shown(steer['hermes'], 300)}" if steer.get("hermes") else ""
+    return (f"steer {shown(steer['id'], 20)} ({steer['when']}) by {shown(steer['by'], 60)}{clock_words(steer['at'])}: "
+            f"\"{shown(steer['text'], 300)}\" -> {state}{said}")
+
+
+def steer_lines(record: JobRecord) -> list[str]:
+    """Every steer of the job, oldest first, in every later block."""
+    return [f"STEERED: {steer_words(steer)}" for steer in record.steers]
+
+
 def spend_line(record: JobRecord) -> list[str]:
     """The job's spend against its budgets, as Hermes' store counted it (a price Hermes does not know is said,
     never shown as zero)."""
@@ -374,7 +388,7 @@ def running_lines(view: JobView, log: Path, details: JobDetails | None) -> tuple
         lines.append(f"ACTIVITY: {shown(details.activity, 400)}")
         if details.current_tool:
             lines.append(f"CURRENT_TOOL: {shown(details.current_tool, 400)}")
-    lines += approval_lines(view) + decision_lines(record)
+    lines += approval_lines(view) + decision_lines(record) + steer_lines(record)
     over = record.hermes is not None and view.condition is not None and view.condition.startswith("Hermes has exited")
     first = ("Hermes has ended; the job's outcome is not written yet. This is NOT a failure." if over
              else "Still running. This is NOT a failure and NOT a timeout.")
@@ -408,7 +422,7 @@ def final_lines(view: JobView, cfg: Config, log: Path, details: JobDetails | Non
         lines.append(f"STOPPED: {shown(record.swept, 1000)}")
     if record.outcome_note:
         lines.append(f"OUTCOME_NOTE: {shown(record.outcome_note, 600)}")
-    lines += decision_lines(record) + late_answer_lines(record)
+    lines += decision_lines(record) + late_answer_lines(record) + steer_lines(record)
     after: list[str] = []
     if view.state is JobState.ORPHANED:
         after.append(f'Stop what is left with hermes_cancel(job_id="{record.id}").')
@@ -477,6 +491,8 @@ def job_facts(view: JobView, details: JobDetails, notes: list[str]) -> dict[str,
             "landed": {"action": shown(str(record.landed["action"]), 20), "how": shown(str(record.landed["how"]), 600),
                        "at": record.landed.get("at")} if record.landed else None,
             "budgets": budget_facts(record),
+            "steerable": view.running and record.driver == "acp",
+            "steers": [steer_words(steer) for steer in record.steers],
             "landable": bool(record.worktree and record.diff and not record.landed and not view.running),
             "notes": [shown(note, 1000) for note in notes]}
 

@@ -22,8 +22,8 @@ T = TypeVar("T")
 IS_WINDOWS = os.name == "nt"
 TOOL_NAMES = (
     "hermes_run", "hermes_resume", "hermes_status", "hermes_jobs",
-    "hermes_read", "hermes_capabilities", "hermes_health", "hermes_cancel", "hermes_approve", "hermes_land",
-    "hermes_view_job", "hermes_view_patch", "hermes_view_answer",
+    "hermes_read", "hermes_capabilities", "hermes_health", "hermes_cancel", "hermes_approve", "hermes_steer",
+    "hermes_land", "hermes_view_job", "hermes_view_patch", "hermes_view_answer", "hermes_view_steer",
 )
 
 

@@ -622,7 +622,7 @@ class Supervisor:
         if not self._write_outcome():
             return  # the record still says running with a dead supervisor: readers report it orphaned
         for path in (self.store.cancel_path(self.job_id), self.store.answers_path(self.job_id),
-                     self.store.active / self.job_id):
+                     self.store.steers_path(self.job_id), self.store.active / self.job_id):
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
         if self.private_tmp is not None:

@@ -8,6 +8,15 @@ events, session/request_permission), driven by directives in the prompt:
 !edit=PATH:TEXT  a file edit (one per such word): asks (kind edit, a diff), then writes TEXT when allowed
 !tool-sleep=S  a terminal tool call running `sleep S` in its own session (session/cancel kills it)
 !refuse  answers the prompt with stopReason refusal
+!stop=REASON  answers the prompt with that stopReason (upstream's max_tokens, max_turn_requests)
+
+While a turn runs, a second session/prompt `/steer TEXT` is taken as Hermes takes it (a message chunk
+"⏩ Steer queued for the active turn: ...", then its own result), and the answer lists what was steered;
+`/queue TEXT` runs as a turn of its own after this one, before the first prompt's result. Each is traced to
+TRACE/<pid>.steered. `/steer` on an idle session runs as a plain prompt, as 0.22.2's does.
+
+Upstream's unreleased forms: !keepalive  empty message chunks (its 45 s keep-alive) through the turn;
+!hermes-notices  `_hermes/*` notifications, and a `_hermes/*` request the client must refuse.
 
 Hostile directives, for what a buggy or hostile `hermes acp` may send:
 !junk  messages of the wrong shape first: a session/update whose params are a list, a permission request
@@ -78,6 +87,9 @@ class Agent:
         self.store = store
         self.trace = trace
         self.cwd = os.getcwd()
+        self.turn: str | None = None  # the session whose turn runs now
+        self.steered: list[str] = []
+        self.queued: list[str] = []
         threading.Thread(target=self.read, daemon=True).start()
 
     def read(self) -> None:
@@ -87,9 +99,30 @@ class Agent:
                 self.replies[message["id"]].put(message)
             elif message.get("method") == "session/cancel":
                 self.cancelled.set()
+            elif message.get("method") == "session/prompt" and self.turn is not None and self.steer(message):
+                pass
             else:
                 self.inbox.put(message)
         self.inbox.put({"method": "eof"})
+
+    def steer(self, message: dict[str, Any]) -> bool:
+        """A /steer or /queue prompt while a turn runs, answered as Hermes does; False for any other prompt."""
+        words = "".join(block.get("text", "") for block in message["params"].get("prompt") or [])
+        command, _, guidance = words.partition(" ")
+        if command not in ("/steer", "/queue"):
+            return False
+        if command == "/steer":
+            self.steered.append(guidance)
+            reply = f"\u23e9 Steer queued for the active turn: {guidance[:80]}"
+        else:
+            self.queued.append(guidance)
+            reply = f"Queued for the next turn. ({len(self.queued)} queued)"
+        if self.trace:
+            with open(os.path.join(self.trace, f"{os.getpid()}.steered"), "a") as handle:
+                handle.write(json.dumps([command, guidance]) + "\n")
+        update(str(self.turn), {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": reply}})
+        send({"id": message["id"], "result": {"stopReason": "end_turn"}})
+        return True
 
     def ask(self, session: str, tool_call: dict[str, Any], options: list[dict[str, str]]) -> bool:
         request_id = self.next_request
@@ -138,6 +171,12 @@ class Agent:
     def hostile(self, session: str, todo: dict[str, str]) -> str:
         """The hostile directives (see the module's text); what they add to the answer."""
         extra = ""
+        for _ in range(3 if "keepalive" in todo else 0):
+            update(session, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": ""}})
+        if "hermes-notices" in todo:
+            send({"method": "_hermes/session_title", "params": {"sessionId": session, "title": "<b>x</b>"}})
+            send({"method": "_hermes/progress", "params": [1, 2, 3]})
+            send({"id": 777, "method": "_hermes/ask_client", "params": {"sessionId": session}})
         if "junk" in todo:
             with OUT_LOCK:
                 self.junk()
@@ -183,7 +222,18 @@ class Agent:
                     send({"id": message["id"], "result": {}})
             elif method == "session/prompt":
                 prompt = "".join(block.get("text", "") for block in params.get("prompt") or [])
-                send({"id": message["id"], "result": self.prompt(params["sessionId"], prompt)})
+                if prompt.startswith("/steer "):  # idle: the guidance runs as the prompt
+                    prompt = prompt[len("/steer "):]
+                self.turn = params["sessionId"]
+                try:
+                    result = self.prompt(params["sessionId"], prompt)
+                    while self.queued and result.get("stopReason") == "end_turn":
+                        queued = self.queued.pop(0)
+                        update(params["sessionId"], {"sessionUpdate": "agent_message_chunk", "content": {
+                            "type": "text", "text": f" QUEUED TURN: {queued}"}})
+                finally:
+                    self.turn = None
+                send({"id": message["id"], "result": result})
 
     def prompt(self, session: str, prompt: str) -> dict[str, Any]:
         todo = {name: value for name, _, value in (w[1:].partition("=") for w in prompt.split() if w.startswith("!"))}
@@ -194,6 +244,7 @@ class Agent:
                            "policy": managed_policy(), "yolo_env": os.environ.get("HERMES_YOLO_MODE")}, handle)
         if "refuse" in todo:
             return {"stopReason": "refusal"}
+
         extra = self.hostile(session, todo)
 
         allow_deny = [{"optionId": "allow_once", "kind": "allow_once", "name": "Allow once"},
@@ -246,7 +297,11 @@ class Agent:
             update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "tc-2", "status": "completed",
                              "content": text("slept")})
         file_work(todo, self.cwd)
-        answer = f"FAKE ANSWER: {prompt[:60]}{extra}" + (f" chose={','.join(self.chosen)}" if self.chosen else "")
+        if "stop" in todo:
+            return {"stopReason": todo["stop"]}
+        steered = f" steered={'|'.join(self.steered)}" if self.steered else ""
+        answer = f"FAKE ANSWER: {prompt[:60]}{extra}{steered}" + (f" chose={','.join(self.chosen)}" if self.chosen
+                                                                  else "")
         for part in [answer[:10]] + [answer[i:i + 65536] for i in range(10, len(answer), 65536)]:
             update(session, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": part}})
         update(session, {"sessionUpdate": "usage_update", "used": 1234, "size": 256000})

@@ -511,10 +511,12 @@ EXPECTED_ARGS = {
     "hermes_cancel": ({"job_id"}, {"job_id"}),
     "hermes_approve": ({"job_id", "approval_id", "decision"}, {"job_id", "approval_id", "decision"}),
     "hermes_land": ({"job_id", "action"}, {"job_id", "action"}),
+    "hermes_steer": ({"job_id", "guidance"}, {"job_id", "guidance", "when"}),
     "hermes_view_job": ({"job_id"}, {"job_id"}),  # the job view's own (app-only) tools
     "hermes_view_patch": ({"job_id"}, {"job_id", "offset"}),
     "hermes_view_answer": ({"job_id", "approval_id", "decision", "token"}, {"job_id", "approval_id", "decision",
                                                                             "token"}),
+    "hermes_view_steer": ({"job_id", "guidance", "when", "token"}, {"job_id", "guidance", "when", "token"}),
 }
 
 

@@ -236,6 +236,31 @@ def test_a_running_job_shows_its_changed_files_so_far_and_its_spend_against_its_
     assert width == "3%"
 
 
+def test_the_person_steers_a_running_job_from_the_view(bridge, browser, host_url):
+    bridge.configure(hermes_driver="acp")
+    client = bridge.client()
+    client.params.env = dict(bridge.env, FAKE_HERMES_ACP="1")
+    with client:
+        arguments = {"task": "work !tool-sleep=6", "wait_s": 0}
+        started = raw_call(client, "hermes_run", **arguments)
+        job_id = started["_meta"]["viewFacts"]["job_id"]
+        view = View(browser, host_url, client, started, arguments)
+        view.frame.locator("dd", has_text="sleep 6").wait_for(timeout=30000)
+        view.frame.locator("#steer textarea").fill("keep <b>the</b> API")
+        view.click("#steer button[data-action=steer]")
+        view.frame.locator("#steer li", has_text="taken by Hermes").wait_for(timeout=30000)
+        listed = view.text("#steer li")
+        bold = view.frame.locator("#steer b").count()
+        left = view.frame.locator("#steer textarea").input_value()
+        context = view.page.evaluate("window.modelContext")
+        final = client.wait_final(job_id)
+    assert '"keep <b>the</b> API" -> taken by Hermes' in listed and "by the user (job view)" in listed
+    assert bold == 0 and left == ""
+    assert [s["by"] for s in bridge.record(job_id).steers] == ["the user (job view)"]
+    assert "steered=keep <b>the</b> API" in final.text
+    assert "the user steered Hermes (now): keep <b>the</b> API" in context[0]["content"][0]["text"]
+
+
 @pytest.mark.parametrize("action", ["Merge", "Discard"])
 def test_a_finished_worktree_job_is_merged_or_discarded_from_the_view(bridge, browser, host_url, action):
     repo = make_repo(bridge.root / "repo")
@@ -377,7 +402,7 @@ def test_without_tool_calls_from_the_host_the_buttons_are_disabled_and_the_view_
         hint = view.text("#hint")
         calls = view.page.evaluate("window.calls")
         client.call("hermes_cancel", job_id=job_id)
-    assert len(disabled) == 4 and all(disabled)  # Allow, Allow for this job, Deny, Cancel
+    assert len(disabled) == 5 and all(disabled)  # Allow, Allow for this job, Deny, Steer, Cancel
     assert "answer in the chat" in hint and calls == []
 
 
