@@ -245,10 +245,13 @@ def budget_facts(record: JobRecord) -> list[dict[str, Any]]:
     return [{"what": what, "spent": spent, "limit": limit} for what, spent, limit in budgets if limit]
 
 
+STEER_OUTCOMES = {"sent": "sent; Hermes has not answered yet", "acknowledged": "taken by Hermes",
+                  "refused": "REFUSED by Hermes", "not delivered": "NOT delivered"}
+
+
 def steer_words(steer: dict[str, Any]) -> str:
     """One steer as the blocks list it: which, who, when, what, and what became of it."""
-    state = {"sent": "sent; Hermes has not answered yet", "acknowledged": "taken by Hermes",
-             "refused": "REFUSED by Hermes", "not delivered": "NOT delivered"}[steer["state"]]
+    state = STEER_OUTCOMES[steer["state"]]
     said = f": {shown(steer['hermes'], 300)}" if steer.get("hermes") else ""
     return (f"steer {shown(steer['id'], 20)} ({steer['when']}) by {shown(steer['by'], 60)}{clock_words(steer['at'])}: "
             f"\"{shown(steer['text'], 300)}\" -> {state}{said}")
@@ -492,7 +495,9 @@ def job_facts(view: JobView, details: JobDetails, notes: list[str]) -> dict[str,
                        "at": record.landed.get("at")} if record.landed else None,
             "budgets": budget_facts(record),
             "steerable": view.running and record.driver == "acp",
-            "steers": [steer_words(steer) for steer in record.steers],
+            "steers": [{"at": steer["at"], "by": shown(steer["by"], 60), "when": steer["when"],
+                        "text": shown(steer["text"], 300), "outcome": STEER_OUTCOMES[steer["state"]],
+                        "hermes": shown(steer.get("hermes", ""), 300)} for steer in record.steers],
             "landable": bool(record.worktree and record.diff and not record.landed and not view.running),
             "notes": [shown(note, 1000) for note in notes]}
 

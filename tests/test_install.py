@@ -25,6 +25,7 @@ from claude_hermes_bridge.launch import JobRequest
 from claude_hermes_bridge.supervisor import Supervisor
 from conftest import require_component
 from harness import (
+    EXPECTED_ARGS,
     IN_CI,
     MCPB,
     REPO,
@@ -659,7 +660,7 @@ def test_check_passes_on_a_good_install(bridge):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "CHECK: OK" in done.stdout
-    assert "tools: 12 (exactly the declared tools)" in done.stdout
+    assert f"tools: {len(EXPECTED_ARGS)} (exactly the declared tools)" in done.stdout
 
 
 @pytest.mark.posix("the fake hermes is a shell script")

@@ -114,7 +114,7 @@ def test_the_page_and_the_links_are_what_an_apps_host_reads_and_app_only_tools_s
     for name in ("hermes_run", "hermes_resume", "hermes_status"):
         assert meta[name]["ui"]["resourceUri"] == JOB_VIEW_URI and meta[name]["ui/resourceUri"] == (
             JOB_VIEW_URI)
-    for name in ("hermes_view_job", "hermes_view_patch", "hermes_view_answer"):
+    for name in ("hermes_view_job", "hermes_view_patch", "hermes_view_answer", "hermes_view_steer"):
         assert meta[name]["ui"]["visibility"] == ["app"]
     assert "visibility" not in meta["hermes_approve"].get("ui", {})
     listed = [r.model_dump(mode="json", by_alias=True) for r in resources]

@@ -1,16 +1,18 @@
 """Issue 39 with the real Hermes 0.19.0 and 0.22.2 over ACP and a scripted model: the next job in a folder takes
 the warm Hermes, runs its tools in its own folder with its own temporary folder, is answered and resumable; the
-throw-away session of the warm-up is what Hermes' store keeps of it."""
+throw-away session of the warm-up is what Hermes' store keeps of it; and the faults (a standby killed while it
+waits, one whose settings changed, one whose server left while it prepared) with the real Hermes 0.22.2."""
 import sqlite3
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from test_real_hermes import assert_turn_ended, finish, write_hermes_home
-from test_standby import gone, ready
+from test_standby import gone, hermes_of, ready
 
 from conftest import require_component
-from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, wait_until
+from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, live_standbys, wait_until
 from scripted_model import ScriptedModel
 
 pytestmark = pytest.mark.posix("warm starts are not built for Windows")
@@ -64,3 +66,49 @@ def test_the_next_job_takes_the_warm_hermes_and_runs_in_its_own_folder(warm: Any
     assert resumed.field("SESSION_ID") == session, resumed.text
     throwaway = {name: count for name, count in sessions(home).items() if name not in before and name != session}
     assert set(throwaway.values()) <= {0}, throwaway  # warm-up sessions hold no message
+
+
+@pytest.fixture
+def warm_022(bridge: Bridge) -> Any:
+    """The faults with the real Hermes 0.22.2 (each costs Hermes' start more than once: one version is enough to
+    show the real process behaves as the fake's tests say)."""
+    exe = require_component(REAL_HERMES_VERSIONS["0.22.2"], "the real Hermes CLI 0.22.2")
+    with ScriptedModel(bridge.tmp) as model:
+        write_hermes_home(bridge.tmp / "real-home", model.base_url)
+        bridge.configure(hermes_exe=str(exe), hermes_home=str(bridge.tmp / "real-home"), kill_grace_s=5,
+                         hermes_driver="acp", approvals="yolo", warm_start=True)
+        yield bridge
+
+
+def test_a_killed_a_stale_and_a_serverless_standby_lose_no_job_and_leave_no_process(warm_022: Bridge) -> None:
+    bridge = warm_022
+    with bridge.client() as client:
+        assert_turn_ended(finish(client, client.call("hermes_run", task="First.\nRUN: pwd", wait_s=45), timeout=180))
+        killed = ready(bridge, timeout=120)
+        killed_hermes = hermes_of(killed)
+        psutil.Process(killed["pid"]).kill()
+        after_kill = finish(client, client.call("hermes_run", task="After.\nRUN: pwd", wait_s=45), timeout=180)
+        assert_turn_ended(after_kill)
+        assert after_kill.field("START").endswith("the warm Hermes waiting had exited)"), after_kill.text
+        assert wait_until(lambda: gone(killed_hermes) or None, 30, "the killed standby's Hermes to exit")
+        stale = wait_until(lambda: r if (r := ready(bridge, timeout=120))["pid"] != killed["pid"] else None, 120,
+                           "a standby to replace the killed one")  # the killed one's ready.json stays until then
+        stale_hermes = hermes_of(stale)
+    bridge.configure(max_output_chars=12345, standby_idle_s=5)  # other settings: the waiting one is stale
+    with bridge.client() as client:
+        job_id = client.call("hermes_run", task="Other settings.\nRUN: pwd", wait_s=0).field("JOB_ID")
+        [preparing] = wait_until(lambda: [p for p in live_standbys(bridge.jobs) if p.pid != stale["pid"]] or None,
+                                 60, "a standby for the new settings to start preparing")
+    # the server is gone while that one prepares
+    assert wait_until(lambda: gone(stale_hermes) or None, 60, "the stale standby's Hermes to exit")
+    with bridge.client() as client:
+        other = finish(client, client.call("hermes_status", job_id=job_id, wait_s=30), timeout=180)
+    assert_turn_ended(other)
+    assert other.field("START").endswith("was started with other settings (config, Hermes, its home or "
+                                         "environment))"), other.text
+    prepared = ready(bridge, timeout=120)
+    assert prepared["pid"] == preparing.pid and live_standbys(bridge.jobs) == [preparing]
+    prepared_hermes = hermes_of(prepared)
+    assert wait_until(lambda: (gone(preparing.pid) and gone(prepared_hermes)) or None, 60,
+                      "the idle standby and its Hermes to exit")
+    assert not live_standbys(bridge.jobs)
