@@ -20,6 +20,7 @@ from .jobs import (
     QUESTIONS_MAX_BYTES,
     SESSION_NAME_RE,
     SESSION_OPTION,
+    STEER_TOO_LATE,
     STEERS_KEPT,
     TEXT_FIELD_MAX_BYTES,
     JobRecord,
@@ -735,7 +736,6 @@ class AcpConversation:
             steer["state"], steer["hermes"] = "refused", fit_json(f"an error: {shown(text, 300)}", 600)
         else:
             steer["state"] = "refused" if steer["hermes"].startswith(STEER_REFUSALS) else "acknowledged"
-        steer["answered_at"] = time.time()
         self.changed = True
 
     def _end_steers(self) -> None:
@@ -744,7 +744,7 @@ class AcpConversation:
             steer["state"], steer["hermes"] = "not delivered", "Hermes did not answer it before the job ended"
         self.steering.clear()
         known = {steer["id"] for steer in self.record.steers}
-        late = [{**request, "state": "not delivered", "hermes": "the job's turn had ended when it arrived"}
+        late = [{**request, "state": "not delivered", "hermes": STEER_TOO_LATE}
                 for request in self.store.steers_file(self.record.id) if request["id"] not in known]
         if late:
             self.record.steers = [*self.record.steers, *late][-STEERS_KEPT:]

@@ -77,6 +77,7 @@ GUIDANCE_MAX_CHARS = 4000
 STEER_WHEN = ("now", "next_turn")
 # what became of a steer the supervisor took: sent to Hermes, taken or refused by Hermes, or not delivered
 STEER_STATES = ("sent", "acknowledged", "refused", "not delivered")
+STEER_TOO_LATE = "the job's turn had ended when it arrived"  # a steer relayed after the supervisor's last look
 LATE_KEY = "late"  # the answers file's list of late answers, which the supervisor copies into the record
 # allow_for_job: this question, and the same command (the exact text) asked again in this job, are allowed
 ANSWER_DECISIONS = ("allow", "deny", "allow_for_job")

@@ -453,8 +453,8 @@ def register_job_tools(registry: ToolRegistry) -> None:
 
     @tool(registry.steers, "Steer a running job")
     async def hermes_steer(job_id: str, guidance: str, when: str = "now") -> CallToolResult:
-        """Correct a running job without stopping it (ACP jobs): when "now", Hermes reads the guidance as a
-        user message after its current tool calls; "next_turn" runs it as a turn after this one. The reply
+        """Correct a running job without stopping it (ACP jobs): when "now", Hermes reads the guidance after
+        its current tool calls; "next_turn" runs it as a turn after this one. The reply
         says whether Hermes took it; every later block lists it (STEERED). A CLI job, an ended one, or one
         waiting on a question (answer it first) is refused, saying why."""
         return await registry.respond("hermes_steer", lambda cfg: steer_tool(cfg, job_id, guidance, when, "planner"))

@@ -8,7 +8,16 @@ import time
 from typing import Any
 
 from .config import Config, audit
-from .jobs import ANSWERERS, GUIDANCE_MAX_CHARS, STEER_WHEN, STEERS_KEPT, JobRecord, JobStore, JobView
+from .jobs import (
+    ANSWERERS,
+    GUIDANCE_MAX_CHARS,
+    STEER_TOO_LATE,
+    STEER_WHEN,
+    STEERS_KEPT,
+    JobRecord,
+    JobStore,
+    JobView,
+)
 from .render import steer_words
 from .safe_io import CONTROL_RE, DamagedRecord, LockTimeout, Refused, shown, write_atomic
 from .supervisor import disk_error
@@ -28,8 +37,7 @@ def check_guidance(guidance: Any, when: Any) -> tuple[str, str]:
     if len(guidance) > GUIDANCE_MAX_CHARS:
         raise Refused(f"guidance is {len(guidance):,} characters; at most {GUIDANCE_MAX_CHARS:,} are sent to a "
                       "running job (put the details in a file and point Hermes at it)")
-    if "\ufffd" in guidance or CONTROL_RE.sub("", guidance.replace("\n", "").replace("\t", "")) != guidance.replace(
-            "\n", "").replace("\t", ""):
+    if "\ufffd" in guidance or CONTROL_RE.search(guidance.replace("\n", "").replace("\t", "")):
         raise Refused("guidance holds control or invisible characters; send plain text")
     return guidance.strip(), when
 
@@ -101,8 +109,7 @@ def note_undelivered(store: JobStore, job_id: str, steer: dict[str, Any]) -> Non
         stored = store.read(job_id)
         if any(s["id"] == steer["id"] for s in stored.steers):
             return
-        stored.steers = [*stored.steers, {**steer, "state": "not delivered",
-                                          "hermes": "the job's turn had ended when it arrived"}][-STEERS_KEPT:]
+        stored.steers = [*stored.steers, {**steer, "state": "not delivered", "hermes": STEER_TOO_LATE}][-STEERS_KEPT:]
         try:
             write_atomic(store.record_path(job_id), stored.encoded())
         except (OSError, DamagedRecord):
