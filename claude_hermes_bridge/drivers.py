@@ -36,7 +36,7 @@ from .hermes_cli import (
 )
 from .hermes_store import StoreUnavailable, Usage, blocked_commands, read_store, session_started_in, session_usage
 from .jobs import JobRecord, JobState, JobStore, Outcome, write_record
-from .processes import hermes_creation_flags, interrupt_group, popen_kwargs
+from .processes import WindowsJob, hermes_creation_flags, interrupt_group, popen_kwargs
 from .safe_io import IS_WINDOWS, Refused, open_regular, shown_whole
 from .sandbox import SESSION_SERVICES, step_argv
 from .sandbox import devices as sandbox_devices
@@ -78,11 +78,13 @@ def start_hermes(argv: list[str], folder: str, env: dict[str, str], stdin: Any, 
 @dataclasses.dataclass
 class WarmStart:
     """What a standby hands the supervisor of the job that took it: its Hermes, readied (WarmHermes), the managed
-    policy folder Hermes was started with, and the sandbox's private temporary folder (None: not sandboxed)."""
+    policy folder Hermes was started with, the sandbox's private temporary folder (None: not sandboxed), and on
+    Windows the job object that has held Hermes since it started (None: none could)."""
 
     hermes: WarmHermes
     policy_dir: Path
     private_tmp: Path | None
+    windows_job: WindowsJob | None
 
 
 def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str],

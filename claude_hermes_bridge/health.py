@@ -8,7 +8,7 @@ from .hermes_cli import command_preview, hermes_version_on_disk, known_cli, loca
 from .jobs import JobStore, disk_problem
 from .launch import worktree_count
 from .preflight import VERSION, dependency_version, version_tuple
-from .safe_io import IS_WINDOWS, clock_words, plural, read_json, shown
+from .safe_io import clock_words, plural, read_json, shown
 from .sandbox import support_line
 from .skills import HEALTH_RECENT_JOBS
 from .standby import is_alive_standby, standby_folder
@@ -55,8 +55,6 @@ def warm_start_line(cfg: Config, store: JobStore) -> str:
     """Whether a warm Hermes waits for the next ACP job, and for which folder."""
     if not cfg.warm_start:
         return "off (setting warm_start: false)"
-    if IS_WINDOWS:
-        return "not built for Windows yet: every job starts Hermes"
     ready = read_json(standby_folder(store) / "ready.json")
     if is_alive_standby(ready) and isinstance(ready.get("folder"), str):
         return (f"a warm Hermes waits for the next ACP job in {shown(ready['folder'])} "

@@ -184,7 +184,7 @@ def spawn_supervisor(cfg: Config, store: JobStore, record: JobRecord, log: Any) 
 
 
 def warm_startable(cfg: Config, record: JobRecord) -> bool:
-    return record.driver == "acp" and cfg.warm_start and not record.worktree and not IS_WINDOWS
+    return record.driver == "acp" and cfg.warm_start and not record.worktree
 
 
 def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> dict[str, Any] | None:
@@ -196,8 +196,6 @@ def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> dict[str, 
         record.start = "cold: warm_start is off"
     elif record.worktree:
         record.start = "cold: a worktree job's folder is new, and a warm Hermes is readied for a known folder"
-    elif IS_WINDOWS:
-        record.start = "cold: warm starts are not built for Windows yet"
     else:
         ready = read_json(standby_folder(store) / "ready.json")
         why = standby_mismatch(cfg, ready, record.cwd or "")
@@ -261,7 +259,8 @@ def start_standby(cfg: Config, store: JobStore, job_id: str) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         log_path = folder / "standby.log"
         if log_path.exists() and log_path.stat().st_size > STANDBY_LOG_BYTES:
-            log_path.unlink()
+            with contextlib.suppress(OSError):  # Windows: a waiting standby holds it open; it goes next time
+                log_path.unlink()
         with contextlib.suppress(FileExistsError):
             os.close(os.open(log_path, CREATE_FLAGS, 0o600))
         log = open_append(log_path)

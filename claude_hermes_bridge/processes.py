@@ -86,17 +86,25 @@ class WindowsJob:
         if not self.handle:
             raise OSError(ctypes.get_last_error(), "CreateJobObjectW failed")  # type: ignore[attr-defined]
 
-    def adopt(self, popen: subprocess.Popen[bytes]) -> None:
-        """Assign a process started suspended, then let it run."""
+    def assign(self, popen: subprocess.Popen[bytes]) -> None:
         import ctypes
 
         if not self.kernel32.AssignProcessToJobObject(self.handle, ctypes.c_void_p(int(popen._handle))):  # type: ignore[attr-defined]
-            psutil.Process(popen.pid).resume()
             raise OSError(ctypes.get_last_error(), "AssignProcessToJobObject failed")  # type: ignore[attr-defined]
-        psutil.Process(popen.pid).resume()
 
     def terminate(self) -> None:
         self.kernel32.TerminateJobObject(self.handle, 1)
+
+
+def held_in_job_object(popen: subprocess.Popen[bytes]) -> WindowsJob:
+    """A process started suspended (hermes_creation_flags) in a job object of its own, then let run whatever
+    happened: OSError when no job object could hold it (nested jobs refused), and it runs unheld."""
+    try:
+        job = WindowsJob()
+        job.assign(popen)
+        return job
+    finally:
+        psutil.Process(popen.pid).resume()
 
 
 @functools.cache

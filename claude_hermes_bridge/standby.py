@@ -28,12 +28,14 @@ import psutil
 
 from .config import SETTINGS, Config, audit, load_config
 from .drivers import WarmStart, hermes_launch, private_tmp_of, sandbox_writable, start_hermes, usable_hermes
-from .hermes_acp import WarmHermes, approval_policy_dir
+from .hermes_acp import ACP_SESSION_RE, WarmHermes, approval_policy_dir
 from .hermes_cli import hermes_env
+from .hermes_store import StoreUnavailable, read_store
 from .jobs import FINAL_STATES, JobStore
 from .preflight import PACKAGE_DIR, VERSION
-from .processes import JOB_MARKER, Ownership, become_subreaper, stop_tree
+from .processes import JOB_MARKER, Ownership, become_subreaper, held_in_job_object, stop_tree
 from .safe_io import (
+    IS_WINDOWS,
     LockTimeout,
     ProcessId,
     Refused,
@@ -54,6 +56,7 @@ PAST_START_S = 30.0  # a standby is prepared once the job that asked for it is p
 WARM_UP_S = 90.0
 STALE_CHECK_S = 5.0
 LOOK_S = 1.0  # how often a waiting standby looks at its Hermes, its idle time and whether another is wanted
+FORGET_S = 120.0  # how long Hermes' own `sessions delete` may take (a Hermes CLI start; slowest on Windows)
 STANDBY_SETTINGS = ("warm_start", "standby_idle_s")  # the standby's own: they do not change how Hermes started
 
 
@@ -120,8 +123,12 @@ def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str) -> St
     policy = approval_policy_dir(int(cfg.approval_timeout_s))
     proc = start_hermes(argv, folder, dict(env, HERMES_MANAGED_DIR=str(policy)), subprocess.PIPE, subprocess.PIPE,
                         subprocess.PIPE)
+    windows_job = None
+    if IS_WINDOWS:
+        with contextlib.suppress(OSError):  # unheld, its tree is found through parent links (said when taken)
+            windows_job = held_in_job_object(proc)
     threading.Thread(target=copy_stream, args=(proc.stderr,), name="hermes-stderr", daemon=True).start()
-    warm = WarmStart(WarmHermes(proc), policy, private_tmp)
+    warm = WarmStart(WarmHermes(proc), policy, private_tmp, windows_job)
     try:
         warm.hermes.warm_up(folder, WARM_UP_S)
     except OSError:
@@ -134,12 +141,33 @@ def dismiss(cfg: Config, warm: WarmStart, marker: str) -> None:
     """A standby's Hermes and everything it made, gone (nothing of a job's is touched)."""
     proc = warm.hermes.proc
     with contextlib.suppress(psutil.Error):
-        stop_tree(Ownership(marker, frozenset({os.getpid()})), psutil.Process(proc.pid), [], cfg.kill_grace_s)
+        stop_tree(Ownership(marker, frozenset({os.getpid()})), psutil.Process(proc.pid), [], cfg.kill_grace_s,
+                  warm.windows_job)
     with contextlib.suppress(OSError):
         proc.wait(5)
     shutil.rmtree(warm.policy_dir, ignore_errors=True)
     if warm.private_tmp:
         shutil.rmtree(warm.private_tmp, ignore_errors=True)
+    forget_warm_up(cfg, warm.hermes.warm_session)
+
+
+def forget_warm_up(cfg: Config, session_id: str | None) -> None:
+    """The throw-away session out of Hermes' session list, once its Hermes has exited: through Hermes' own
+    `hermes sessions delete` (the bridge never writes Hermes' store), and only while the store shows it holding
+    no message, so nothing a person or a job said is ever deleted. Best effort: it stays listed, empty."""
+    if not session_id or not ACP_SESSION_RE.fullmatch(session_id):
+        return
+    try:
+        held = read_store(cfg, lambda db: db.execute("SELECT (SELECT COUNT(*) FROM messages WHERE session_id = s.id) "
+                                                     "FROM sessions s WHERE s.id = ?", (session_id,)).fetchone())
+        exe = usable_hermes(cfg)
+    except (StoreUnavailable, Refused):
+        return
+    if held is None or held[0] != 0:
+        return
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run([exe, "sessions", "delete", session_id, "--yes"], stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=FORGET_S, env=hermes_env(cfg))
 
 
 def wait_past_start(store: JobStore, job_id: str) -> None:
@@ -191,8 +219,9 @@ def wait_for_a_job(cfg: Config, store: JobStore, standby: Standby) -> str | None
                 retiring = True
                 try:
                     os.rename(ready, folder / f"retired-{process.pid}.json")
-                except OSError:
-                    continue  # claimed meanwhile: its taken- file is on its way
+                except OSError:  # claimed meanwhile (its taken- file is on its way), or open (Windows): look again
+                    retiring = not ready.exists()
+                    continue
                 (folder / f"retired-{process.pid}.json").unlink(missing_ok=True)
                 return None
         time.sleep(POLL_S)
@@ -213,6 +242,8 @@ def serve(cfg: Config, store: JobStore, job_id: str, standby: Standby, subreaper
     finally:
         if standby.warm.hermes.proc.poll() is None:  # a job refused before Hermes got its task
             dismiss(cfg, standby.warm, standby.marker)
+        else:
+            forget_warm_up(cfg, standby.warm.hermes.warm_session)
         shutil.rmtree(standby.warm.policy_dir, ignore_errors=True)
         (standby_folder(store) / f"serving-{job_id}.json").unlink(missing_ok=True)
 

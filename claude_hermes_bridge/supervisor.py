@@ -58,7 +58,15 @@ from .jobs import (
     Outcome,
     validate_job_id,
 )
-from .processes import Ownership, StopReport, WindowsJob, become_subreaper, reap_orphans, stop_tree
+from .processes import (
+    Ownership,
+    StopReport,
+    WindowsJob,
+    become_subreaper,
+    held_in_job_object,
+    reap_orphans,
+    stop_tree,
+)
 from .repo_guard import check_repository, guard_repository
 from .safe_io import (
     IS_WINDOWS,
@@ -541,11 +549,14 @@ class Supervisor:
                 self.record.usage = dataclasses.asdict(usage)
 
     def _job_object_for(self, proc: subprocess.Popen[bytes]) -> "WindowsJob | None":
-        """Hermes in a job object of its own; without one (nested jobs refused) the tree walk still applies."""
+        """Hermes in a job object of its own (a warm Hermes was put in one when it started); without one (nested
+        jobs refused) the tree walk still applies."""
+        if self.warm:
+            if self.warm.windows_job is None:
+                self.note("no job object holds this warm Hermes; its tree is found through parent links only")
+            return self.warm.windows_job
         try:
-            job = WindowsJob()
-            job.adopt(proc)
-            return job
+            return held_in_job_object(proc)
         except OSError as exc:
             self.note(f"no job object for Hermes ({exc}); its tree is found through parent links only")
             return None

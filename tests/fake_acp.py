@@ -6,7 +6,7 @@ events, session/request_permission), driven by directives in the prompt:
 !ask-twice=CMD  the same, asked twice in a row (the answer says which option was chosen each time)
 !ask-then=CMD  one more dangerous command asked after those (in CMD, + is a space and \\n a line break)
 !edit=PATH:TEXT  a file edit (one per such word): asks (kind edit, a diff), then writes TEXT when allowed
-!tool-sleep=S  a terminal tool call running `sleep S` in its own session (session/cancel kills it)
+!tool-sleep=S  a terminal tool call sleeping S seconds in its own session (session/cancel kills it)
 !refuse  answers the prompt with stopReason refusal
 !stop=REASON  answers the prompt with that stopReason (upstream's max_tokens, max_turn_requests)
 
@@ -38,7 +38,6 @@ import json
 import os
 import queue
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -286,12 +285,13 @@ class Agent:
         if "tool-sleep" in todo:
             update(session, {"sessionUpdate": "tool_call", "toolCallId": "tc-2", "kind": "execute",
                              "title": "terminal", "content": text(f"$ sleep {todo['tool-sleep']}")})
-            tool = subprocess.Popen(["sleep", todo["tool-sleep"]], cwd=self.cwd, start_new_session=True)
+            sleep = [sys.executable, "-c", f"import time; time.sleep({float(todo['tool-sleep'])})"]
+            tool = subprocess.Popen(sleep, cwd=self.cwd, start_new_session=True)  # Windows: a process of its own
             if self.trace:
                 Path(self.trace, f"{tool.pid}.child").write_text("tool")
             while tool.poll() is None:
                 if self.cancelled.wait(0.1):
-                    os.killpg(tool.pid, signal.SIGKILL)
+                    tool.kill()
                     tool.wait()
                     return {"stopReason": "cancelled"}
             update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "tc-2", "status": "completed",

@@ -20,6 +20,8 @@ Directives (words in the task): !sleep=S  !exit=N  !print=BYTES  !longline=BYTES
 '(setsid sleep 300 &)'`; its pid is traced)  !store-fifo=SUFFIX (after its last row, makes state.db+SUFFIX a
 FIFO, as a hostile job could: -journal, -wal, or "" for the database itself)
 
+`hermes sessions delete ID --yes` deletes a session from the store, as the real one does.
+
 With FAKE_HERMES_TRACE set, every invocation writes TRACE/<pid>.invoked (its argv), every run writes
 TRACE/<pid>.json (argv, cwd, task, env) and every process it spawns writes TRACE/<pid>.child, so tests can
 count runs and probes and check that no process is left.
@@ -296,6 +298,14 @@ def main() -> int:
         return 0
     if argv[:1] == ["acp"]:
         return fake_acp.main(argv, AcpStore(), trace)
+    if argv[:2] == ["sessions", "delete"] and argv[3:] == ["--yes"]:  # as Hermes 0.19 to 0.22 delete one
+        db = session_store()
+        with db:
+            db.execute("DELETE FROM messages WHERE session_id = ?", (argv[2],))
+            deleted = db.execute("DELETE FROM sessions WHERE id = ?", (argv[2],)).rowcount
+        db.close()
+        print(f"Deleted session '{argv[2]}'." if deleted else f"Session '{argv[2]}' not found.")
+        return 0
     if argv[:1] != ["chat"]:
         print("usage: hermes chat ...", file=sys.stderr)
         return 2

@@ -2,8 +2,10 @@
 by exactly one job, which its standby supervises as a cold one is; and every way a standby can fail leaves the
 job to a cold start, no process behind and no second standby."""
 import json
+import sqlite3
 import threading
 import time
+from contextlib import closing
 from typing import Any
 
 import psutil
@@ -12,7 +14,7 @@ from test_worktrees import final
 
 from harness import Bridge, BridgeClient, live_standbys, wait_until
 
-pytestmark = pytest.mark.posix("the fake hermes is a shell script; warm starts are not built for Windows")
+pytestmark = pytest.mark.posix("the faults are shown on Linux; tests/test_windows.py takes a warm Hermes on Windows")
 
 
 def acp_client(bridge: Bridge) -> BridgeClient:
@@ -25,6 +27,18 @@ def ready(bridge: Bridge, timeout: float = 40) -> dict[str, Any]:
     """The standby's published description, once it is ready."""
     path = bridge.jobs / "standby" / "ready.json"
     return wait_until(lambda: json.loads(path.read_text()) if path.exists() else None, timeout, "a ready standby")
+
+
+def sessions(bridge: Bridge) -> dict[str, int]:
+    """The fake Hermes' session list: each session and how many messages it holds."""
+    with closing(sqlite3.connect(f"file:{bridge.tmp / 'hermes-home' / 'state.db'}?mode=ro", uri=True)) as db:
+        return {row[0]: row[1] for row in db.execute(
+            "SELECT s.id, (SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id) FROM sessions s")}
+
+
+def warm_ups(bridge: Bridge) -> set[str]:
+    """The sessions that hold no message: a waiting standby's throw-away."""
+    return {name for name, count in sessions(bridge).items() if count == 0}
 
 
 def hermes_of(standby: dict[str, Any]) -> int:
@@ -42,6 +56,7 @@ def test_the_next_job_in_the_folder_takes_the_warm_hermes_and_runs_as_a_cold_one
         assert "no warm Hermes is waiting" in first.field("START")
         standby = ready(bridge)
         warm_hermes = hermes_of(standby)
+        [warm_up] = warm_ups(bridge)
         health = client.call("hermes_health").field("WARM_START")
         assert health.startswith(f"a warm Hermes waits for the next ACP job in {bridge.root} (readied in "), health
         second = final(client, task="second !write=two.txt:2", cwd=str(bridge.root))
@@ -56,6 +71,9 @@ def test_the_next_job_in_the_folder_takes_the_warm_hermes_and_runs_as_a_cold_one
         assert wait_until(lambda: gone(warm_hermes) or None, 20, "the warm job's Hermes to exit with it")
         third_standby = ready(bridge)  # the next one, readied after the warm job
         assert third_standby["pid"] != standby["pid"]
+        # the served standby's throw-away session, deleted through Hermes' own command once its Hermes exited
+        assert wait_until(lambda: warm_up not in sessions(bridge) or None, 20, "the warm-up session to be deleted")
+        assert ["sessions", "delete", warm_up, "--yes"] in bridge.invocations()
 
 
 def test_cli_jobs_and_warm_start_off_start_cold_and_write_nothing(bridge: Bridge) -> None:
@@ -102,12 +120,14 @@ def test_a_standby_of_other_settings_is_not_taken_and_retires(bridge: Bridge) ->
         final(client, task="first !write=one.txt:1", cwd=str(bridge.root))
         standby = ready(bridge)
         hermes = hermes_of(standby)
+        [warm_up] = warm_ups(bridge)
     bridge.configure(hermes_driver="acp", warm_start=True, max_output_chars=12345)
     with acp_client(bridge) as client:
         job = final(client, task="other settings !write=two.txt:2", cwd=str(bridge.root))
     assert job.field("START").endswith("was started with other settings (config, Hermes, its home or environment))")
     assert wait_until(lambda: gone(hermes) or None, 30, "the stale standby's Hermes to exit")
     assert ready(bridge)["pid"] != standby["pid"]
+    assert wait_until(lambda: warm_up not in sessions(bridge) or None, 20, "the retired warm-up session to go")
 
 
 def test_a_standby_that_never_answers_the_take_leaves_the_job_to_a_cold_start(bridge: Bridge) -> None:

@@ -6,7 +6,9 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -16,14 +18,14 @@ from claude_hermes_bridge.config import Config, confine_cwd
 from claude_hermes_bridge.drivers import usable_hermes
 from claude_hermes_bridge.launch import JobRequest
 from claude_hermes_bridge.processes import (
-    WindowsJob,
+    held_in_job_object,
     hermes_creation_flags,
     supervisor_creation_flags,
 )
 from claude_hermes_bridge.safe_io import Refused
 from claude_hermes_bridge.tools import check_launch
 from conftest import require_component
-from harness import REPO, wait_gone
+from harness import REPO, wait_gone, wait_until
 from scripted_model import ScriptedModel
 
 pytestmark = pytest.mark.skipif(os.name != "nt", reason="Windows only: job objects, junctions, subst drives, batch "
@@ -60,19 +62,21 @@ def test_a_junction_pointing_out_of_the_root_is_outside(tmp_path):
 
 def test_the_job_object_stops_a_tree_whose_middle_process_exited():
     """Windows never re-parents: the grandchild of an exited child is found only through the job object."""
-    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
+    sleeper = f"import time; time.sleep(120); '{uuid.uuid4().hex}'"  # this test's own: others run beside it
+    code = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {sleeper!r}],"
             " creationflags=0x00000200); time.sleep(1)")
-    sentinel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    sentinel = subprocess.Popen([sys.executable, "-c", sleeper])
     proc = subprocess.Popen([sys.executable, "-c", code], creationflags=hermes_creation_flags(True) or 0)
-    job = WindowsJob()
-    job.adopt(proc)
+    job = held_in_job_object(proc)
     proc.wait(30)
-    time.sleep(0.5)
+
+    def sleepers() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["cmdline"]) if sleeper in " ".join(p.info["cmdline"] or [])
+                and p.pid != sentinel.pid]
+    assert wait_until(sleepers, 10, "the grandchild of the exited process")
     job.terminate()
     time.sleep(1)
-    survivors = [p for p in psutil.process_iter(["cmdline"]) if "time.sleep(120)" in " ".join(p.info["cmdline"] or [])
-                 and p.pid != sentinel.pid]
-    assert survivors == []
+    assert sleepers() == []
     assert sentinel.poll() is None, "an unrelated process was stopped"
     sentinel.kill()
 
@@ -252,3 +256,91 @@ def test_the_sandbox_is_not_available_on_windows_so_required_refuses_and_auto_sa
             ran = client.wait_final(ran.field("JOB_ID"))
     assert ran.field("STATUS") == "ok" and (bridge.root / "made.txt").read_text() == "x", ran.text
     assert ran.field("SANDBOX") == f"not available here ({why}): the job writes wherever your account can"
+
+
+def acp_client(bridge: Any) -> Any:
+    """A client whose fake Hermes speaks ACP (`hermes acp --check` passes only with FAKE_HERMES_ACP=1)."""
+    client = bridge.client()
+    client.params.env = dict(bridge.env, FAKE_HERMES_ACP="1")
+    return client
+
+
+def finished(client: Any, result: Any, timeout: float = 120) -> Any:
+    return client.wait_final(result.field("JOB_ID"), timeout=timeout) if result.field("STATUS") == "running" else result
+
+
+def ready_standby(bridge: Any, other_than: int | None = None, timeout: float = 120) -> dict[str, Any]:
+    """The standby's published description once one is ready (other_than: not that standby process)."""
+    path = bridge.jobs / "standby" / "ready.json"
+
+    def published() -> dict[str, Any] | None:
+        try:
+            standby = json.loads(path.read_text())
+        except (OSError, ValueError):  # not there yet, or being replaced
+            return None
+        return standby if standby["pid"] != other_than else None
+    return wait_until(published, timeout, "a ready standby")
+
+
+def test_acp_jobs_take_a_warm_hermes_and_a_warm_jobs_cancel_leaves_nothing(bridge):
+    """Issue 39 on Windows, where Hermes' start is slowest: the next ACP job in a folder takes the Hermes a
+    standby readied (held in its job object since it started), and a cancel of that job stops its tree."""
+    bridge.configure(hermes_driver="acp", warm_start=True)
+    sentinel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        with acp_client(bridge) as client:
+            first = finished(client, client.call("hermes_run", task="first !write=one.txt:1", wait_s=40))
+            assert first.field("STATUS") == "ok", first.text
+            assert first.field("START").startswith("cold (the task reached Hermes "), first.text
+            standby = ready_standby(bridge)
+            standby_tree = {child.pid for child in psutil.Process(standby["pid"]).children(recursive=True)}
+            assert client.call("hermes_health").field("WARM_START").startswith("a warm Hermes waits for the next "
+                                                                               f"ACP job in {bridge.root} ")
+            second = finished(client, client.call("hermes_run", task="second !write=two.txt:2", wait_s=40))
+            assert second.field("STATUS") == "ok", second.text
+            assert second.field("START").startswith("warm (the task reached Hermes "), second.text
+            assert (bridge.root / "two.txt").read_text() == "2"
+            [run] = [r for r in bridge.runs() if r.get("task", "").startswith("second")]
+            assert run["pid"] in standby_tree, "the second job did not run on the standby's Hermes"
+
+            ready_standby(bridge, other_than=standby["pid"])
+            job_id = client.call("hermes_run", task="third !tool-sleep=90", wait_s=0).field("JOB_ID")
+            [tool] = wait_until(lambda: [int(p.stem) for p in bridge.trace.glob("*.child")] or None, 60,
+                                "the warm job's tool process")
+            [run] = [r for r in bridge.runs() if r.get("task", "").startswith("third")]
+            third = bridge.record(job_id)
+            assert third.start == "warm", third.start
+            assert client.call("hermes_cancel", job_id=job_id).field("STATUS") == "cancelled"
+        assert wait_gone([tool, run["pid"], third.hermes.pid, third.supervisor.pid], timeout=30) == []
+        assert sentinel.poll() is None, "an unrelated process was stopped"
+    finally:
+        sentinel.kill()
+
+
+def test_a_real_hermes_over_acp_answers_then_its_next_job_starts_warm_and_resumes(bridge):
+    """The real Hermes 0.19.0 for Windows over ACP (the driver `auto` picks where the acp extra is installed):
+    a cold job, the next one on the warm Hermes a standby readied, and that job's session loaded again."""
+    exe = require_component(WINDOWS_HERMES, "the real Hermes 0.19.0 for Windows")
+    home = bridge.tmp / "real-home"
+    with ScriptedModel(bridge.tmp) as model:
+        write_hermes_home(home, model.base_url)
+        bridge.configure(hermes_exe=str(exe), hermes_home=str(home), kill_grace_s=5, hermes_driver="auto",
+                         warm_start=True)
+        with bridge.client() as client:
+            first = finished(client, client.call("hermes_run", task="Say hello.", wait_s=45), timeout=300)
+            assert first.field("STATUS") == "ok", first.text
+            assert bridge.record(first.field("JOB_ID")).driver == "acp", first.text
+            assert first.field("START").startswith("cold ("), first.text
+            ready_standby(bridge, timeout=300)
+            second = finished(client, client.call("hermes_run", task="Say hello again.", wait_s=45), timeout=300)
+            assert second.field("STATUS") == "ok", second.text
+            assert second.field("START").startswith("warm (the task reached Hermes "), second.text
+            assert "SCRIPTED ANSWER" in second.text
+            session = second.field("SESSION_ID")
+            resumed = finished(client, client.call("hermes_resume", session_id=session, task="And again?", wait_s=45),
+                               timeout=300)
+            assert resumed.field("STATUS") == "ok", resumed.text
+            assert resumed.field("SESSION_ID") == session
+        chats = [str(m.get("content")) for request in model.requests() if isinstance(request.get("messages"), list)
+                 for m in request["messages"]]
+        assert any("Say hello again." in c for c in chats) and any("And again?" in c for c in chats)
