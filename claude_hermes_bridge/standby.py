@@ -154,7 +154,7 @@ def dismiss(cfg: Config, warm: WarmStart, marker: str) -> None:
 def forget_warm_up(cfg: Config, session_id: str | None) -> None:
     """The throw-away session out of Hermes' session list, once its Hermes has exited: through Hermes' own
     `hermes sessions delete` (the bridge never writes Hermes' store), and only while the store shows it holding
-    no message, so nothing a person or a job said is ever deleted. Best effort: it stays listed, empty."""
+    no message, so nothing a person or a job said is ever deleted; audited. Best effort: it stays listed, empty."""
     if not session_id or not ACP_SESSION_RE.fullmatch(session_id):
         return
     try:
@@ -165,9 +165,12 @@ def forget_warm_up(cfg: Config, session_id: str | None) -> None:
         return
     if held is None or held[0] != 0:
         return
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run([exe, "sessions", "delete", session_id, "--yes"], stdin=subprocess.DEVNULL,
-                       capture_output=True, timeout=FORGET_S, env=hermes_env(cfg))
+    try:
+        done = subprocess.run([exe, "sessions", "delete", session_id, "--yes"], stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=FORGET_S, env=hermes_env(cfg))
+    except (OSError, subprocess.SubprocessError):
+        return
+    audit(cfg, event="standby", warm_up_session=session_id, deleted=done.returncode == 0)
 
 
 def wait_past_start(store: JobStore, job_id: str) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import psutil
 import pytest
+from test_approvals import audit_lines
 from test_worktrees import final
 
 from harness import Bridge, BridgeClient, live_standbys, wait_until
@@ -74,6 +75,8 @@ def test_the_next_job_in_the_folder_takes_the_warm_hermes_and_runs_as_a_cold_one
         # the served standby's throw-away session, deleted through Hermes' own command once its Hermes exited
         assert wait_until(lambda: warm_up not in sessions(bridge) or None, 20, "the warm-up session to be deleted")
         assert ["sessions", "delete", warm_up, "--yes"] in bridge.invocations()
+        assert {"event": "standby", "warm_up_session": warm_up, "deleted": True} in [
+            {key: line.get(key) for key in ("event", "warm_up_session", "deleted")} for line in audit_lines(bridge)]
 
 
 def test_cli_jobs_and_warm_start_off_start_cold_and_write_nothing(bridge: Bridge) -> None:
