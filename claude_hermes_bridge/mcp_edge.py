@@ -376,11 +376,14 @@ class ToolRegistry:
         outcome = await run_tool_body(tool_name, body, task)
         self.tasks.keep(outcome)
         result: dict[str, Any] = {"content": [{"type": "text", "text": outcome.text}], "isError": outcome.is_error}
+        meta: dict[str, Any] = {}
         if outcome.facts is not None:
             token = self.view_tokens.issue(outcome.facts["job_id"], [q["id"] for q in outcome.facts["questions"]])
-            result.update(_meta={"viewToken": token, VIEW_FACTS: outcome.facts})
+            meta.update({"viewToken": token, VIEW_FACTS: outcome.facts})
         if outcome.patch is not None:
-            result.update(_meta={VIEW_PATCH: outcome.patch})
+            meta[VIEW_PATCH] = outcome.patch
+        if meta:
+            result["_meta"] = meta
         return CallToolResult.model_validate(result)
 
 

@@ -99,7 +99,7 @@ def steer_outcome(view: JobView, steer_id: str) -> tuple[bool, str]:
         if view.running:
             return False, f"steer {steer_id}: relayed; the job's supervisor has not taken it yet"
         return True, f"steer {steer_id}: NOT delivered: the job ended as it was relayed"
-    return steer["state"] not in ("relayed", "sent"), steer_words(steer)
+    return steer["state"] != "sent", steer_words(steer)
 
 
 def note_undelivered(store: JobStore, job_id: str, steer: dict[str, Any]) -> None:
