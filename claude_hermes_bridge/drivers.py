@@ -87,11 +87,11 @@ class WarmStart:
     windows_job: WindowsJob | None
 
 
-def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str],
-                  private_tmp: Path | None) -> tuple[list[str], dict[str, str]]:
-    """Hermes' command and environment: through the sandbox's step when writable is given, with its private
-    temporary folder and without the addresses of the user's session services."""
-    env = hermes_env(cfg, marker)
+def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str], private_tmp: Path | None,
+                  extra_env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """Hermes' command and environment (with extra_env): through the sandbox's step when writable is given, with
+    its private temporary folder and without the addresses of the user's session services."""
+    env = {**hermes_env(cfg, marker), **(extra_env or {})}
     if not writable:
         return argv, env
     env = {key: value for key, value in env.items() if key not in SESSION_SERVICES}

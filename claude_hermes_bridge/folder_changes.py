@@ -10,6 +10,25 @@ from typing import Any
 
 from .jobs import CHANGED_LINES
 
+# Files that other programs run or load later, outside any sandbox: named in the block (RUNS_LATER) whenever a job
+# changed them, never put back (a job asked to set up CI, a debugger or a hook must be able to; the planner and
+# the person are told before they open the folder or run anything). Folders by name at any depth, files by name.
+RUNS_LATER_FOLDERS = (".vscode", ".idea", ".claude", ".cursor", ".codex", ".gemini", ".devcontainer", ".husky")
+RUNS_LATER_FILES = (".envrc", ".mcp.json", ".gitmodules", ".pre-commit-config.yaml", ".bashrc", ".profile", ".npmrc")
+RUNS_LATER_PREFIXES = (".github/workflows/",)
+
+
+def runs_later(paths: list[str]) -> list[str]:
+    """The paths (relative, / or the system's separator) that another program runs or loads later."""
+    found = []
+    for path in paths:
+        posix = path.replace(os.sep, "/")
+        parts = posix.split("/")
+        if (parts[-1] in RUNS_LATER_FILES or any(part in RUNS_LATER_FOLDERS for part in parts[:-1])
+                or any(f"/{prefix}" in f"/{posix}" for prefix in RUNS_LATER_PREFIXES)):
+            found.append(posix)
+    return found
+
 
 @dataclasses.dataclass
 class FolderSnapshot:
@@ -97,7 +116,8 @@ def compare_snapshots(before: FolderSnapshot, after: FolderSnapshot) -> dict[str
              + [f"~ {path} ({human_size(after.files[path][0])})" for path in modified]
              + [f"- {path}" for path in deleted])
     return {"created": len(created), "modified": len(modified), "deleted": len(deleted),
-            "lines": lines[:CHANGED_LINES], "more": max(0, len(lines) - CHANGED_LINES)}
+            "lines": lines[:CHANGED_LINES], "more": max(0, len(lines) - CHANGED_LINES),
+            "runs_later": runs_later(created + modified + deleted)[:CHANGED_LINES]}
 
 
 QUICK_LISTING_S = 0.5  # a folder listed faster than this as the job starts is listed again while it runs

@@ -81,16 +81,18 @@ def override_environment(names: dict[str, set[str]]) -> dict[str, str]:
 
 
 def git(folder: str, *args: str, env: dict[str, str] | None = None, timeout_s: float = GIT_TIMEOUT_S,
-        stdout: Any = None, check: bool = True, given: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        stdout: Any = None, check: bool = True, given: Any = None) -> subprocess.CompletedProcess[bytes]:
     """git in folder with every program-running setting overridden (see FIXED_OVERRIDES), none of the
     caller's git environment, and no prompt. Leading --git-dir=/--work-tree= options in args pin the
-    repository. stdout: a file to stream into (a patch can be large); given: its input."""
+    repository. stdout: a file to stream into (a patch can be large); given: its input (bytes, or a file to
+    stream from)."""
     exe = git_executable()
     locating = [arg for arg in args[:2] if arg.startswith(LOCATING_OPTIONS)]
     try:
         environment = clean_environment({**override_environment(driver_names(exe, folder, locating)), **(env or {})})
-        done = subprocess.run([exe, "--no-pager", "-C", folder, *args], input=given,
-                              stdin=None if given is not None else subprocess.DEVNULL,
+        streamed = given is not None and not isinstance(given, bytes)
+        done = subprocess.run([exe, "--no-pager", "-C", folder, *args], input=None if streamed else given,
+                              stdin=given if streamed else None if given is not None else subprocess.DEVNULL,
                               stdout=stdout or subprocess.PIPE, stderr=subprocess.PIPE, env=environment,
                               timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:

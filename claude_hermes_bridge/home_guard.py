@@ -5,12 +5,18 @@ config.yaml, .env, SOUL.md and the skills, hooks, cron and plugins folders are r
 put back at the job's end. The job's version of what it changed is kept beside the record, so an edit the user
 made meanwhile is not lost, only moved aside and named."""
 import os
-import shutil
-from pathlib import Path
 from typing import Any
 
 from .jobs import JobStore
-from .repo_guard import change_verb, changed_entries, load_snapshot, put_back, read_entry, save_snapshot
+from .repo_guard import (
+    change_verb,
+    changed_entries,
+    keep_job_version,
+    load_snapshot,
+    put_back,
+    read_entry,
+    save_snapshot,
+)
 from .safe_io import shown
 
 GUARDED_NAMES = ("config.yaml", ".env", "SOUL.md", "skills", "hooks", "cron", "plugins")
@@ -70,13 +76,3 @@ def restore_home(store: JobStore, job_id: str) -> list[str]:
                     + (f"put back{kept}" if restored else "NOT put back (too large to have been kept)"))
     return said[:CHANGES_NAMED] + ([f"and {len(said) - CHANGES_NAMED} more"] if len(said) > CHANGES_NAMED else [])
 
-
-
-def keep_job_version(path: str, copy: Path) -> Path | None:
-    """A copy of the job's version of a file it changed, or None when it could not be made."""
-    try:
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, copy, follow_symlinks=False)
-    except OSError:
-        return None
-    return copy

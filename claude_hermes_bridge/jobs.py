@@ -138,7 +138,7 @@ def is_changes(value: Any) -> bool:
     if "note" in value:
         return isinstance(value["note"], str)
     return (all(is_whole_number(value.get(count)) for count in ("created", "modified", "deleted", "more"))
-            and is_text_list(value.get("lines")))
+            and is_text_list(value.get("lines")) and is_text_list(value.get("runs_later", [])))
 
 
 def is_text(value: Any) -> bool:
@@ -284,6 +284,7 @@ class JobRecord:
     landed: dict[str, Any] | None = checked(is_landed)  # what hermes_land did with the work: action, how, at
     repository: list[str] = checked(is_guard_notes, factory=list)  # what the job changed in its shared repository
     sandbox: str | None = checked(is_text)  # what the operating system confined the job to, or why nothing
+    guarded_repo: str | None = checked(is_text)  # the repository a job without a worktree works in, kept as it was
     hermes_home: list[str] = checked(is_guard_notes, factory=list)  # what a sandboxed job changed of Hermes' settings
     standby_marker: str | None = checked(is_standby_marker)  # a warm job's: the marker its standby gave Hermes
     start: str | None = checked(is_text)  # warm, or cold and why: how Hermes came to the job
@@ -432,6 +433,10 @@ class JobStore:
         """A worktree job's shared repository as it was before Hermes started: config, hooks, refs."""
         return self.root / f"{job_id}.repository"
 
+    def repository_changes_path(self, job_id: str) -> Path:
+        """The job's versions of what it changed in its repository's git folder (put back since)."""
+        return self.root / f"{job_id}.repository-changes"
+
     def home_snapshot_path(self, job_id: str) -> Path:
         """A sandboxed job's guarded part of Hermes' home as it was before Hermes started."""
         return self.root / f"{job_id}.hermes-home"
@@ -443,6 +448,11 @@ class JobStore:
     def worktree_path(self, job_id: str) -> Path:
         """Where a worktree job's worktree is made: in the jobs folder, outside every repository."""
         return self.root / "worktrees" / job_id
+
+    def worktree_objects_path(self, job_id: str) -> Path:
+        """A worktree job's own object folder: its commits are written here, the repository's objects are read
+        as an alternate, and the bridge brings its work into the repository through git, which hashes it."""
+        return self.root / "worktree-objects" / job_id
 
     def answers_path(self, job_id: str) -> Path:
         """The answers to the questions a job waits on, {approval id: {decision, by, at}}: each claimed once,
@@ -585,6 +595,7 @@ class JobStore:
         """The record goes last: a log still held open (Windows) leaves the job listed, to be pruned later,
         instead of a log without a record left behind for ever."""
         shutil.rmtree(self.home_changes_path(job_id), ignore_errors=True)
+        shutil.rmtree(self.repository_changes_path(job_id), ignore_errors=True)
         for path in (self.log_path(job_id), self.task_path(job_id), self.cancel_path(job_id),
                      self.answers_path(job_id), self.steers_path(job_id), self.patch_path(job_id),
                      self.repository_snapshot_path(job_id),

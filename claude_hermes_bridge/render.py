@@ -161,6 +161,11 @@ def changes_lines(record: JobRecord) -> list[str]:
     lines += [shown(line, 400) for line in changes["lines"][:CHANGED_LINES]]
     if changes["more"] > 0:
         lines.append(f"... and {changes['more']} more")
+    if runs_later := changes.get("runs_later"):
+        lines.append(f"RUNS_LATER: the job changed {plural(len(runs_later), 'file')} that other programs run or load "
+                     "later, outside any sandbox: " + ", ".join(shown(path, 200) for path in runs_later[:CHANGED_LINES])
+                     + (" ..." if len(runs_later) > CHANGED_LINES else "")
+                     + ". Read them before you open the folder in an editor or agent, or run anything there")
     return lines
 
 
@@ -226,10 +231,13 @@ def start_line(record: JobRecord) -> list[str]:
 
 
 def sandbox_lines(record: JobRecord) -> list[str]:
-    """What the operating system confined the job to, and what it changed of Hermes' settings (put back)."""
+    """What the operating system confined the job to, and what it changed of Hermes' settings and of its
+    repository's git folder (put back)."""
     lines = [f"SANDBOX: {shown(record.sandbox, 1200)}"] if record.sandbox else []
     if record.hermes_home:
         lines.append("HERMES_SETTINGS: " + " | ".join(shown(note, 600) for note in record.hermes_home))
+    if record.repository:
+        lines.append("REPOSITORY: " + " | ".join(shown(note, 1000) for note in record.repository))
     return lines
 
 
@@ -338,8 +346,6 @@ def worktree_lines(record: "JobRecord") -> list[str]:
                      f"-{int(diff['deletions'])} against the base (the job's commits and its uncommitted changes)")
         lines.append(f"PATCH: {shown(str(diff['patch']))} ({human_size(int(diff['patch_bytes']))}; read it with "
                      "hermes_read, page by page)")
-    if record.repository:
-        lines.append("REPOSITORY: " + " | ".join(shown(note, 1000) for note in record.repository))
     landed = record.landed
     if landed:
         lines.append(f"LANDED: {shown(str(landed['action']))}{clock_words(landed.get('at'))}: "

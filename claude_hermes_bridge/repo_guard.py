@@ -1,8 +1,10 @@
-"""[both] A worktree job's shared repository kept as the user had it: its config, hooks and refs recorded
-before Hermes starts, then any change put back (config, hooks) or named (refs), and reported."""
+"""[both] A job's repository kept as the user had it (a worktree job's shared one, or the one a job without a
+worktree works in): its config, hooks and refs recorded before Hermes starts, then any change put back (config,
+hooks; the job's version kept aside) or named (refs), and reported."""
 import base64
 import json
 import os
+import shutil
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,7 +13,7 @@ from typing import Any, cast
 from .git_calls import GitFailed, git, git_text
 from .jobs import GUARD_NOTES_KEPT, JOB_ID_RE, JobRecord, JobStore
 from .safe_io import read_capped, shown, write_atomic
-from .worktrees import LEGACY_REF_PREFIX, WORKTREE_BRANCH_PREFIX, WORKTREE_REF_PREFIX
+from .worktrees import LEGACY_REF_PREFIX, WORKTREE_BRANCH_PREFIX, WORKTREE_REF_PREFIX, common_git_folder
 
 # A worktree shares its repository's common folder with the main tree: what a job writes there reaches the
 # user's next git command (a hook, core.hooksPath, core.fsmonitor, filter and merge drivers, an include).
@@ -78,10 +80,6 @@ def guarded_paths(common: str, configs: dict[str, list[str]]) -> list[str]:
     return list(dict.fromkeys(paths))[:GUARDED_ENTRIES]
 
 
-def common_folder(top: str) -> str:
-    return os.path.realpath(os.path.join(top, git_text(top, "rev-parse", "--git-common-dir")))
-
-
 def list_refs(top: str) -> dict[str, str]:
     listing = git(top, "for-each-ref", "--format=%(objectname) %(refname)").stdout.decode("utf-8", "replace")
     pairs = (line.split(" ", 1) for line in listing.splitlines()[:REFS_KEPT])
@@ -90,7 +88,7 @@ def list_refs(top: str) -> dict[str, str]:
 
 def take_snapshot(top: str) -> dict[str, Any]:
     """The repository's guarded files and refs as they are now, as JSON-ready data."""
-    common = common_folder(top)
+    common = common_git_folder(top)
     configs = {path: config_entries(path) for path in (os.path.join(common, "config"),
                                                         os.path.join(common, "config.worktree"))}
     return {"common": common, "files": {path: read_entry(path) for path in guarded_paths(common, configs)},
@@ -120,8 +118,6 @@ def put_back(path: str, entry: dict[str, Any] | None) -> bool:
         return False
     if current is not None:
         if current.get("kind") == "folder":
-            import shutil
-
             shutil.rmtree(path)
         else:
             os.unlink(path)
@@ -162,14 +158,26 @@ def changed_settings(before: list[str], after: list[str]) -> list[str]:
     return sorted(names)
 
 
-def restore_repository(top: str, snapshot: dict[str, Any]) -> list[str]:
-    """Every guarded path the job changed put back as the snapshot had it; the changes in words, one per
-    path (empty when nothing changed)."""
+def keep_job_version(path: str, copy: Path) -> Path | None:
+    """A copy of the job's version of a file it changed, or None when it could not be made."""
+    try:
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, copy, follow_symlinks=False)
+    except OSError:
+        return None
+    return copy
+
+
+def restore_repository(top: str, snapshot: dict[str, Any], kept_at: Path) -> list[str]:
+    """Every guarded path the job changed put back as the snapshot had it, the job's version of each file kept
+    under kept_at; the changes in words, one per path (empty when nothing changed)."""
     common = snapshot["common"]
     files: dict[str, Any] = snapshot["files"]
     now_configs = {path: config_entries(path) for path in snapshot["configs"]}
     said = []
     for path, before, after in changed_entries(files, guarded_paths(common, {})):
+        if after is not None and after.get("kind") == "file" and os.path.isabs(path) and path.startswith(common):
+            keep_job_version(path, kept_at / os.path.relpath(path, common))
         try:
             restored = put_back(path, before)
         except OSError as exc:
@@ -189,7 +197,7 @@ def where(path: str, top: str) -> str:
     return shown(relative if not relative.startswith("..") else path, 200)
 
 
-def changed_refs(top: str, snapshot: dict[str, Any], expected: Callable[[str], bool]) -> str | None:
+def changed_refs(top: str, snapshot: dict[str, Any], expected: Callable[[str], bool], worktree: bool) -> str | None:
     """Refs created, moved or deleted since the snapshot, except those expected (the job's own branch and saved
     work, other jobs' of this bridge), in words; None when none. They are named, not put back: the user may
     have made them meanwhile."""
@@ -209,8 +217,8 @@ def changed_refs(top: str, snapshot: dict[str, Any], expected: Callable[[str], b
                          + (f" and {len(unexpected) - CHANGES_NAMED} more" if len(unexpected) > CHANGES_NAMED else ""))
     if not parts:
         return None
-    return ("refs outside the job's own branch changed while it ran (by the job, or by someone else meanwhile; "
-            f"not undone): {'; '.join(parts)}")
+    whose = "refs outside the job's own branch" if worktree else "refs"
+    return f"{whose} changed while it ran (by the job, or by someone else meanwhile; not undone): {'; '.join(parts)}"
 
 
 def bridge_ref_owner(refname: str) -> str | None:
@@ -223,10 +231,22 @@ def bridge_ref_owner(refname: str) -> str | None:
     return None
 
 
+def guarded_top(record: JobRecord) -> str | None:
+    """The repository a job's guard keeps: a worktree job's, or the one a job without a worktree works in."""
+    return record.worktree["repo"] if record.worktree else record.guarded_repo
+
+
+def repository_around(folder: str) -> str | None:
+    """The top of the git repository folder is in, or None when it is in none."""
+    try:
+        return os.path.realpath(git_text(folder, "rev-parse", "--show-toplevel")) or None
+    except GitFailed:
+        return None
+
+
 def guard_repository(store: JobStore, record: JobRecord) -> None:
-    """Before Hermes starts: the worktree job's repository as it is, kept beside the record."""
-    top = cast(dict[str, Any], record.worktree)["repo"]
-    save_snapshot(store.repository_snapshot_path(record.id), take_snapshot(top))
+    """Before Hermes starts: the job's repository as it is, kept beside the record."""
+    save_snapshot(store.repository_snapshot_path(record.id), take_snapshot(cast(str, guarded_top(record))))
 
 
 def check_repository(store: JobStore, record: JobRecord, refs_too: bool) -> list[str]:
@@ -235,17 +255,17 @@ def check_repository(store: JobStore, record: JobRecord, refs_too: bool) -> list
     repository as it is then becomes what a landing compares with (at a landing, refs are not compared: the
     user's own work since then moves them)."""
     snapshot = load_snapshot(store.repository_snapshot_path(record.id))
-    worktree = record.worktree
-    if snapshot is None or not worktree:
+    top = guarded_top(record)
+    if snapshot is None or top is None:
         return []
-    top = worktree["repo"]
-    notes = restore_repository(top, snapshot)
+    notes = restore_repository(top, snapshot, store.repository_changes_path(record.id))
     if refs_too:
+        owners = (record.id, (record.worktree or {}).get("job"))
+
         def expected(refname: str) -> bool:
             owner = bridge_ref_owner(refname)
-            return owner is not None and (owner in (record.id, worktree.get("job"))
-                                          or store.record_path(owner).is_file())
-        refs = changed_refs(top, snapshot, expected)
+            return owner is not None and (owner in owners or store.record_path(owner).is_file())
+        refs = changed_refs(top, snapshot, expected, worktree=bool(record.worktree))
         notes += [refs] if refs else []
         save_snapshot(store.repository_snapshot_path(record.id), take_snapshot(top))  # what a landing compares with
     record.repository = [*record.repository, *notes][-GUARD_NOTES_KEPT:]

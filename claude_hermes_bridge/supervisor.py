@@ -67,7 +67,7 @@ from .processes import (
     reap_orphans,
     stop_tree,
 )
-from .repo_guard import check_repository, guard_repository
+from .repo_guard import check_repository, guard_repository, repository_around
 from .safe_io import (
     IS_WINDOWS,
     DamagedRecord,
@@ -84,7 +84,7 @@ from .safe_io import (
     within_any,
 )
 from .sandbox import mechanism as sandbox_mechanism
-from .worktrees import add_worktree, job_roots, save_worktree_work
+from .worktrees import add_worktree, job_roots, object_environment, own_objects, save_worktree_work
 
 # `server.py --supervise <id>`: one detached process per job that owns it from start to outcome.
 POLL_S = 0.2
@@ -345,12 +345,16 @@ class Supervisor:
             if record.worktree and not os.path.isdir(record.worktree["path"]):
                 self._make_worktree(record.worktree)
             if record.worktree:
+                own_objects(self.store, record)
                 guard_repository(self.store, record)
             folder = self._confined_folder()
             if folder is None:
                 return Outcome(JobState.ERROR, None, f"the job's folder {shown(record.cwd)} no longer resolves to "
                                "itself inside the allowed roots (moved, removed or replaced by a symlink); Hermes "
                                "was not started")
+            if not record.worktree and (top := repository_around(folder)):
+                record.guarded_repo = top
+                guard_repository(self.store, record)
             task_path = self.store.task_path(self.job_id)
             task = read_capped(task_path, MAX_TASK_BYTES).decode("utf-8")
             if refusal := self._plan_sandbox(folder):
@@ -439,7 +443,8 @@ class Supervisor:
         if self.warm:
             proc = run.adopt(plan, self.warm)
         else:
-            argv, env = hermes_launch(cfg, plan.argv, record.marker, self.writable, self.private_tmp)
+            argv, env = hermes_launch(cfg, plan.argv, record.marker, self.writable, self.private_tmp,
+                                      self._git_environment())
             proc = run.start(dataclasses.replace(plan, argv=argv), env)
         if IS_WINDOWS:
             self.windows_job = self._job_object_for(proc)
@@ -450,6 +455,13 @@ class Supervisor:
         audit(cfg, event="job", job_id=self.job_id, state=JobState.RUNNING.value, hermes_pid=proc.pid,
               cwd=record.cwd, cli_flags=plan.cli_flags)
         return proc
+
+    def _git_environment(self) -> dict[str, str]:
+        """A worktree job's git writes objects to the job's own folder and reads the repository's (own_objects)."""
+        worktree = self.record.worktree
+        if not worktree or "objects" not in worktree:
+            return {}
+        return object_environment(worktree["objects"], worktree["repo"])
 
     def _watch(self, proc: subprocess.Popen[bytes], run: HermesRun) -> Outcome:
         """Until Hermes exits: remember its tree, pump its driver, and stop it on cancel, timeout or a move
@@ -618,8 +630,9 @@ class Supervisor:
         try:
             if self.writable:
                 self._restore_home()
-            if record.worktree:  # a worktree job's changes are git's to tell
+            if record.worktree or record.guarded_repo:
                 self._check_repository()
+            if record.worktree:  # a worktree job's changes are git's to tell
                 save_worktree_work(self.store, record)
             elif self.watch:
                 record.changes = self.watch.changes()

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from .config import Config
+from .folder_changes import runs_later
 from .git_calls import GIT_CHECKOUT_TIMEOUT_S, GitFailed, git, git_text
 from .jobs import CHANGED_LINES, JOB_ID_RE, JobRecord, JobStore
 from .safe_io import Refused, folder_identity, locked, shown
@@ -93,24 +94,69 @@ def repo_lock(store: "JobStore", top: str) -> Any:
 
 
 def worktree_git_paths(worktree: dict[str, Any] | None) -> list[str]:
-    """What git needs to write for a commit on the job's own branch, made ready for a sandbox's rules: the
-    shared objects, the branch's folder of refs and of reflogs, and the worktree's administrative folder.
-    Not the repository's config, hooks, other branches' folders or tags."""
-    if not worktree or "admin" not in worktree:
+    """What git needs to write for a commit on the job's own branch, made ready for a sandbox's rules: the job's
+    own object folder, the branch's folder of refs and of reflogs, and the worktree's administrative folder.
+    Not the repository's objects (git never re-hashes an object it reads: whoever writes them can change what a
+    commit is), config, hooks, other branches' folders or tags."""
+    if not worktree or "admin" not in worktree or "objects" not in worktree:
         return []
     common = os.path.dirname(os.path.dirname(worktree["admin"]))
     folders = [os.path.join(common, "refs", "heads", WORKTREE_BRANCH_PREFIX.rstrip("/")),
                os.path.join(common, "logs", "refs", "heads", WORKTREE_BRANCH_PREFIX.rstrip("/"))]
     for folder in folders:
         os.makedirs(folder, exist_ok=True)
-    return [worktree["admin"], os.path.join(common, "objects"), *folders]
+    return [worktree["admin"], worktree["objects"], *folders]
 
 
-def tree_commit(folder: str, parent: str, index: Path, message: str, git_dir: list[str] | None = None) -> str:
+def own_objects(store: "JobStore", record: "JobRecord") -> str:
+    """The worktree job's own object folder (made now, and named in the record's worktree): derived from the jobs
+    folder and the worktree's first job, never taken from the record a job can write."""
+    worktree = cast(dict[str, Any], record.worktree)
+    folder = store.worktree_objects_path(worktree.get("job", record.id))
+    for part in ("pack", "info"):
+        (folder / part).mkdir(parents=True, exist_ok=True)
+    worktree["objects"] = str(folder)
+    return str(folder)
+
+
+def object_environment(objects: str, top: str) -> dict[str, str]:
+    """What makes git, in the job's worktree, write objects to the job's own folder and read the repository's
+    as an alternate (quoted: a path may hold the list's separator)."""
+    common = common_git_folder(top)
+    quoted = '"' + os.path.join(common, "objects").replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return {"GIT_OBJECT_DIRECTORY": objects, "GIT_ALTERNATE_OBJECT_DIRECTORIES": quoted}
+
+
+def common_git_folder(top: str) -> str:
+    return os.path.realpath(os.path.join(top, git_text(top, "rev-parse", "--git-common-dir")))
+
+
+def import_work(store: "JobStore", worktree: dict[str, Any], work: str, job_id: str) -> None:
+    """The objects of the job's work that the repository lacks, brought in by git: packed from the job's own
+    folder (the repository's as an alternate) and indexed into the repository by index-pack, which hashes every
+    object, so a forged object can add only a new name, never change an existing one. GitFailed when the work
+    is then not whole in the repository (the job removed what it needs)."""
+    top, base = worktree["repo"], worktree["base"]
+    objects = str(store.worktree_objects_path(worktree.get("job", job_id)))
+    pack = store.locks / f"{job_id}.pack"
+    pack.unlink(missing_ok=True)
+    try:
+        with open(pack, "xb") as out:
+            git(worktree["path"], *worktree_git(worktree), "pack-objects", "--revs", "--stdout", "-q",
+                env=object_environment(objects, top), stdout=out, given=f"{work}\n^{base}\n".encode())
+        with open(pack, "rb") as packed:
+            git(top, "index-pack", "--stdin", "--fix-thin", given=packed, timeout_s=GIT_CHECKOUT_TIMEOUT_S)
+    finally:
+        pack.unlink(missing_ok=True)
+    git(top, "rev-list", "--objects", "--quiet", work, f"^{base}")
+
+
+def tree_commit(folder: str, parent: str, index: Path, message: str, git_dir: list[str] | None = None,
+                objects: dict[str, str] | None = None) -> str:
     """A commit of everything in folder's working tree (untracked files too, ignored ones not) on parent,
     made through a throwaway index: the folder's own index, stash and branches are untouched. parent itself
-    when nothing differs from it."""
-    env = {"GIT_INDEX_FILE": str(index), **BRIDGE_IDENTITY}
+    when nothing differs from it. objects: where git writes and reads objects (object_environment)."""
+    env = {"GIT_INDEX_FILE": str(index), **BRIDGE_IDENTITY, **(objects or {})}
     where = git_dir or []
     index.unlink(missing_ok=True)
     try:
@@ -119,7 +165,7 @@ def tree_commit(folder: str, parent: str, index: Path, message: str, git_dir: li
         tree = git_text(folder, *where, "write-tree", env=env)
     finally:
         index.unlink(missing_ok=True)
-    if tree == git_text(folder, *where, "rev-parse", f"{parent}^{{tree}}"):
+    if tree == git_text(folder, *where, "rev-parse", f"{parent}^{{tree}}", env=objects):
         return parent
     return git_text(folder, *where, "commit-tree", tree, "-p", parent, "-m", message, env=env)
 
@@ -183,9 +229,11 @@ def save_worktree_work(store: "JobStore", record: "JobRecord") -> None:
     if not os.path.isdir(path) or "admin" not in worktree:
         return
     pinned = worktree_git(worktree)
-    head = git_text(path, *pinned, "rev-parse", "--verify", "HEAD^{commit}")
+    objects = object_environment(str(store.worktree_objects_path(worktree.get("job", record.id))), top)
+    head = git_text(path, *pinned, "rev-parse", "--verify", "HEAD^{commit}", env=objects)
     work = tree_commit(path, head, store.locks / f"{record.id}.index",
-                       f"claude-hermes-bridge: the work of job {record.id} (committed and not)", pinned)
+                       f"claude-hermes-bridge: the work of job {record.id} (committed and not)", pinned, objects)
+    import_work(store, worktree, work, record.id)
     git(top, "update-ref", f"{WORKTREE_REF_PREFIX}{record.id}", work)
     base = worktree["base"]
     patch = store.patch_path(record.id)
@@ -220,7 +268,8 @@ def worktree_changes(top: str, base: str, work: str) -> dict[str, Any]:
     lines = [f"{mark} {name}" for order in "+~-" for mark, name in marked if mark == order]  # as compare_snapshots
     count = {mark: sum(1 for found, _ in marked if found == mark) for mark in "+~-"}
     return {"created": count["+"], "modified": count["~"], "deleted": count["-"], "lines": lines[:CHANGED_LINES],
-            "more": max(0, len(lines) - CHANGED_LINES)}
+            "more": max(0, len(lines) - CHANGED_LINES), "runs_later": runs_later([name for _, name in marked])[
+                :CHANGED_LINES]}
 
 
 def identity_words(path: str) -> str | None:
@@ -246,7 +295,7 @@ def own_admin_folder(top: str, worktree: dict[str, Any]) -> str | None:
     admin = worktree.get("admin")
     if not isinstance(admin, str):
         return None
-    common = os.path.realpath(os.path.join(top, git_text(top, "rev-parse", "--git-common-dir")))
+    common = common_git_folder(top)
     if os.path.dirname(admin) != os.path.join(common, "worktrees") or os.path.islink(admin) or not os.path.isdir(admin):
         return None
     try:
@@ -272,6 +321,7 @@ def remove_worktree(store: "JobStore", worktree: dict[str, Any], branch_too: boo
             shutil.rmtree(path)
         if admin is not None:
             shutil.rmtree(admin)
+        shutil.rmtree(store.worktree_objects_path(worktree.get("job", job_id)), ignore_errors=True)
         if branch_too:
             git(top, "branch", "-D", worktree["branch"], check=False)
             for prefix in (WORKTREE_REF_PREFIX, LEGACY_REF_PREFIX):
