@@ -1,0 +1,180 @@
+"""Issue 47: a sandboxed job changes only what it owns. A worktree job cannot change or remove the repository's
+history (its commits go to an object folder of its own; the repository's objects, refs and tags are not
+granted), and a job without a worktree that plants a hook or a program-running setting in its repository has it
+put back and said; files other programs run later are named. The fake Hermes' `!shell=SCRIPT` is the job's
+shell; each attack is also run with the sandbox off, where it succeeds, so the test shows the sandbox is what
+refuses it."""
+import subprocess
+import zlib
+from pathlib import Path
+
+import pytest
+from test_worktrees import client_of, final, git, make_repo
+
+from conftest import require_sandbox
+from harness import Bridge
+
+pytestmark = pytest.mark.posix("Landlock is Linux's; the fake Hermes is a shell script")
+
+HISTORY_ATTACKS = ("branch", "delete-branch", "tag", "replace", "pack", "objects")
+
+
+def history_attack_script(folder: Path) -> Path:
+    """A script run in a worktree: the job's own commit, then each attack on the shared repository's history,
+    each recorded in tried.txt as DONE or DENIED <name>. `objects` (deleting every object) comes last."""
+    script = folder / "history-attack.sh"
+    forged = zlib.compress(b"blob 7\0forged\n")
+    script.write_text(f"""
+try() {{ name=$1; shift; if ( "$@" ) >/dev/null 2>&1; then echo "DONE $name"; else echo "DENIED $name"; fi \
+  >> tried.txt; }}
+common=$(git rev-parse --git-common-dir)
+blob=$(git rev-parse main:a.txt)
+object="$common/objects/$(printf %s "$blob" | cut -c1-2)/$(printf %s "$blob" | cut -c3-)"
+try commit sh -c 'echo mine > mine.txt && git add mine.txt && git -c user.name=j -c user.email=j@t commit -qm mine'
+try branch git branch -f feature HEAD
+try delete-branch git branch -D other
+try tag git tag -d v1
+try replace python3 -c 'import os, sys; os.chmod(sys.argv[1], 0o644); open(sys.argv[1], "wb").write(bytes.fromhex(\
+"{forged.hex()}"))' "$object"
+try pack sh -c "cp '$object' '$common/objects/pack/pack-{'0' * 40}.pack'"
+try objects rm -rf "$common/objects"
+""")
+    return script
+
+
+def history(repo: Path) -> dict[str, str]:
+    """What a job must not change: the user's branches, tag and the content of main's file."""
+    return {"feature": git(repo, "rev-parse", "feature"), "other": git(repo, "rev-parse", "other"),
+            "v1": git(repo, "rev-parse", "v1"), "a.txt": git(repo, "cat-file", "-p", "main:a.txt")}
+
+
+def repo_with_history(bridge: Bridge) -> Path:
+    repo = make_repo(bridge.root / "repo")
+    for branch in ("feature", "other"):
+        git(repo, "branch", branch)
+    git(repo, "tag", "v1")
+    git(repo, "checkout", "-q", "feature")
+    (repo / "f.txt").write_text("unpushed\n")
+    git(repo, "add", "f.txt")
+    git(repo, "commit", "-qm", "the user's unpushed work")
+    git(repo, "checkout", "-q", "main")
+    return repo
+
+
+@pytest.mark.parametrize("driver", ["cli", "acp"])
+def test_a_worktree_job_cannot_touch_the_history_and_its_own_commit_lands(bridge: Bridge, driver: str) -> None:
+    require_sandbox()
+    repo = repo_with_history(bridge)
+    before = history(repo)
+    script = history_attack_script(bridge.tmp)
+    with client_of(bridge, driver) as client:
+        job = final(client, task=f"!shell={script}", cwd=str(repo), isolation="worktree")
+        assert job.field("STATUS") == "ok", job.text
+        tried = (bridge.jobs / "worktrees" / job.field("JOB_ID") / "tried.txt").read_text()
+        assert "DONE commit" in tried, tried
+        for attack in HISTORY_ATTACKS:
+            assert f"DENIED {attack}" in tried, (attack, tried)
+        assert history(repo) == before
+        assert subprocess.run(["git", "-C", str(repo), "fsck", "--no-dangling"], capture_output=True).returncode == 0
+        landed = client.call("hermes_land", job_id=job.field("JOB_ID"), action="merge")
+    assert landed.field("STATUS") == "ok", landed.text
+    assert (repo / "mine.txt").read_text() == "mine\n"
+    assert "mine" in git(repo, "log", "--format=%s", "main").splitlines()  # the job's own commit, brought in whole
+    assert subprocess.run(["git", "-C", str(repo), "fsck", "--no-dangling", "--strict"],
+                          capture_output=True).returncode == 0
+    assert history(repo) == before
+    assert not (bridge.jobs / "worktree-objects" / job.field("JOB_ID")).exists()  # gone with the worktree
+
+
+def test_without_the_sandbox_the_same_attacks_rewrite_the_history(bridge: Bridge) -> None:
+    """Each attack is real: unconfined, the job changes the user's branches and tag and forges main's file."""
+    repo = repo_with_history(bridge)
+    before = history(repo)
+    script = history_attack_script(bridge.tmp)
+    script.write_text(script.read_text().replace("try objects", "# try objects"))  # keep the repository readable
+    bridge.configure(sandbox="off")
+    with bridge.client() as client:
+        job = final(client, task=f"!shell={script}", cwd=str(repo), isolation="worktree")
+    tried = (bridge.jobs / "worktrees" / job.field("JOB_ID") / "tried.txt").read_text()
+    for attack in HISTORY_ATTACKS[:-1]:
+        assert f"DONE {attack}" in tried, (attack, tried)
+    after = subprocess.run(["git", "-C", str(repo), "cat-file", "-p", "main:a.txt"], capture_output=True)
+    assert after.stdout != before["a.txt"].encode() + b"\n" or after.returncode != 0
+
+
+def test_a_forged_object_in_the_jobs_own_folder_changes_nothing_it_lands(bridge: Bridge) -> None:
+    """The job's own object folder is its to write: an object forged there under the name of one of the
+    repository's is not what the landing takes (index-pack hashes what it brings in)."""
+    require_sandbox()
+    repo = make_repo(bridge.root / "repo")
+    script = bridge.tmp / "forge.sh"
+    script.write_text(f"""
+blob=$(git rev-parse main:a.txt)
+own="$GIT_OBJECT_DIRECTORY/$(printf %s "$blob" | cut -c1-2)"
+mkdir -p "$own" && python3 -c 'import sys; open(sys.argv[1], "wb").write(bytes.fromhex("{zlib.compress(
+        b"blob 7" + bytes(1) + b"forged" + bytes([10])).hex()}"))' "$own/$(printf %s "$blob" | cut -c3-)"
+echo b > b.txt && git add b.txt && git -c user.name=j -c user.email=j@t commit -qm b
+""")
+    with bridge.client() as client:
+        job = final(client, task=f"!shell={script}", cwd=str(repo), isolation="worktree")
+        assert job.field("STATUS") == "ok", job.text
+        landed = client.call("hermes_land", job_id=job.field("JOB_ID"), action="merge")
+    assert landed.field("STATUS") == "ok", landed.text
+    assert (repo / "a.txt").read_text() == "one\ntwo\nthree\n" and (repo / "b.txt").read_text() == "b\n"
+    assert git(repo, "cat-file", "-p", "HEAD:a.txt") == "one\ntwo\nthree"
+    assert subprocess.run(["git", "-C", str(repo), "fsck", "--strict"], capture_output=True).returncode == 0
+
+
+PLANTS = {
+    "hook": "printf '#!/bin/sh\\ntouch {mark}\\n' > .git/hooks/pre-commit && chmod +x .git/hooks/pre-commit",
+    "fsmonitor": "git config core.fsmonitor 'touch {mark}; false'",
+    "alias": "git config alias.st '!touch {mark}'",
+}
+
+
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
+def test_a_job_in_the_users_repository_has_its_hook_and_settings_put_back_and_said(bridge: Bridge,
+                                                                                  sandbox: str) -> None:
+    """Without a worktree the job works in the user's repository itself: what it plants in .git runs at the
+    user's next git command, outside any sandbox, unless it is put back. It is, sandbox or not, and said."""
+    if sandbox == "auto":
+        require_sandbox()
+    repo = make_repo(bridge.root / "repo")
+    mark = bridge.tmp / "planted-ran"
+    (repo / ".git" / "hooks" / "post-checkout").write_text("#!/bin/sh\nexit 0\n")
+    (repo / ".git" / "hooks" / "post-checkout").chmod(0o755)
+    config_before = (repo / ".git" / "config").read_bytes()
+    script = bridge.tmp / "plant.sh"
+    script.write_text("\n".join(command.format(mark=mark) for command in PLANTS.values())
+                      + "\nrm .git/hooks/post-checkout\necho work > work.txt\nmkdir -p .vscode .claude\n"
+                        "echo '{}' > .vscode/tasks.json\necho '{}' > .claude/settings.json\necho 'export X=1' > .envrc\n")
+    bridge.configure(sandbox=sandbox)
+    with bridge.client() as client:
+        job = final(client, task=f"!shell={script}", cwd=str(repo))
+    assert job.field("STATUS") == "ok", job.text
+    assert (repo / "work.txt").read_text() == "work\n"  # the job's own work stays
+    assert not (repo / ".git" / "hooks" / "pre-commit").exists()
+    assert (repo / ".git" / "hooks" / "post-checkout").read_text() == "#!/bin/sh\nexit 0\n"
+    assert (repo / ".git" / "hooks" / "post-checkout").stat().st_mode & 0o111, "a restored hook lost its mode"
+    assert (repo / ".git" / "config").read_bytes() == config_before
+    reported = job.field("REPOSITORY")
+    assert "the job created .git/hooks/pre-commit; restored" in reported, job.text
+    assert "the job removed .git/hooks/post-checkout; restored" in reported, job.text
+    assert "the job changed .git/config (alias.st, core.fsmonitor); restored" in reported, job.text
+    kept = bridge.jobs / f"{job.field('JOB_ID')}.repository-changes"
+    assert f"touch {mark}" in (kept / "hooks" / "pre-commit").read_text()  # the job's version, kept aside
+    runs_later = job.field("RUNS_LATER")
+    for name in (".envrc", ".vscode/tasks.json", ".claude/settings.json"):
+        assert name in runs_later, job.text
+    git(repo, "add", "work.txt")
+    git(repo, "commit", "-qm", "the user's next commit")
+    git(repo, "status")
+    subprocess.run(["git", "-C", str(repo), "st"], capture_output=True)
+    assert not mark.exists(), "a program the job planted ran at the user's next git command"
+
+
+def test_a_job_outside_any_repository_has_no_repository_line(bridge: Bridge) -> None:
+    with bridge.client() as client:
+        job = final(client, task="!write=a.txt:x", cwd=str(bridge.root))
+    assert job.field("STATUS") == "ok", job.text
+    assert "REPOSITORY:" not in job.text and "RUNS_LATER:" not in job.text
