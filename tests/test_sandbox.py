@@ -213,14 +213,17 @@ def test_what_a_job_changed_of_hermes_settings_is_put_back_and_its_version_kept(
     supervisor.run()
     record = supervisor.store.read(supervisor.job_id)
     kept = supervisor.store.root / f"{supervisor.job_id}.hermes-home-changes"
-    assert record.hermes_home == ["hooks made (Hermes' first run in this home); kept",
+    assert record.hermes_home == ["hooks made (Hermes' first run in this home); kept, but for what the job put in "
+                                  "hooks",
                                   "the job removed .env; put back",
                                   f"the job changed config.yaml; put back (the job's version: {kept / 'config.yaml'})",
                                   "the job created cron/jobs.json; put back (the job's version: "
-                                  f"{kept / 'cron' / 'jobs.json'})"]
+                                  f"{kept / 'cron' / 'jobs.json'})",
+                                  f"the job created hooks/x; put back (the job's version: {kept / 'hooks' / 'x'})"]
     assert (home / "config.yaml").read_text() == "approvals: {mode: manual}\n"
     assert (home / ".env").read_text() == "KEY=1\n"
-    assert not (home / "cron" / "jobs.json").exists() and (home / "hooks" / "x").exists()
+    assert not (home / "cron" / "jobs.json").exists() and not (home / "hooks" / "x").exists()
+    assert (home / "hooks").is_dir()  # the folder Hermes makes on its first run stays
     assert (home / "state.db").read_text() == "sessions"  # Hermes' own: kept
     assert (kept / "config.yaml").read_text() == "approvals: {mode: off}\n"
     assert (home / "skills" / "mine" / "SKILL.md").read_text() == "mine\n"
@@ -242,3 +245,43 @@ def test_the_macos_profile_allows_writes_only_beneath_the_same_list_and_quotes_e
         patched.setattr("sys.platform", "darwin")
         assert step_argv([str(folder)], ["hermes", "acp"]) == ["/usr/bin/sandbox-exec", "-p",
                                                                 seatbelt_profile([str(folder)]), "hermes", "acp"]
+
+
+def test_no_number_of_skills_hides_a_planted_hook_or_cron_job(tmp_path: Path) -> None:
+    """Issue 47: 6,000 files under skills/, then a hook and a cron job: both found and put back."""
+    home = tmp_path / "home"
+    for name in ("skills", "hooks", "cron"):
+        (home / name).mkdir(parents=True)
+    (home / "config.yaml").write_text("model: x\n")
+    program = (f"import pathlib; h = pathlib.Path({str(home)!r}); s = h / 'skills' / 'many'; s.mkdir(); "
+               "[(s / f'{n}.md').write_text('x') for n in range(6000)]; "
+               "(h / 'hooks' / 'evil').mkdir(); (h / 'hooks' / 'evil' / 'handler.py').write_text('pwned'); "
+               "(h / 'cron' / 'jobs.json').write_text('[{\"run\": \"pwned\"}]')")
+    supervisor, _ = supervised(tmp_path, program)
+    supervisor.cfg.sandbox = "auto"
+    supervisor.run()
+    notes = supervisor.store.read(supervisor.job_id).hermes_home
+    assert not (home / "hooks" / "evil").exists() and not (home / "cron" / "jobs.json").exists(), notes
+    assert not (home / "skills" / "many").exists()
+    assert any("created hooks/evil/handler.py" in note for note in notes) or any(
+        note.startswith("and ") for note in notes), notes
+
+
+def test_a_walk_cut_at_the_end_replaces_the_folder_by_what_it_held(tmp_path: Path, monkeypatch) -> None:
+    """Fail safe: past the bound of the end's walk, the folder is replaced whole by what was recorded."""
+    import claude_hermes_bridge.home_guard as home_guard
+
+    monkeypatch.setattr(home_guard, "ENTRIES_AT_THE_END", 50)
+    home = tmp_path / "home"
+    (home / "hooks").mkdir(parents=True)
+    (home / "hooks" / "mine.py").write_text("the user's")
+    (home / "config.yaml").write_text("model: x\n")
+    program = (f"import pathlib; h = pathlib.Path({str(home)!r}) / 'hooks'; "
+               "[(h / f'{n}.py').write_text('pwned') for n in range(80)]")
+    supervisor, _ = supervised(tmp_path, program)
+    supervisor.cfg.sandbox = "auto"
+    supervisor.run()
+    notes = supervisor.store.read(supervisor.job_id).hermes_home
+    assert sorted(path.name for path in (home / "hooks").iterdir()) == ["mine.py"], notes
+    assert (home / "hooks" / "mine.py").read_text() == "the user's"
+    assert "the job left more than 50 entries under hooks: it was replaced by what it held before the job" in notes
