@@ -240,8 +240,11 @@ def take_standby(store: JobStore, record: JobRecord) -> bool:
         os.rename(claimed, taken)
     deadline = time.monotonic() + TAKE_ANSWER_S
     while time.monotonic() < deadline:
+        handed = taken.exists()  # before serving: the standby renames the one into the other
         if (folder / f"serving-{record.id}.json").exists():
             return True
+        if not handed and not claimed.exists():
+            return False  # the standby refused it (its key no longer fits): the job starts cold at once
         time.sleep(0.01)
     for name in (taken, claimed):
         with contextlib.suppress(OSError):

@@ -31,6 +31,7 @@ from .drivers import WarmStart, hermes_launch, private_tmp_of, sandbox_writable,
 from .hermes_acp import ACP_SESSION_RE, WarmHermes, approval_policy_dir
 from .hermes_cli import hermes_env
 from .hermes_store import StoreUnavailable, read_store
+from .home_guard import GUARDED_NAMES, walk
 from .jobs import FINAL_STATES, JobStore
 from .preflight import PACKAGE_DIR, VERSION
 from .processes import JOB_MARKER, Ownership, become_subreaper, held_in_job_object, stop_tree
@@ -41,6 +42,7 @@ from .safe_io import (
     Refused,
     locked,
     open_append,
+    read_capped,
     read_json,
     running_process,
     within_any,
@@ -64,23 +66,50 @@ def standby_folder(store: JobStore) -> Path:
     return store.root / "standby"
 
 
+KEY_FILE_BYTES = 1 << 20  # a guarded file of Hermes' home up to this size is in the key by its content
+KEY_ENTRIES = 2000  # entries of each guarded folder of Hermes' home in the key
+
+
+def stamp(path: Path | str) -> list[float]:
+    try:
+        status = os.stat(path)
+    except OSError:
+        return []
+    return [status.st_mtime_ns, status.st_size, status.st_ino]
+
+
+def home_stamp(home: Path) -> list[Any]:
+    """Every guarded name of Hermes' home as the key sees it: the content of each small file (a same-size change
+    with its time set back is seen), and of each entry of the folders that run code (hooks, cron, plugins);
+    skills by name, size and time."""
+    def content(path: str) -> str:
+        try:
+            return hashlib.sha256(read_capped(path, KEY_FILE_BYTES)).hexdigest()
+        except (OSError, ValueError):
+            return repr(stamp(path))
+    found: list[Any] = []
+    for name in GUARDED_NAMES:
+        top = str(home / name)
+        if os.path.isfile(top):
+            found.append([name, content(top)])
+            continue
+        paths, _ = walk(top, KEY_ENTRIES)
+        found.append([name, [[os.path.relpath(path, top), content(path) if name != "skills" and os.path.isfile(path)
+                              else stamp(path)] for path in paths]])
+    return found
+
+
 def launch_key(cfg: Config, folder: str, exe: str) -> str:
     """Everything a warm Hermes was started with that a job's own start would set: the settings, Hermes (its
-    executable, its home's config.yaml and .env as they are now), the folder, the environment Hermes inherits,
-    the bridge's code. A job whose key differs starts cold."""
-    def stamp(path: Path | str) -> list[float]:
-        try:
-            status = os.stat(path)
-        except OSError:
-            return []
-        return [status.st_mtime_ns, status.st_size, status.st_ino]
+    executable, every guarded name of its home as it is now), the folder, the environment Hermes inherits, the
+    bridge's code. A job whose key differs starts cold; the standby compares it again when a job takes it."""
     home = cfg.hermes_home_path
     environment = {key: value for key, value in hermes_env(cfg).items()
                    if key not in (JOB_MARKER, "HERMES_BRIDGE_CONFIG")}  # the config: its settings are in cfg
     code = [stamp(path) for path in sorted(PACKAGE_DIR.glob("*.py"))]
     settings = {key: getattr(cfg, key) for key in SETTINGS if key not in STANDBY_SETTINGS}
-    parts = [VERSION, settings, exe, stamp(exe), str(home), stamp(home / "config.yaml"),
-             stamp(home / ".env"), folder, sorted(environment.items()), sandbox_mechanism().name, code]
+    parts = [VERSION, settings, exe, stamp(exe), str(home), home_stamp(home), folder, sorted(environment.items()),
+             sandbox_mechanism().name, code]
     return hashlib.sha256(json.dumps(parts, default=str, sort_keys=True).encode()).hexdigest()
 
 
@@ -203,6 +232,11 @@ def wait_for_a_job(cfg: Config, store: JobStore, standby: Standby) -> str | None
         for name in sorted(names):
             if name.startswith("taken-") and name.endswith(".json"):
                 job_id = name[len("taken-"):-len(".json")]
+                if not still_fits(cfg, standby):  # Hermes' home or the settings changed since the server looked
+                    with contextlib.suppress(OSError):
+                        os.rename(folder / name, folder / f"refused-{job_id}.json")
+                        (folder / f"refused-{job_id}.json").unlink(missing_ok=True)
+                    return None
                 with contextlib.suppress(OSError):
                     os.rename(folder / name, folder / f"serving-{job_id}.json")
                     return job_id
@@ -214,8 +248,7 @@ def wait_for_a_job(cfg: Config, store: JobStore, standby: Standby) -> str | None
             stale = False
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + STALE_CHECK_S
-                with contextlib.suppress(Exception):
-                    stale = launch_key(load_config(), standby.folder, usable_hermes(cfg)) != standby.key
+                stale = not still_fits(cfg, standby)
             wanted_key = (read_json(wanted) or {}).get("key")
             if (stale or time.monotonic() >= idle_until or standby.warm.hermes.proc.poll() is not None
                     or (wanted_key and wanted_key != standby.key)):
@@ -228,6 +261,14 @@ def wait_for_a_job(cfg: Config, store: JobStore, standby: Standby) -> str | None
                 (folder / f"retired-{process.pid}.json").unlink(missing_ok=True)
                 return None
         time.sleep(POLL_S)
+
+
+def still_fits(cfg: Config, standby: Standby) -> bool:
+    """Whether a job started now would start Hermes as this standby's was started (the key, computed again)."""
+    try:
+        return launch_key(load_config(), standby.folder, usable_hermes(cfg)) == standby.key
+    except Exception:  # noqa: BLE001  (a config or Hermes that cannot be read now: not the one it was started with)
+        return False
 
 
 def serve(cfg: Config, store: JobStore, job_id: str, standby: Standby, subreaper: bool) -> int:

@@ -75,8 +75,9 @@ def test_the_next_job_in_the_folder_takes_the_warm_hermes_and_runs_as_a_cold_one
         # the served standby's throw-away session, deleted through Hermes' own command once its Hermes exited
         assert wait_until(lambda: warm_up not in sessions(bridge) or None, 20, "the warm-up session to be deleted")
         assert ["sessions", "delete", warm_up, "--yes"] in bridge.invocations()
-        assert {"event": "standby", "warm_up_session": warm_up, "deleted": True} in [
-            {key: line.get(key) for key in ("event", "warm_up_session", "deleted")} for line in audit_lines(bridge)]
+        wanted = {"event": "standby", "warm_up_session": warm_up, "deleted": True}
+        assert wait_until(lambda: wanted in [{key: line.get(key) for key in wanted} for line in audit_lines(bridge)]
+                          or None, 20, "the deletion's audit line")  # written just after the deletion it describes
 
 
 def test_cli_jobs_and_warm_start_off_start_cold_and_write_nothing(bridge: Bridge) -> None:
@@ -115,6 +116,50 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def test_the_key_sees_every_guarded_name_of_hermes_home_by_content(bridge: Bridge) -> None:
+    """Issue 47: a same-size change with its time set back, in config.yaml, .env or a hook, is another key."""
+    import os
+
+    from claude_hermes_bridge.config import load_config
+    from claude_hermes_bridge.standby import launch_key
+
+    home = bridge.tmp / "hermes-home"
+    (home / "hooks").mkdir(parents=True, exist_ok=True)
+    for name, text in (("config.yaml", "model: aaaa\n"), (".env", "KEY=1\n"), ("hooks/h.py", "pass\n")):
+        (home / name).write_text(text)
+    cfg = load_config(bridge.config)
+    before = launch_key(cfg, str(bridge.root), "/bin/true")
+    for name, text in (("config.yaml", "model: bbbb\n"), (".env", "KEY=2\n"), ("hooks/h.py", "evil\n")):
+        status = os.stat(home / name)
+        original = (home / name).read_text()
+        (home / name).write_text(text)
+        os.utime(home / name, ns=(status.st_atime_ns, status.st_mtime_ns))
+        assert launch_key(cfg, str(bridge.root), "/bin/true") != before, name
+        (home / name).write_text(original)
+        os.utime(home / name, ns=(status.st_atime_ns, status.st_mtime_ns))
+    (home / "plugins").mkdir()
+    assert launch_key(cfg, str(bridge.root), "/bin/true") != before, "a plugins folder made"
+
+
+def test_a_same_size_config_change_with_its_time_set_back_makes_the_next_job_cold(bridge: Bridge) -> None:
+    import os
+
+    bridge.configure(hermes_driver="acp", warm_start=True)
+    config = bridge.tmp / "hermes-home" / "config.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text("model: aaaa\n")
+    with acp_client(bridge) as client:
+        final(client, task="first !write=one.txt:1", cwd=str(bridge.root))
+        standby = ready(bridge)
+        status = os.stat(config)
+        config.write_text("model: bbbb\n")
+        os.utime(config, ns=(status.st_atime_ns, status.st_mtime_ns))
+        job = final(client, task="after the edit !write=two.txt:2", cwd=str(bridge.root))
+    assert job.field("STATUS") == "ok", job.text
+    assert job.field("START").startswith("cold") and "other settings" in job.field("START"), job.text
+    assert wait_until(lambda: gone(standby["pid"]) or None, 30, "the stale standby to retire")
 
 
 def test_a_standby_of_other_settings_is_not_taken_and_retires(bridge: Bridge) -> None:
