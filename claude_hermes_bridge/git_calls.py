@@ -12,14 +12,16 @@ GIT_CHECKOUT_TIMEOUT_S = 600.0
 # A worktree job's shell can write the repository's config (it shares .git/config with the main tree), so
 # every setting through which git would run a program is overridden at command-line scope, which outranks
 # every file and every include.path (docs/security.md lists each vector, tests/test_repository_guard.py
-# plants each). Hooks, fsmonitor, pager, editor, credential and ssh helpers, gpg, background gc, and the
+# plants each); the user's global config too (with no sandbox, a job can write ~/.gitconfig). Hooks, fsmonitor,
+# pager, editor, credential and ssh helpers, gpg signing and verifying, background gc, and the
 # transports that run a command (ext::, git:// through core.gitProxy) are fixed settings:
 FIXED_OVERRIDES = (
     ("core.hooksPath", os.devnull), ("core.fsmonitor", "false"), ("core.pager", "cat"), ("core.editor", "false"),
     ("sequence.editor", "false"), ("credential.helper", ""), ("core.askPass", ""),
     ("core.sshCommand", "ssh -o BatchMode=yes"), ("protocol.ext.allow", "never"), ("protocol.git.allow", "never"),
     ("commit.gpgSign", "false"), ("tag.gpgSign", "false"), ("gc.auto", "0"), ("maintenance.auto", "false"),
-    ("submodule.recurse", "false"),
+    ("submodule.recurse", "false"), ("merge.verifySignatures", "false"), ("log.showSignature", "false"),
+    ("gpg.program", "false"), ("gpg.ssh.program", "false"), ("gpg.x509.program", "false"),
 )
 # Filters, merge drivers and diff drivers are named by attributes (which a job can write too) and defined
 # per name, so each name the config defines is overridden: an empty filter command is no filter; a merge

@@ -178,3 +178,24 @@ def test_a_job_outside_any_repository_has_no_repository_line(bridge: Bridge) -> 
         job = final(client, task="!write=a.txt:x", cwd=str(bridge.root))
     assert job.field("STATUS") == "ok", job.text
     assert "REPOSITORY:" not in job.text and "RUNS_LATER:" not in job.text
+
+
+def test_the_landing_runs_no_program_of_a_global_config_the_job_wrote(bridge: Bridge) -> None:
+    """With no sandbox a job can write ~/.gitconfig: a signature check the merge would refuse on, and a gpg
+    program it would run. The landing's git overrides both."""
+    repo = make_repo(bridge.root / "repo")
+    mark = bridge.tmp / "gpg-ran"
+    gpg = bridge.tmp / "fake-gpg"
+    gpg.write_text(f"#!/bin/sh\ntouch {mark}\nexit 1\n")
+    gpg.chmod(0o755)
+    script = bridge.tmp / "global.sh"
+    script.write_text(f"git config --global merge.verifySignatures true && git config --global gpg.program {gpg} "
+                      f"&& git config --global log.showSignature true && echo b > b.txt\n")
+    bridge.configure(sandbox="off")
+    with bridge.client() as client:
+        job = final(client, task=f"!shell={script}", cwd=str(repo), isolation="worktree")
+        assert job.field("STATUS") == "ok", job.text
+        assert "verifySignatures = true" in (bridge.tmp / "home" / ".gitconfig").read_text()
+        landed = client.call("hermes_land", job_id=job.field("JOB_ID"), action="merge")
+    assert landed.field("STATUS") == "ok", landed.text
+    assert (repo / "b.txt").read_text() == "b\n" and not mark.exists()
