@@ -19,8 +19,11 @@ WRITE_FILE, REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR, MAKE_REG = 1 << 1, 1 <
 MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM, REFER, TRUNCATE = 1 << 9, 1 << 10, 1 << 11, 1 << 12, 1 << 13, 1 << 14
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
 FILE_RIGHTS = WRITE_FILE | TRUNCATE  # the rights a rule on a file (not a folder) may carry
+# What a shell, a pty of the job's own and Python's multiprocessing write to. /dev/pts holds the user's terminals
+# too, and Landlock cannot grant a new pty without them (the peer of /dev/ptmx is opened under its path's rules, so
+# Hermes' pty mode needs the folder); typing into another terminal (TIOCSTI, TIOCLINUX) is refused by seccomp.
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx",
-           "/dev/pts", "/dev/shm")  # what a shell and Python's multiprocessing write to
+           "/dev/pts", "/dev/shm")
 # The user's session services, reached through sockets Landlock ABI 7 does not govern (connecting to a named
 # socket is not a write): their addresses are not handed to a sandboxed job. This stops their use by accident
 # (ssh to a remote with the user's keys, a desktop notification); it is not a barrier (docs/security.md).
@@ -123,7 +126,39 @@ def confine(writable: list[str]) -> int:
             raise OSError(error, f"landlock_restrict_self: {os.strerror(error)}")
     finally:
         os.close(ruleset)
+    refuse_typing_into_terminals()
     return abi
+
+
+# A seccomp filter (classic BPF, the kernel's stable ABI; no maintained binding is in the standard library): the
+# ioctls that type into a terminal (TIOCSTI) or paste a selection (TIOCLINUX) fail with EPERM, whatever terminal.
+SECCOMP_ARCHES = {"x86_64": (0xC000003E, 16), "aarch64": (0xC00000B7, 29), "arm64": (0xC00000B7, 29)}
+TIOCSTI, TIOCLINUX = 0x5412, 0x541C
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_RET_K = 0x20, 0x15, 0x06
+SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO_EPERM = 0x7FFF0000, 0x00050000 | 1
+
+
+class SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(SockFilter))]
+
+
+def refuse_typing_into_terminals() -> None:
+    """Install the filter on this process and all it starts (no_new_privs is already set). OSError if refused."""
+    arch, ioctl = SECCOMP_ARCHES[os.uname().machine]
+    program = [(BPF_LD_W_ABS, 0, 0, 4), (BPF_JEQ_K, 0, 5, arch),  # another architecture's calls: allowed
+               (BPF_LD_W_ABS, 0, 0, 0), (BPF_JEQ_K, 0, 3, ioctl),
+               (BPF_LD_W_ABS, 0, 0, 24),  # the ioctl's request (an unsigned int: the low word of args[1])
+               (BPF_JEQ_K, 2, 0, TIOCSTI), (BPF_JEQ_K, 1, 0, TIOCLINUX),
+               (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW), (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO_EPERM)]
+    filters = (SockFilter * len(program))(*(SockFilter(*instruction) for instruction in program))
+    fprog = SockFprog(len(program), filters)
+    if libc().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"seccomp filter refused: {os.strerror(ctypes.get_errno())}")
 
 
 def step_argv(writable: list[str], argv: list[str]) -> list[str]:

@@ -199,3 +199,49 @@ def test_the_landing_runs_no_program_of_a_global_config_the_job_wrote(bridge: Br
         landed = client.call("hermes_land", job_id=job.field("JOB_ID"), action="merge")
     assert landed.field("STATUS") == "ok", landed.text
     assert (repo / "b.txt").read_text() == "b\n" and not mark.exists()
+
+
+def test_a_job_writes_no_terminal_of_the_users_and_its_own_pty_works(bridge: Bridge) -> None:
+    """A job cannot type into a terminal the user has open (the test's pty: TIOCSTI refused), while a pty the job
+    opens itself (as Hermes' pty mode and `script` do) works."""
+    import os
+
+    require_sandbox()
+    master, follower = os.openpty()
+    try:
+        terminal = os.ttyname(follower)
+        script = bridge.tmp / "pty.sh"
+        script.write_text(f"""
+if python3 -c 'import fcntl, os, termios; fd = os.open("{terminal}", os.O_RDWR | os.O_NOCTTY)
+for byte in b"pwned": fcntl.ioctl(fd, termios.TIOCSTI, bytes([byte]))'; then echo "DONE terminal" >> tried.txt
+else echo "DENIED terminal" >> tried.txt; fi
+python3 -c 'import os, pty, sys
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp("echo", ["echo", "from-own-pty"])
+out = b""
+while True:
+    try:
+        chunk = os.read(fd, 1024)
+    except OSError:
+        break
+    if not chunk:
+        break
+    out += chunk
+os.waitpid(pid, 0)
+open("own-pty.txt", "wb").write(out)'
+""")
+        with bridge.client() as client:
+            job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
+        assert job.field("STATUS") == "ok", job.text
+        assert "DENIED terminal" in (bridge.root / "tried.txt").read_text()
+        assert b"from-own-pty" in (bridge.root / "own-pty.txt").read_bytes()
+        os.set_blocking(master, False)
+        try:
+            written = os.read(master, 1024)
+        except BlockingIOError:
+            written = b""
+        assert b"pwned" not in written
+    finally:
+        os.close(master)
+        os.close(follower)
