@@ -147,7 +147,8 @@ def test_a_job_in_the_users_repository_has_its_hook_and_settings_put_back_and_sa
     script = bridge.tmp / "plant.sh"
     script.write_text("\n".join(command.format(mark=mark) for command in PLANTS.values())
                       + "\nrm .git/hooks/post-checkout\necho work > work.txt\nmkdir -p .vscode .claude\n"
-                        "echo '{}' > .vscode/tasks.json\necho '{}' > .claude/settings.json\necho 'export X=1' > .envrc\n")
+                        "echo '{}' > .vscode/tasks.json\necho '{}' > .claude/settings.json\n"
+                        "echo 'export X=1' > .envrc\n")
     bridge.configure(sandbox=sandbox)
     with bridge.client() as client:
         job = final(client, task=f"!shell={script}", cwd=str(repo))
