@@ -96,7 +96,27 @@ def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str]
         return argv, env
     env = {key: value for key, value in env.items() if key not in SESSION_SERVICES}
     env.update(TMPDIR=str(private_tmp), TEMP=str(private_tmp), TMP=str(private_tmp))
+    env.update(cache_environment(tool_cache(cast(Path, private_tmp))))
     return step_argv(writable, argv), env
+
+
+# Where the tools a job runs keep their caches, redirected from the user's home (which a sandboxed job cannot
+# write: npm, uv, pip, go, cargo's registry, gradle, pre-commit and most others through XDG_CACHE_HOME) to one
+# cache the bridge owns, shared by its jobs and never read by the user's own tools, so a job cannot poison them.
+CACHE_VARIABLES = {"XDG_CACHE_HOME": "xdg", "npm_config_cache": "npm", "YARN_CACHE_FOLDER": "yarn",
+                   "npm_config_store_dir": "pnpm-store", "UV_CACHE_DIR": "uv", "PIP_CACHE_DIR": "pip",
+                   "GOMODCACHE": "go/mod", "GOCACHE": "go/build", "CARGO_HOME": "cargo",
+                   "GRADLE_USER_HOME": "gradle", "PRE_COMMIT_HOME": "pre-commit"}
+
+
+def tool_cache(private_tmp: Path) -> Path:
+    """The bridge's tool cache: beside the jobs' private temporary folders, in the jobs folder."""
+    return private_tmp.parent.parent / "cache"
+
+
+def cache_environment(cache: Path) -> dict[str, str]:
+    return {name: str(cache / folder) for name, folder in CACHE_VARIABLES.items()} | {
+        "npm_config_update_notifier": "false"}
 
 
 def private_tmp_of(store: JobStore, name: str) -> Path:
@@ -108,10 +128,14 @@ def private_tmp_of(store: JobStore, name: str) -> Path:
 
 def sandbox_writable(cfg: Config, folder: str, private_tmp: Path, worktree: dict[str, Any] | None) -> list[str]:
     """Everything a sandboxed job may write, in this order: its folder (a worktree job's worktree), its private
-    temporary folder, Hermes' home, what git needs for a worktree job's commits, sandbox_writable, devices."""
+    temporary folder, Hermes' home, the bridge's tool cache, what git needs for a worktree job's commits,
+    sandbox_writable, devices."""
     home = cfg.hermes_home_path
     home.mkdir(parents=True, exist_ok=True)
-    return [folder, str(private_tmp), str(home), *worktree_git_paths(worktree), *sandbox_extra(cfg), *sandbox_devices()]
+    cache = tool_cache(private_tmp)
+    cache.mkdir(exist_ok=True)
+    return [folder, str(private_tmp), str(home), str(cache), *worktree_git_paths(worktree), *sandbox_extra(cfg),
+            *sandbox_devices()]
 
 
 def sandbox_extra(cfg: Config) -> list[str]:

@@ -25,6 +25,7 @@ from .drivers import (
     private_tmp_of,
     sandbox_extra,
     sandbox_writable,
+    tool_cache,
     usable_hermes,
 )
 from .folder_changes import FolderWatch
@@ -399,7 +400,8 @@ class Supervisor:
                            "was not started")
         scoped = "; no signal to a process outside the job" if found.signals_scoped else ""
         record.sandbox = (f"writes limited to {shown(own[0])}, {shown(str(self.private_tmp))} (TMPDIR), Hermes' home "
-                          f"{shown(str(home))} (its settings, skills, hooks and cron put back at the end)"
+                          f"{shown(str(home))} (its settings, skills, hooks and cron put back at the end), the tool "
+                          f"cache {shown(str(tool_cache(self.private_tmp)))} (npm, uv, pip, go, cargo, ...)"
                           + (", the repository's objects and the job's branch" if record.worktree else "")
                           + (f", {shown(', '.join(extra), 600)}" if extra else "") + f" ({found.name}{scoped})")
         return None

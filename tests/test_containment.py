@@ -246,3 +246,73 @@ open("own-pty.txt", "wb").write(out)'
     finally:
         os.close(master)
         os.close(follower)
+
+
+def tiny_wheel(folder: Path) -> Path:
+    """A wheel of one module, made here: uv installs it offline."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {"tinymod.py": b"VALUE = 1\n",
+             "tinymod-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinymod\nVersion: 1.0\n",
+             "tinymod-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                           b"Tag: py3-none-any\n"}
+    record = "".join(f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+                     f"{len(data)}\n" for name, data in files.items()) + "tinymod-1.0.dist-info/RECORD,,\n"
+    wheel = folder / "tinymod-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+        archive.writestr("tinymod-1.0.dist-info/RECORD", record)
+    return wheel
+
+
+def test_npm_install_and_uv_work_in_a_sandboxed_job_through_the_bridges_cache(bridge: Bridge) -> None:
+    """Issue 47: the caches npm and uv keep in the home are redirected to the bridge's own. Each install runs
+    twice in the job: with the home's cache named again (the redirection undone), where the sandbox refuses it,
+    then as the job gets it, where it works; the user's ~/.npm and ~/.cache are never written."""
+    import shutil
+
+    from harness import UV
+
+    require_sandbox()
+    uv = require_component_path(UV, "uv")
+    npm = shutil.which("npm")
+    assert npm, "npm is not installed"
+    package = bridge.tmp / "pkg"
+    package.mkdir()
+    (package / "package.json").write_text('{"name": "tiny", "version": "1.0.0"}')
+    (package / "index.js").write_text("module.exports = 1;\n")
+    subprocess.run([npm, "pack", "-q"], cwd=package, check=True, capture_output=True)
+    wheel = tiny_wheel(bridge.tmp)
+    home = bridge.tmp / "home"
+    script = bridge.tmp / "installs.sh"
+    script.write_text(f"""
+attempt() {{ name=$1; shift; if "$@" >> installs.log 2>&1; then echo "DONE $name" >> tried.txt; \
+else echo "FAILED $name" >> tried.txt; fi; }}
+home_caches="npm_config_cache={home}/.npm UV_CACHE_DIR={home}/.cache/uv"
+attempt npm-home env $home_caches {npm} install --no-audit --no-fund {package}/tiny-1.0.0.tgz
+attempt uv-home env $home_caches sh -c '{uv} venv -q .venv && {uv} pip install -q --offline --python .venv/bin/python \
+{wheel}'
+rm -rf node_modules .venv package.json package-lock.json
+attempt npm {npm} install --no-audit --no-fund {package}/tiny-1.0.0.tgz
+attempt uv sh -c '{uv} venv -q .venv && {uv} pip install -q --offline --python .venv/bin/python {wheel}'
+attempt import .venv/bin/python -c 'import tinymod'
+""")
+    with bridge.client() as client:
+        job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
+    assert job.field("STATUS") == "ok", job.text
+    tried = (bridge.root / "tried.txt").read_text()
+    assert "FAILED npm-home" in tried and "FAILED uv-home" in tried, tried
+    assert "DONE npm" in tried and "DONE uv" in tried and "DONE import" in tried, (
+        tried, (bridge.root / "installs.log").read_text()[-2000:])
+    assert (bridge.root / "node_modules" / "tiny" / "index.js").exists()
+    assert not (home / ".npm").exists() and not (home / ".cache" / "uv").exists()  # the bridge keeps bytecode there
+    assert "the tool cache" in job.field("SANDBOX") and (bridge.jobs / "cache" / "uv").is_dir()
+
+
+def require_component_path(path: Path, what: str) -> Path:
+    from conftest import require_component
+
+    return require_component(path, what)
