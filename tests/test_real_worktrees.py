@@ -111,3 +111,38 @@ def test_a_real_hermes_job_that_poisons_the_shared_repository_has_it_put_back_an
     assert landed.field("STATUS") == "ok", landed.text
     git(repo, "commit", "--allow-empty", "-qm", "the user's next commit")
     assert not mark.exists(), "a program the job planted ran outside the job"
+
+
+@pytest.mark.parametrize("way", [("0.19.0", "cli"), ("0.19.0", "acp"), ("0.22.2", "cli"), ("0.22.2", "acp")],
+                         ids=lambda way: f"hermes-{way[0]}-{way[1]}")
+def test_a_real_hermes_worktree_job_cannot_touch_the_history_and_its_commit_lands(bridge, way):
+    """Issue 47 with the real Hermes, sandboxed, `approvals: yolo`: its terminal runs the attacks of
+    tests/test_containment.py on the shared repository (each refused) and commits its own work (landed whole)."""
+    from test_containment import HISTORY_ATTACKS, history, history_attack_script, repo_with_history
+
+    from conftest import require_sandbox
+
+    require_sandbox()
+    version, driver = way
+    exe = require_component(REAL_HERMES_VERSIONS[version], f"the real Hermes CLI {version}")
+    home = bridge.tmp / "real-home"
+    repo = repo_with_history(bridge)
+    before = history(repo)
+    script = history_attack_script(bridge.tmp)
+    with ScriptedModel(bridge.tmp) as model:
+        write_hermes_home(home, model.base_url)
+        bridge.configure(hermes_exe=str(exe), hermes_home=str(home), kill_grace_s=5, hermes_driver=driver,
+                         approvals="yolo")
+        with bridge.client() as client:
+            job = final_of(client, client.call("hermes_run", task=f"Work.\nRUN: sh {script} && echo tried",
+                                               cwd=str(repo), isolation="worktree", wait_s=45))
+            assert job.field("STATUS") == "ok", job.text
+            tried = (bridge.jobs / "worktrees" / job.field("JOB_ID") / "tried.txt").read_text()
+            assert "DONE commit" in tried, tried
+            for attack in HISTORY_ATTACKS:
+                assert f"DENIED {attack}" in tried, (attack, tried)
+            assert history(repo) == before
+            landed = client.call("hermes_land", job_id=job.field("JOB_ID"), action="merge")
+    assert landed.field("STATUS") == "ok", landed.text
+    assert (repo / "mine.txt").read_text() == "mine\n" and history(repo) == before
+    assert "mine" in git(repo, "log", "--format=%s", "main").splitlines()
