@@ -333,6 +333,20 @@ def final_answer(db: Any, session_id: str, since: float) -> str | None:
 BLOCKED_RESULTS_KEPT = 100
 
 
+REFUSALS_READ = 200  # tool results read for the writes the sandbox refused
+REFUSAL_TEXT_BYTES = 65536
+
+
+def refusal_texts(db: Any, session_id: str, since: float) -> list[str]:
+    """The tool results of this job that report a refused write (permission denied, EACCES, not permitted),
+    each cut to REFUSAL_TEXT_BYTES: where the tools' own words name what the sandbox refused."""
+    rows = db.execute("SELECT substr(content, 1, ?) FROM messages WHERE session_id = ? AND timestamp >= ? AND role = "
+                      "'tool' AND (content LIKE '%permission denied%' OR content LIKE '%EACCES%' OR content LIKE "
+                      "'%not permitted%') ORDER BY timestamp, id LIMIT ?",
+                      (REFUSAL_TEXT_BYTES, session_id, since, REFUSALS_READ)).fetchall()
+    return [row[0] for row in rows if isinstance(row[0], str)]
+
+
 def blocked_commands(db: Any, session_id: str, since: float) -> list[str]:
     """The commands Hermes refused to run in this job, read from its tool results (a `"status": "blocked"`
     result, written by 0.19 to 0.22), each with the command of the tool call it answers."""

@@ -70,6 +70,7 @@ QUESTIONS_KEPT = 1000
 QUESTIONS_MAX_BYTES = 1 << 20
 DECISIONS_KEPT = 100
 LATE_ANSWERS_KEPT = 20
+REFUSED_PATHS_KEPT = 20  # paths the sandbox refused a write to, as the job's tools reported them
 GUARD_NOTES_KEPT = 40  # what a job changed in its shared repository or in Hermes' settings, one note per path
 ANSWERS_MAX_BYTES = 1 << 20
 STEERS_KEPT = 20  # steers of one job: in its steer file and in its record
@@ -191,6 +192,10 @@ def is_worktree(value: Any) -> bool:
     return is_flat_dict(value) and is_text_fields(value, ("repo", "path", "branch", "base"))
 
 
+def is_refused_paths(value: Any) -> bool:
+    return is_text_list(value) and len(value) <= REFUSED_PATHS_KEPT
+
+
 def is_guard_notes(value: Any) -> bool:
     return is_text_list(value) and len(value) <= GUARD_NOTES_KEPT
 
@@ -284,6 +289,7 @@ class JobRecord:
     landed: dict[str, Any] | None = checked(is_landed)  # what hermes_land did with the work: action, how, at
     repository: list[str] = checked(is_guard_notes, factory=list)  # what the job changed in its shared repository
     sandbox: str | None = checked(is_text)  # what the operating system confined the job to, or why nothing
+    sandbox_refused: list[str] = checked(is_refused_paths, factory=list)  # SANDBOX_DENIED
     guarded_repo: str | None = checked(is_text)  # the repository a job without a worktree works in, kept as it was
     hermes_home: list[str] = checked(is_guard_notes, factory=list)  # what a sandboxed job changed of Hermes' settings
     standby_marker: str | None = checked(is_standby_marker)  # a warm job's: the marker its standby gave Hermes

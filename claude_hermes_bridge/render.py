@@ -234,6 +234,11 @@ def sandbox_lines(record: JobRecord) -> list[str]:
     """What the operating system confined the job to, and what it changed of Hermes' settings and of its
     repository's git folder (put back)."""
     lines = [f"SANDBOX: {shown(record.sandbox, 1200)}"] if record.sandbox else []
+    if refused := record.sandbox_refused:
+        lines.append(f"SANDBOX_DENIED: the sandbox refused writes to {plural(len(refused), 'path')} outside the job's "
+                     f"folders, as its tools reported them: {', '.join(shown(path, 200) for path in refused[:8])}"
+                     + (" ..." if len(refused) > 8 else "") + ". If the work needed them, that is why it failed: "
+                     "add the folder to sandbox_writable, or run it with sandbox: off")
     if record.hermes_home:
         lines.append("HERMES_SETTINGS: " + " | ".join(shown(note, 600) for note in record.hermes_home))
     if record.repository:

@@ -4,6 +4,7 @@ and Hermes that confines the process that then becomes Hermes. Imports nothing o
 runs before Hermes starts, in a process of its own."""
 import ctypes
 import os
+import re
 import sys
 
 SANDBOX_MODES = ("auto", "required", "off")
@@ -212,3 +213,32 @@ def support_line(mode: str) -> str:
     refused = ("every job is refused (sandbox: required)" if mode == "required"
                else "jobs run unconfined (sandbox: auto)")
     return f"not available here ({found.why_not}): {refused}"
+
+
+# What the sandbox refused, as the job's tools said it: Landlock's own audit records need privileges, while every
+# tool names the path it could not write next to the system's words for EACCES or EPERM.
+REFUSAL_RE = re.compile(r"permission denied|eacces|operation not permitted", re.IGNORECASE)
+PATH_IN_TEXT_RE = re.compile(r"(?<![\w.~/-])(/[^\s'\"`:,;()\[\]{}<>|\\]+)")
+
+
+def refused_paths(texts: list[str], writable: list[str], limit: int) -> list[str]:
+    """On each line that reports a refusal, the absolute path named nearest to its words (`sh: script: 2: cannot
+    create X: Permission denied`, `EACCES: permission denied, mkdir 'X'`), outside every writable path, each once,
+    in the order met (at most limit)."""
+    allowed = [os.path.normpath(path) for path in writable]
+    found: list[str] = []
+    for text in texts:
+        for line in text.replace("\\n", "\n").splitlines():
+            refusal = REFUSAL_RE.search(line)
+            paths = list(PATH_IN_TEXT_RE.finditer(line)) if refusal else []
+            if not refusal or not paths:
+                continue
+            nearest = min(paths, key=lambda match: min(abs(match.end() - refusal.start()),
+                                                       abs(match.start() - refusal.end())))
+            path = os.path.normpath(nearest.group(1).rstrip("."))
+            if path in found or any(path == root or path.startswith(root.rstrip("/") + "/") for root in allowed):
+                continue
+            found.append(path)
+            if len(found) >= limit:
+                return found
+    return found

@@ -40,6 +40,7 @@ from .hermes_cli import (
 from .hermes_store import (
     StoreUnavailable,
     read_store,
+    refusal_texts,
     session_spend,
     session_store_path,
     sessions_spend,
@@ -52,6 +53,7 @@ from .jobs import (
     HEARTBEAT_S,
     LATE_ANSWERS_KEPT,
     MAX_TASK_BYTES,
+    REFUSED_PATHS_KEPT,
     TREE_KEPT,
     JobRecord,
     JobState,
@@ -85,6 +87,7 @@ from .safe_io import (
     within_any,
 )
 from .sandbox import mechanism as sandbox_mechanism
+from .sandbox import refused_paths
 from .worktrees import add_worktree, job_roots, object_environment, own_objects, save_worktree_work
 
 # `server.py --supervise <id>`: one detached process per job that owns it from start to outcome.
@@ -406,6 +409,16 @@ class Supervisor:
                           + (f", {shown(', '.join(extra), 600)}" if extra else "") + f" ({found.name}{scoped})")
         return None
 
+    def _note_refusals(self, session_id: str | None) -> None:
+        """The writes the sandbox refused, as the job's tools reported them (their results in Hermes' store, and
+        the job's log), outside what the job may write: SANDBOX_DENIED."""
+        texts = [clean_text(read_tail(self.store.log_path(self.job_id), REFUSAL_LOG_BYTES)[0])]
+        since = self.record.started_at
+        if session_id and since is not None:
+            with contextlib.suppress(StoreUnavailable):
+                texts += read_store(self.cfg, lambda db: refusal_texts(db, session_id, since))
+        self.record.sandbox_refused = refused_paths(texts, self.writable, REFUSED_PATHS_KEPT)
+
     def _restore_home(self) -> None:
         """What the sandboxed job changed of Hermes' settings put back, reported and audited."""
         notes = restore_home(self.store, self.job_id)
@@ -631,6 +644,7 @@ class Supervisor:
         record.late_answers = [*record.late_answers, *self.store.answers_file(self.job_id)[1]][-LATE_ANSWERS_KEPT:]
         try:
             if self.writable:
+                self._note_refusals(session_id)
                 self._restore_home()
             if record.worktree or record.guarded_repo:
                 self._check_repository()
@@ -678,6 +692,7 @@ class Supervisor:
             wait_s = min(wait_s * 2, OUTCOME_RETRY_MAX_WAIT_S)
 
 
+REFUSAL_LOG_BYTES = 262144  # the end of the job's log read for refused writes
 SPEND_EVERY_S = 0.5  # how often a supervisor with a budget looks at Hermes' store: a model call takes longer
 OUTCOME_RETRY_S = 1800.0
 OUTCOME_RETRY_FIRST_S = 0.25

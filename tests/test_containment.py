@@ -316,3 +316,44 @@ def require_component_path(path: Path, what: str) -> Path:
     from conftest import require_component
 
     return require_component(path, what)
+
+
+@pytest.mark.parametrize("driver", ["cli", "acp"])
+def test_the_writes_the_sandbox_refused_are_named_in_the_block(bridge: Bridge, driver: str) -> None:
+    """SANDBOX_DENIED names what the job's tools reported refused outside its folders (a shell's redirect,
+    Python's open), not what it wrote inside them; a job that met no refusal has no such line."""
+    require_sandbox()
+    outside = bridge.tmp / "outside"
+    outside.mkdir()
+    script = bridge.tmp / "refused.sh"
+    script.write_text(f"""
+echo x > {outside}/by-shell.txt
+python3 -c 'open("{outside}/by-python.txt", "w")'
+echo mine > mine.txt
+exit 0
+""")
+    with client_of(bridge, driver) as client:
+        job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
+        quiet = final(client, task="!write=a.txt:1", cwd=str(bridge.root))
+    denied = job.field("SANDBOX_DENIED")
+    assert f"{outside}/by-shell.txt" in denied and f"{outside}/by-python.txt" in denied, job.text
+    assert "refused writes to 2 paths" in denied and "mine.txt" not in denied, job.text
+    assert "SANDBOX_DENIED:" not in quiet.text
+
+
+def test_refused_paths_are_read_from_the_tools_own_words() -> None:
+    """The wording of real tools (npm 11, uv 0.13, sh, Python, git), each naming the refused path once; a path
+    the job may write and a line without a refusal are not named."""
+    from claude_hermes_bridge.sandbox import refused_paths
+
+    texts = ["npm error code EACCES\nnpm error path /home/u/.npm\nnpm error errno EACCES: permission denied, mkdir "
+             "'/home/u/.npm/_cacache'",
+             '{"output": "error: Failed to initialize cache at `/home/u/.cache/uv`\\n  cause: failed to create '
+             'directory `/home/u/.cache/uv`: Permission denied (os error 13)"}',
+             "/work/job/run.sh: 2: cannot create /etc/motd: Permission denied",
+             "PermissionError: [Errno 13] Permission denied: '/work/job/own.txt'",
+             "error: could not lock config file /repo/.git/config: Permission denied",
+             "all went well in /elsewhere/file"]
+    assert refused_paths(texts, ["/work/job"], 20) == ["/home/u/.npm/_cacache", "/home/u/.cache/uv", "/etc/motd",
+                                                       "/repo/.git/config"]
+    assert refused_paths(texts, ["/work/job"], 2) == ["/home/u/.npm/_cacache", "/home/u/.cache/uv"]
