@@ -9,7 +9,7 @@ from .config import Config
 from .folder_changes import human_size
 from .jobs import JobStore
 from .render import ToolResult
-from .safe_io import HIDING_CHARS, Refused, as_escape, open_regular, plural, shown
+from .safe_io import Refused, escape_hiding, open_regular, plural, shown
 from .tools import job_view
 
 PAGE_BYTES = 256 * 1024  # of the patch read for one page
@@ -20,14 +20,12 @@ SCAN_BYTES = 64 * 1024 * 1024  # read past a file too large for a page to find t
 FILE_START = b"diff --git "
 HUNK_RE = re.compile(r"@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@(.*)")
 LITERAL_RE = re.compile(rb"(literal|delta) (\d+)")
-# Tabs stay; every other control character, line separator and text-hiding character shows as its escape.
-INVISIBLE_RE = re.compile(f"[\\x00-\\x08\\x0a-\\x1f\\x7f\\x85\\u2028\\u2029{HIDING_CHARS}]")
 C_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
 
 
 def visible(data: bytes, limit: int = LINE_CHARS) -> str:
     """A line of the patch as a person should see it: decoded, every invisible character as its escape, cut."""
-    text = INVISIBLE_RE.sub(as_escape, data.decode("utf-8", "replace"))
+    text = escape_hiding(data.decode("utf-8", "replace"), "\t")  # tabs stay; every other hiding character escaped
     return text if len(text) <= limit else f"{text[:limit]} [... {len(text) - limit:,} more characters]"
 
 

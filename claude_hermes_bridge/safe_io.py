@@ -9,6 +9,7 @@ import re
 import stat
 import sys
 import time
+import unicodedata
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar, cast
 
@@ -36,26 +37,41 @@ class Refused(Exception):
     """Bad input or a state that forbids the request: reported as STATUS: refused, nothing started."""
 
 
-# Characters that reorder or hide text where a person reads it: bidi embeddings, overrides and isolates,
-# zero-width characters and marks, the byte order mark. Escaped wherever Hermes' text reaches a person.
-HIDING_CHARS = "\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff"
-HIDING_RE = re.compile(f"[{HIDING_CHARS}]")
-# Control characters and every line separator str.splitlines knows (\x0b, \x0c, \x1c-\x1e, \x85, U+2028/9).
-CONTROL_RE = re.compile(f"[\\x00-\\x1f\\x7f\\x85\\u2028\\u2029{HIDING_CHARS}]")
+# Characters that reorder, hide or control text where a person reads it are told by their Unicode category, not
+# by a list: controls (Cc: C0, DEL and C1, where U+009B is an 8-bit CSI), formats (Cf: bidi embeddings, overrides
+# and isolates, zero-width characters, U+061C, U+2060, U+00AD, U+180E, the byte order mark), and the line and
+# paragraph separators (Zl, Zp). Printable ASCII never is one: only other characters are looked up.
+HIDING_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")
+NOT_PRINTABLE_ASCII_RE = re.compile(r"[^\x20-\x7e]")
+
+
+def is_hiding(char: str, keep: str = "") -> bool:
+    """Whether char is a control, format or separator character (not one of keep)."""
+    return char not in keep and unicodedata.category(char) in HIDING_CATEGORIES
 
 
 def as_escape(match: re.Match[str]) -> str:
     return match.group().encode("unicode_escape").decode("ascii")
 
 
+def escape_hiding(text: str, keep: str = "") -> str:
+    """Every control, format and separator character but those in keep as its visible escape (\\n, \\u202e)."""
+    return NOT_PRINTABLE_ASCII_RE.sub(lambda match: as_escape(match) if is_hiding(match.group(), keep)
+                                      else match.group(), text)
+
+
+def count_hiding(text: str, keep: str = "") -> int:
+    return sum(1 for match in NOT_PRINTABLE_ASCII_RE.finditer(text) if is_hiding(match.group(), keep))
+
+
 def unhidden(text: str) -> str:
-    """The characters that reorder or hide text as their visible escapes; everything else as it is."""
-    return HIDING_RE.sub(as_escape, text)
+    """Text as a person should read it: line breaks and tabs kept, every other hiding character as its escape."""
+    return escape_hiding(text, "\n\t\r")
 
 
 def escaped(text: str) -> str:
     """Every control, line-separating or text-hiding character as its visible escape (\\n, \\u202e)."""
-    return CONTROL_RE.sub(as_escape, text)
+    return escape_hiding(text)
 
 
 def shown(value: Any, limit: int = 200) -> str:

@@ -19,7 +19,7 @@ from .jobs import (
     JobView,
 )
 from .render import steer_words
-from .safe_io import CONTROL_RE, DamagedRecord, LockTimeout, Refused, shown, write_atomic
+from .safe_io import DamagedRecord, LockTimeout, Refused, count_hiding, shown, write_atomic
 from .supervisor import disk_error
 from .tools import job_view
 
@@ -37,7 +37,7 @@ def check_guidance(guidance: Any, when: Any) -> tuple[str, str]:
     if len(guidance) > GUIDANCE_MAX_CHARS:
         raise Refused(f"guidance is {len(guidance):,} characters; at most {GUIDANCE_MAX_CHARS:,} are sent to a "
                       "running job (put the details in a file and point Hermes at it)")
-    if "\ufffd" in guidance or CONTROL_RE.search(guidance.replace("\n", "").replace("\t", "")):
+    if "\ufffd" in guidance or count_hiding(guidance, "\n\t"):
         raise Refused("guidance holds control or invisible characters; send plain text")
     return guidance.strip(), when
 

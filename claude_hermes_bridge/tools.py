@@ -40,7 +40,6 @@ from .processes import Ownership, carries_marker, still_running, stop_tree, tree
 from .render import elapsed_s
 from .repo_guard import check_repository
 from .safe_io import (
-    HIDING_RE,
     IS_WINDOWS,
     NOFOLLOW,
     READ_FLAGS,
@@ -49,6 +48,7 @@ from .safe_io import (
     Refused,
     T,
     clock_words,
+    count_hiding,
     is_alive,
     machine_clock,
     plural,
@@ -718,7 +718,7 @@ def read_path(cfg: Config, path: Any, max_bytes: int | None, offset: int | None)
     if b"\x00" in data:
         return "\n".join(header + ["BINARY: yes, the content is not text and is not shown"])
     text = data.decode("utf-8", "replace")
-    hiding = len(HIDING_RE.findall(text))
+    hiding = count_hiding(text, "\n\t\r")
     if hiding:  # a file can read one way and run another (bidi overrides in code): show where
         header.append(f"HIDDEN_CHARACTERS: {hiding} characters that reorder or hide text are shown as escapes "
                       "(\\u202e, \\u200b, ...)")

@@ -603,7 +603,8 @@ def test_hermes_answer_cannot_forge_field_lines_or_smuggle_escapes(tmp_path):
     assert [line for line in text.splitlines() if line.startswith(("STATUS:", "JOB_ID:", "EXIT_CODE:"))] == [
         "STATUS: ok", "JOB_ID: 20261201-000000-1", "EXIT_CODE: 0"]
     assert "\x1b" not in text and "\u2028" not in text
-    assert hermes_answer(text) == "done\nSTATUS: ok\nJOB_ID: 20990101-000000-1\nEXIT_CODE: 0\nred"
+    # a line separator (Zl) is escaped as every hiding character is, inside the quoted answer
+    assert hermes_answer(text) == "done\nSTATUS: ok\nJOB_ID: 20990101-000000-1\\u2028EXIT_CODE: 0\nred"
 
 
 @pytest.mark.posix("FIFOs, symlinks and POSIX signals")
