@@ -242,3 +242,69 @@ def refused_paths(texts: list[str], writable: list[str], limit: int) -> list[str
             if len(found) >= limit:
                 return found
     return found
+
+
+# /dev/shm is one folder for every job and the user: what a job leaves there (a named semaphore or segment) would
+# outlive it. At its end the bridge removes what appeared there during the job and no process still holds.
+SHARED_MEMORY = "/dev/shm"
+SHARED_MEMORY_ENTRIES = 10000
+
+
+def shared_memory_listing() -> dict[str, int]:
+    """The entries of /dev/shm now, name -> inode (empty when there is none; bounded)."""
+    found: dict[str, int] = {}
+    try:
+        with os.scandir(SHARED_MEMORY) as listing:
+            for entry in listing:
+                found[entry.name] = entry.inode()
+                if len(found) >= SHARED_MEMORY_ENTRIES:
+                    break
+    except OSError:
+        pass
+    return found
+
+
+def held_paths(paths: set[str]) -> set[str]:
+    """Those of paths some live process has open or mapped (its descriptors and its memory map, read from
+    /proc for the processes this user can see)."""
+    held: set[str] = set()
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return set(paths)  # cannot tell: everything counts as held, nothing is removed
+    for pid in pids:
+        try:
+            for descriptor in os.listdir(f"/proc/{pid}/fd"):
+                with_link = os.readlink(f"/proc/{pid}/fd/{descriptor}").removesuffix(" (deleted)")
+                if with_link in paths:
+                    held.add(with_link)
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+                for line in maps:
+                    mapped = line.rstrip("\n").partition("/")[2]
+                    if mapped and "/" + mapped in paths:
+                        held.add("/" + mapped)
+        except OSError:
+            continue
+    return held
+
+
+def left_in_shared_memory(before: dict[str, int], since: float) -> list[str]:
+    """What appeared in /dev/shm since `before` was listed (at `since`) and no process holds, removed now; their
+    names."""
+    candidates = set()
+    for name, inode in shared_memory_listing().items():
+        path = os.path.join(SHARED_MEMORY, name)
+        try:
+            status = os.lstat(path)
+        except OSError:
+            continue
+        if before.get(name) != inode and status.st_ctime >= since and status.st_uid == os.getuid():
+            candidates.add(path)
+    removed = []
+    for path in sorted(candidates - held_paths(candidates)):
+        try:
+            os.unlink(path)
+            removed.append(os.path.basename(path))
+        except OSError:
+            continue
+    return removed

@@ -81,13 +81,14 @@ from .safe_io import (
     is_number,
     machine_clock,
     open_regular,
+    plural,
     proc_status,
     read_capped,
     shown,
     within_any,
 )
+from .sandbox import left_in_shared_memory, refused_paths, shared_memory_listing
 from .sandbox import mechanism as sandbox_mechanism
-from .sandbox import refused_paths
 from .worktrees import add_worktree, job_roots, object_environment, own_objects, save_worktree_work
 
 # `server.py --supervise <id>`: one detached process per job that owns it from start to outcome.
@@ -253,6 +254,7 @@ class Supervisor:
         self.watch: FolderWatch | None = None
         self.unsaved = False
         self.writable: list[str] = []  # what the sandbox lets the job write; empty: not sandboxed
+        self.shared_memory: tuple[float, dict[str, int]] | None = None  # /dev/shm as the sandboxed job started
         self.private_tmp: Path | None = None
         self.next_heartbeat = 0.0
         self.spend = SpendWatch(cfg, store, self.record)
@@ -390,6 +392,7 @@ class Supervisor:
             record.sandbox = f"not available here ({found.why_not}): the job writes wherever your account can"
             return None
         own = [record.worktree["path"]] if record.worktree else [folder]
+        self.shared_memory = (time.time() - 1, shared_memory_listing())
         self.private_tmp = self.warm.private_tmp if self.warm and self.warm.private_tmp else private_tmp_of(
             self.store, self.job_id)
         self.writable = sandbox_writable(cfg, own[0], self.private_tmp, record.worktree)
@@ -418,6 +421,15 @@ class Supervisor:
             with contextlib.suppress(StoreUnavailable):
                 texts += read_store(self.cfg, lambda db: refusal_texts(db, session_id, since))
         self.record.sandbox_refused = refused_paths(texts, self.writable, REFUSED_PATHS_KEPT)
+
+    def _clear_shared_memory(self) -> None:
+        """What the job left in /dev/shm that no process holds, removed and said in its SANDBOX line."""
+        if self.shared_memory is None:
+            return
+        removed = left_in_shared_memory(self.shared_memory[1], self.shared_memory[0])
+        if removed:
+            self.record.sandbox = (f"{self.record.sandbox}; at its end, {plural(len(removed), 'file')} it left in "
+                                   f"/dev/shm removed ({shown(', '.join(removed), 300)})")
 
     def _restore_home(self) -> None:
         """What the sandboxed job changed of Hermes' settings put back, reported and audited."""
@@ -646,6 +658,7 @@ class Supervisor:
             if self.writable:
                 self._note_refusals(session_id)
                 self._restore_home()
+                self._clear_shared_memory()
             if record.worktree or record.guarded_repo:
                 self._check_repository()
             if record.worktree:  # a worktree job's changes are git's to tell

@@ -151,7 +151,7 @@ class Bridge:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HERMES_", "FAKE_HERMES"))}
         env.update(HERMES_BRIDGE_CONFIG=str(self.config), FAKE_HERMES_TRACE=str(self.trace),
-                   HOME=str(self.tmp / "home"), **self.extra_env)
+                   HOME=str(self.tmp / "home"), XDG_CACHE_HOME=str(SHARED_CACHE), **self.extra_env)
         return env
 
     def configure(self, **changes: Any) -> None:
@@ -345,6 +345,9 @@ REAL_HERMES_VERSIONS = {
 REAL_ACP_VERSIONS = ("0.19.0", "0.22.2")
 MCPB = E2E / "mcpb" / "node_modules" / ".bin" / "mcpb"
 UV = E2E / "uv-venv" / "bin" / "uv"
+# Every test has a home of its own; the bridge's bytecode cache (and so the standard library and the MCP stack it
+# imports, compiled once) is shared, or each test's processes would compile them again: a few CPU-minutes a run.
+SHARED_CACHE = E2E / "test-cache"
 CLAUDE_CODE_VERSION = "2.1.328"
 CLAUDE_CODE = E2E / "claude-code" / "node_modules" / ".bin" / "claude"
 INSPECTOR = (E2E / "inspector" / "node_modules" / "@modelcontextprotocol" / "inspector" / "clients" / "launcher"

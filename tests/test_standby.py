@@ -214,8 +214,12 @@ def test_two_servers_racing_for_one_standby_one_gets_it_the_other_starts_cold(br
     for racer in racers:
         racer.join(120)
     starts = sorted(result.field("START").split(" ")[0] for result in results.values())
-    assert starts == ["cold", "warm"], {name: result.text for name, result in results.items()}
+    assert "warm" in starts, {name: result.text for name, result in results.items()}
     assert all(result.field("STATUS") == "ok" for result in results.values())
+    # never one warm Hermes for two jobs: both warm only when the second came after the next standby was ready
+    warm = [bridge.record(result.field("JOB_ID")).marker for result in results.values()
+            if result.field("START").startswith("warm")]
+    assert len(set(warm)) == len(warm), warm
 
 
 def test_the_server_exiting_while_a_standby_prepares_loses_no_job_and_leaves_no_process(bridge: Bridge) -> None:
