@@ -101,6 +101,11 @@ class Config:
                            "(auto: where it can; required: refuse a job it cannot; off)", choices=SANDBOX_MODES)
     sandbox_writable: list[str] = setting([], "a list of folder paths", (list,),
                                           "more folders a sandboxed job may write (a shared cache)")
+    sandbox_unreadable: list[str] = setting([], "a list of absolute paths", (list,),
+                                            "more paths a sandboxed job may not read (besides ~/.ssh, ~/.aws, ...)")
+    pass_credentials: list[str] = setting([], "a list of environment variable names", (list,),
+                                          "credentials in the server's environment a job may have (others are "
+                                          "left out of Hermes' environment)")
     jobs_dir: str | None = setting(None, *FOLDER_OR_NULL, "the jobs folder (else the per-user state folder)")
     logs_dir: str | None = setting(None, *FOLDER_OR_NULL, "the audit log's folder (else the per-user one)")
     read_anywhere: bool = setting(False, *FLAG, "let hermes_read read outside the allowed roots")

@@ -38,7 +38,7 @@ from .hermes_store import StoreUnavailable, Usage, blocked_commands, read_store,
 from .jobs import JobRecord, JobState, JobStore, Outcome, write_record
 from .processes import WindowsJob, hermes_creation_flags, interrupt_group, popen_kwargs
 from .safe_io import IS_WINDOWS, Refused, open_regular, shown_whole
-from .sandbox import SESSION_SERVICES, step_argv
+from .sandbox import SESSION_SERVICES, step_argv, unreadable_paths
 from .sandbox import devices as sandbox_devices
 from .worktrees import worktree_git_paths
 
@@ -97,7 +97,7 @@ def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str]
     env = {key: value for key, value in env.items() if key not in SESSION_SERVICES}
     env.update(TMPDIR=str(private_tmp), TEMP=str(private_tmp), TMP=str(private_tmp))
     env.update(cache_environment(tool_cache(cast(Path, private_tmp))))
-    return step_argv(writable, argv), env
+    return step_argv(writable, argv, unreadable_paths(os.path.expanduser("~"), cfg.sandbox_unreadable)), env
 
 
 # Where the tools a job runs keep their caches, redirected from the user's home (which a sandboxed job cannot

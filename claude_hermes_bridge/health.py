@@ -4,7 +4,7 @@ import sys
 
 from .config import HOST_SETTING_KEYS, Config, path_advice, roots_missing
 from .hermes_acp import driver_line, known_acp
-from .hermes_cli import command_preview, hermes_version_on_disk, known_cli, locate_hermes
+from .hermes_cli import command_preview, hermes_version_on_disk, known_cli, left_out_credentials, locate_hermes
 from .jobs import JobStore, disk_problem
 from .launch import worktree_count
 from .preflight import VERSION, dependency_version, version_tuple
@@ -62,6 +62,15 @@ def warm_start_line(cfg: Config, store: JobStore) -> str:
     return "on; no warm Hermes waits now (one is readied after an ACP job starts, for the next in its folder)"
 
 
+def credentials_line(cfg: Config) -> str:
+    """What of the server's environment a job is not handed, by name (never a value)."""
+    left_out = left_out_credentials(cfg)
+    if not left_out:
+        return "none of the server's environment is left out of a job's (no credentials found in it)"
+    return (f"{plural(len(left_out), 'variable')} left out of a job's environment: "
+            f"{shown(', '.join(left_out), 600)} (pass_credentials passes one through)")
+
+
 def health(cfg: Config, at_start: Config | None = None) -> str:
     """Everything a user needs to see why the bridge cannot work, without starting any process. at_start:
     the config as the server loaded it when it started, so a change of the file since (a job can write it)
@@ -97,6 +106,7 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
         driver_line(cfg, exe, probe=False),
         f"APPROVALS: {approvals_line(cfg, exe)}",
         f"SANDBOX: {support_line(cfg.sandbox)}",
+        f"CREDENTIALS: {credentials_line(cfg)}",
         f"WARM_START: {warm_start_line(cfg, store)}",
         f"ALLOWED_ROOTS: {shown(', '.join(cfg.roots), 2000) or 'NONE: no job can start: ' + roots_missing(cfg)}",
         f"READ_SCOPE: {'anywhere' if cfg.read_anywhere else 'allowed roots and job files'}",

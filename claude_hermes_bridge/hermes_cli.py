@@ -211,10 +211,32 @@ def executable_problem(exe: str, windows: bool = IS_WINDOWS) -> str | None:
     return None
 
 
+# The credentials a job is not handed (cloud, git hosting, package registries: AWS_ACCESS_KEY_ID and any *_TOKEN,
+# *_SECRET, *_PASSWORD, *_API_KEY, *_CREDENTIALS; not a setting such as AWS_CA_BUNDLE), unless pass_credentials
+# names them. Hermes' model providers' keys pass: Hermes needs its own, and
+# strips them from its tools' environment itself (its provider blocklist, 0.19 to 0.22).
+CREDENTIAL_NAME_RE = re.compile(r"AWS_ACCESS_KEY_ID|\w*(_TOKEN|_SECRET|_SECRET_KEY|_PASSWORD|_PASSWD|_API_KEY|"
+                                r"_ACCESS_KEY|_CREDENTIALS|_AUTH)|NETRC|PGPASSWORD|MYSQL_PWD", re.IGNORECASE)
+PROVIDER_KEYS = frozenset({
+    "OPENAI_API_KEY", "OPENROUTER_API_KEY", "ANTHROPIC_API_KEY", "ANTHROPIC_TOKEN", "GOOGLE_API_KEY", "GEMINI_API_KEY",
+    "DEEPSEEK_API_KEY", "MISTRAL_API_KEY", "GROQ_API_KEY", "TOGETHER_API_KEY", "PERPLEXITY_API_KEY",
+    "COHERE_API_KEY", "FIREWORKS_API_KEY", "XAI_API_KEY", "NOUS_API_KEY", "QWEN_API_KEY", "CUSTOM_API_KEY",
+    "OLLAMA_API_KEY", "LLM_API_KEY"})
+
+
+def left_out_credentials(cfg: Config, environment: dict[str, str] | None = None) -> list[str]:
+    """The names in the environment that a job is not handed (credentials not passed by pass_credentials)."""
+    passed = {name.upper() for name in cfg.pass_credentials if isinstance(name, str)}
+    return sorted(name for name in (os.environ if environment is None else environment)
+                  if CREDENTIAL_NAME_RE.fullmatch(name) and name.upper() not in PROVIDER_KEYS | passed
+                  and not name.startswith("HERMES_"))
+
+
 def hermes_env(cfg: Config, marker: str | None = None) -> dict[str, str]:
-    """Hermes inherits the server's environment; a job's processes also carry its marker, part of the proof
-    that lets the bridge signal them (see Ownership)."""
-    env = {key: value for key, value in os.environ.items() if key not in (SETTINGS_ENV, "HERMES_KANBAN_TASK")}
+    """Hermes inherits the server's environment but the user's credentials (left_out_credentials); a job's
+    processes also carry its marker, part of the proof that lets the bridge signal them (see Ownership)."""
+    left_out = {SETTINGS_ENV, "HERMES_KANBAN_TASK", *left_out_credentials(cfg)}
+    env = {key: value for key, value in os.environ.items() if key not in left_out}
     if cfg.approval_mode != "yolo":  # HERMES_KANBAN_TASK above: it gives Hermes' exit codes other meanings
         env.pop("HERMES_YOLO_MODE", None)  # an approval bypass the user did not choose for the bridge
     if cfg.hermes_home:

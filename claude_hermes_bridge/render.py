@@ -375,6 +375,21 @@ def worktree_facts(record: "JobRecord") -> list[list[str]]:
     return rows
 
 
+def containment_facts(record: "JobRecord") -> list[list[str]]:
+    """What confined the job, what the sandbox refused, what it put back of a repository it worked in, and the
+    files it changed that run later, as the job view's rows (the block's SANDBOX, SANDBOX_DENIED, REPOSITORY and
+    RUNS_LATER lines; a worktree job's repository row is its worktree's)."""
+    rows = [["sandbox", shown(record.sandbox, 1200)]] if record.sandbox else []
+    if record.sandbox_refused:
+        rows.append(["refused by the sandbox", ", ".join(shown(path, 200) for path in record.sandbox_refused)])
+    if record.repository and not record.worktree:
+        rows.append(["repository", " | ".join(shown(note, 1000) for note in record.repository)])
+    if runs_later := (record.changes or {}).get("runs_later"):
+        rows.append(["runs later", "read before you open the folder or run anything there: "
+                     + ", ".join(shown(path, 200) for path in runs_later)])
+    return rows
+
+
 def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
                   details: JobDetails | None = None) -> str:
     """The status block. The log shown is always the job's own <id>.log in the store, never a path taken
@@ -499,7 +514,7 @@ def job_facts(view: JobView, details: JobDetails, notes: list[str]) -> dict[str,
                         "lines": [shown(line, 400) for line in changes.get("lines", [])[:CHANGED_LINES]],
                         "note": shown(changes["note"]) if "note" in changes else None},
             "answer": clean_str(details.answer[:20000]) if details.answer and not view.running else None,
-            "questions": questions, "worktree": worktree_facts(record),
+            "questions": questions, "worktree": worktree_facts(record), "containment": containment_facts(record),
             "diff": {key: record.diff[key] for key in ("files", "insertions", "deletions", "patch_bytes")}
             if record.diff else None,
             "landed": {"action": shown(str(record.landed["action"]), 20), "how": shown(str(record.landed["how"]), 600),

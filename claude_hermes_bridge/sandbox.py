@@ -16,10 +16,11 @@ SYSCALLS = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446), "arm64": (444
 CREATE_RULESET_VERSION = 1
 RULE_PATH_BENEATH = 1
 PR_SET_NO_NEW_PRIVS = 38
+READ_FILE = 1 << 2
 WRITE_FILE, REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR, MAKE_REG = 1 << 1, 1 << 4, 1 << 5, 1 << 6, 1 << 7, 1 << 8
 MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM, REFER, TRUNCATE = 1 << 9, 1 << 10, 1 << 11, 1 << 12, 1 << 13, 1 << 14
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
-FILE_RIGHTS = WRITE_FILE | TRUNCATE  # the rights a rule on a file (not a folder) may carry
+FILE_RIGHTS = WRITE_FILE | TRUNCATE | READ_FILE  # the rights a rule on a file (not a folder) may carry
 # What a shell, a pty of the job's own and Python's multiprocessing write to. /dev/pts holds the user's terminals
 # too, and Landlock cannot grant a new pty without them (the peer of /dev/ptmx is opened under its path's rules, so
 # Hermes' pty mode needs the folder); typing into another terminal (TIOCSTI, TIOCLINUX) is refused by seccomp.
@@ -94,27 +95,33 @@ def write_rights(abi: int) -> int:
     return rights | (REFER if abi >= 2 else 0) | (TRUNCATE if abi >= 3 else 0)
 
 
-def confine(writable: list[str]) -> int:
+def confine(writable: list[str], readable: list[str] | None = None) -> int:
     """This process and every process it starts from now on may write only beneath `writable` (folders, or
-    single files), may not signal a process outside them, nor reach an abstract Unix socket outside (ABI 6).
+    single files), may not signal a process outside them, nor reach an abstract Unix socket outside (ABI 6);
+    given `readable`, it may read files only beneath those and `writable` (listing folders stays allowed).
     Returns the ABI enforced; OSError when Landlock refuses."""
     abi, why_not = landlock_abi()
     if not abi:
         raise OSError(why_not)
     create, add_rule, restrict = SYSCALLS[os.uname().machine]
     call = libc().syscall
-    handled = write_rights(abi)
+    handled = write_rights(abi) | (READ_FILE if readable is not None else 0)
     attr = RulesetAttr(handled, 0, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
     size = ctypes.sizeof(RulesetAttr) if abi >= 6 else 8  # the fields this ABI knows
     ruleset = call(create, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:
         raise OSError(ctypes.get_errno(), f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
     try:
-        for path in writable:
-            descriptor = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        for path, rights in [*((path, handled) for path in writable), *((path, READ_FILE) for path in readable or [])]:
+            try:
+                descriptor = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except FileNotFoundError:
+                if rights == READ_FILE:  # gone since the list was made: nothing to read there
+                    continue
+                raise
             try:
                 is_folder = os.path.isdir(f"/proc/self/fd/{descriptor}")
-                rule = PathBeneathAttr(handled if is_folder else handled & FILE_RIGHTS, descriptor)
+                rule = PathBeneathAttr(rights if is_folder else rights & FILE_RIGHTS, descriptor)
                 if call(add_rule, ruleset, RULE_PATH_BENEATH, ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
                     error = ctypes.get_errno()
                     raise OSError(error, f"landlock_add_rule {path}: {os.strerror(error)}")
@@ -162,35 +169,48 @@ def refuse_typing_into_terminals() -> None:
         raise OSError(ctypes.get_errno(), f"seccomp filter refused: {os.strerror(ctypes.get_errno())}")
 
 
-def step_argv(writable: list[str], argv: list[str]) -> list[str]:
-    """The command that confines itself to `writable`, then becomes argv (same process, same pid, same
+UNREADABLE_MARK = "--unreadable"  # between the writable and the unreadable paths of the step's command
+
+
+def step_argv(writable: list[str], argv: list[str], unreadable: list[str] | None = None) -> list[str]:
+    """The command that confines itself to `writable` (and, given `unreadable`, reading to everything else: see
+    read_grants, listed by the step itself right before it confines), then becomes argv (same process, same pid,
+    same
     environment). Linux: `python -I -S -B` spends no time on site packages and writes no bytecode beside the
     package (compiling this module costs less than reading the per-user cache, which -X pycache_prefix would
     extend to every standard module). macOS: sandbox-exec with the profile made from the same list."""
     if sys.platform == "darwin":
-        return [SANDBOX_EXEC, "-p", seatbelt_profile(writable), *argv]
+        return [SANDBOX_EXEC, "-p", seatbelt_profile(writable, unreadable or []), *argv]
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     boot = (f"import sys; sys.path.insert(0, sys.argv.pop(1)); from {SANDBOX_STEP} import step; step()")
-    return [sys.executable, "-I", "-S", "-B", "-c", boot, package_parent, *writable, "--", *argv]
+    reading = [UNREADABLE_MARK, *unreadable] if unreadable is not None else []
+    return [sys.executable, "-I", "-S", "-B", "-c", boot, package_parent, *writable, *reading, "--", *argv]
 
 
-def seatbelt_profile(writable: list[str]) -> str:
+def seatbelt_profile(writable: list[str], unreadable: list[str] | None = None) -> str:
     """A Seatbelt profile with the Landlock rules' meaning: everything allowed but writing, which is allowed
-    beneath each writable folder (or to each file), and signalling, allowed within the sandbox only. Paths are
-    resolved (/tmp is /private/tmp to Seatbelt) and quoted as Scheme strings."""
+    beneath each writable folder (or to each file), reading the unreadable paths, and signalling, allowed within
+    the sandbox only. Paths are resolved (/tmp is /private/tmp to Seatbelt) and quoted as Scheme strings."""
     def quoted(path: str) -> str:
         return '"' + os.path.realpath(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
-    rules = [f"(subpath {quoted(path)})" if os.path.isdir(path) else f"(literal {quoted(path)})" for path in writable]
-    return "\n".join(["(version 1)", "(allow default)", "(deny file-write*)",
-                      f"(allow file-write* {' '.join(rules)})", "(deny signal (target others))"]) + "\n"
+
+    def rules(paths: list[str]) -> str:
+        return " ".join(f"(subpath {quoted(path)})" if os.path.isdir(path) else f"(literal {quoted(path)})"
+                        for path in paths)
+    hidden = ([f"(deny file-read-data {' '.join(f'(subpath {quoted(path)})' for path in unreadable)})"]
+              if unreadable else [])  # a subpath holds the path itself too, and what is made there later
+    return "\n".join(["(version 1)", "(allow default)", "(deny file-write*)", f"(allow file-write* {rules(writable)})",
+                      *hidden, "(deny signal (target others))"]) + "\n"
 
 
 def step() -> None:
     """The program step_argv runs: confine, then exec Hermes; if Landlock refuses, Hermes is not started."""
     separator = sys.argv.index("--")  # writable paths are absolute: none is "--"
-    writable, argv = sys.argv[1:separator], sys.argv[separator + 1:]
+    paths, argv = sys.argv[1:separator], sys.argv[separator + 1:]
+    unreadable = paths[paths.index(UNREADABLE_MARK) + 1:] if UNREADABLE_MARK in paths else None
+    writable = paths[:paths.index(UNREADABLE_MARK)] if UNREADABLE_MARK in paths else paths
     try:
-        confine(writable)
+        confine(writable, read_grants(unreadable) if unreadable is not None else None)
     except OSError as exc:
         sys.stderr.write(f"[bridge] the sandbox could not be applied ({exc}); Hermes was not started\n")
         sys.exit(126)
@@ -244,67 +264,52 @@ def refused_paths(texts: list[str], writable: list[str], limit: int) -> list[str
     return found
 
 
-# /dev/shm is one folder for every job and the user: what a job leaves there (a named semaphore or segment) would
-# outlive it. At its end the bridge removes what appeared there during the job and no process still holds.
-SHARED_MEMORY = "/dev/shm"
-SHARED_MEMORY_ENTRIES = 10000
+# What a sandboxed job may not read (Landlock grants reading, it cannot deny a path): the user's credentials and
+# keys, relative to the home. sandbox_unreadable adds absolute paths.
+UNREADABLE_IN_HOME = (".ssh", ".aws", ".gnupg", ".config/gcloud", ".azure", ".kube", ".docker/config.json", ".netrc",
+                      ".git-credentials", ".config/gh", ".config/hub", ".password-store", ".mozilla",
+                      ".config/google-chrome", ".config/chromium", ".config/BraveSoftware", ".local/share/keyrings",
+                      ".npmrc", ".pypirc", ".cargo/credentials", ".cargo/credentials.toml", ".gem/credentials",
+                      ".terraform.d/credentials.tfrc.json", ".vault-token", ".config/op", ".pgpass", ".my.cnf")
+READ_GRANTS_MAX = 5000
 
 
-def shared_memory_listing() -> dict[str, int]:
-    """The entries of /dev/shm now, name -> inode (empty when there is none; bounded)."""
-    found: dict[str, int] = {}
-    try:
-        with os.scandir(SHARED_MEMORY) as listing:
-            for entry in listing:
-                found[entry.name] = entry.inode()
-                if len(found) >= SHARED_MEMORY_ENTRIES:
-                    break
-    except OSError:
-        pass
-    return found
+def unreadable_paths(home: str, extra: list[str]) -> list[str]:
+    """The paths a sandboxed job may not read: the defaults in the home, and extra (absolute) ones, resolved."""
+    found = [os.path.join(home, name) for name in UNREADABLE_IN_HOME] + [path for path in extra if os.path.isabs(path)]
+    return list(dict.fromkeys(os.path.realpath(path) for path in found))
 
 
-def held_paths(paths: set[str]) -> set[str]:
-    """Those of paths some live process has open or mapped (its descriptors and its memory map, read from
-    /proc for the processes this user can see)."""
-    held: set[str] = set()
-    try:
-        pids = [name for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        return set(paths)  # cannot tell: everything counts as held, nothing is removed
-    for pid in pids:
+def read_grants(unreadable: list[str]) -> list[str]:
+    """What to grant reading beneath so that everything is readable but `unreadable`: every entry of each folder
+    that holds an unreadable path (from / down), except those paths and the folders on the way to them, which are
+    walked in turn. A file made later directly in such a folder is unreadable too; a symlink is granted only when
+    it leads outside every unreadable path."""
+    ancestors: set[str] = set()
+    for path in unreadable:
+        parent = os.path.dirname(path)
+        while parent not in ancestors:
+            ancestors.add(parent)
+            if parent == os.path.dirname(parent):
+                break
+            parent = os.path.dirname(parent)
+
+    def hidden(path: str) -> bool:
+        real = os.path.realpath(path)
+        return real in ancestors or any(real == denied or real.startswith(denied.rstrip("/") + "/")
+                                        or denied.startswith(real.rstrip("/") + "/") for denied in unreadable)
+    grants: list[str] = []
+    pending = sorted(folder for folder in ancestors if os.path.dirname(folder) == folder)  # the root
+    while pending and len(grants) < READ_GRANTS_MAX:
+        folder = pending.pop()
         try:
-            for descriptor in os.listdir(f"/proc/{pid}/fd"):
-                with_link = os.readlink(f"/proc/{pid}/fd/{descriptor}").removesuffix(" (deleted)")
-                if with_link in paths:
-                    held.add(with_link)
-            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
-                for line in maps:
-                    mapped = line.rstrip("\n").partition("/")[2]
-                    if mapped and "/" + mapped in paths:
-                        held.add("/" + mapped)
+            names = sorted(os.listdir(folder))
         except OSError:
             continue
-    return held
-
-
-def left_in_shared_memory(before: dict[str, int], since: float) -> list[str]:
-    """What appeared in /dev/shm since `before` was listed (at `since`) and no process holds, removed now; their
-    names."""
-    candidates = set()
-    for name, inode in shared_memory_listing().items():
-        path = os.path.join(SHARED_MEMORY, name)
-        try:
-            status = os.lstat(path)
-        except OSError:
-            continue
-        if before.get(name) != inode and status.st_ctime >= since and status.st_uid == os.getuid():
-            candidates.add(path)
-    removed = []
-    for path in sorted(candidates - held_paths(candidates)):
-        try:
-            os.unlink(path)
-            removed.append(os.path.basename(path))
-        except OSError:
-            continue
-    return removed
+        for name in names:
+            path = os.path.join(folder, name)
+            if path in ancestors and not os.path.islink(path):
+                pending.append(path)
+            elif not hidden(path):
+                grants.append(path)
+    return grants

@@ -87,8 +87,8 @@ from .safe_io import (
     shown,
     within_any,
 )
-from .sandbox import left_in_shared_memory, refused_paths, shared_memory_listing
 from .sandbox import mechanism as sandbox_mechanism
+from .sandbox import refused_paths, unreadable_paths
 from .worktrees import add_worktree, job_roots, object_environment, own_objects, save_worktree_work
 
 # `server.py --supervise <id>`: one detached process per job that owns it from start to outcome.
@@ -254,7 +254,6 @@ class Supervisor:
         self.watch: FolderWatch | None = None
         self.unsaved = False
         self.writable: list[str] = []  # what the sandbox lets the job write; empty: not sandboxed
-        self.shared_memory: tuple[float, dict[str, int]] | None = None  # /dev/shm as the sandboxed job started
         self.private_tmp: Path | None = None
         self.next_heartbeat = 0.0
         self.spend = SpendWatch(cfg, store, self.record)
@@ -392,7 +391,6 @@ class Supervisor:
             record.sandbox = f"not available here ({found.why_not}): the job writes wherever your account can"
             return None
         own = [record.worktree["path"]] if record.worktree else [folder]
-        self.shared_memory = (time.time() - 1, shared_memory_listing())
         self.private_tmp = self.warm.private_tmp if self.warm and self.warm.private_tmp else private_tmp_of(
             self.store, self.job_id)
         self.writable = sandbox_writable(cfg, own[0], self.private_tmp, record.worktree)
@@ -408,8 +406,9 @@ class Supervisor:
         record.sandbox = (f"writes limited to {shown(own[0])}, {shown(str(self.private_tmp))} (TMPDIR), Hermes' home "
                           f"{shown(str(home))} (its settings, skills, hooks and cron put back at the end), the tool "
                           f"cache {shown(str(tool_cache(self.private_tmp)))} (npm, uv, pip, go, cargo, ...)"
-                          + (", the repository's objects and the job's branch" if record.worktree else "")
-                          + (f", {shown(', '.join(extra), 600)}" if extra else "") + f" ({found.name}{scoped})")
+                          + (", the job's own git objects and branch" if record.worktree else "")
+                          + (f", {shown(', '.join(extra), 600)}" if extra else "") + f" ({found.name}{scoped}); "
+                          + reading_words(cfg, self.writable))
         return None
 
     def _note_refusals(self, session_id: str | None) -> None:
@@ -421,15 +420,6 @@ class Supervisor:
             with contextlib.suppress(StoreUnavailable):
                 texts += read_store(self.cfg, lambda db: refusal_texts(db, session_id, since))
         self.record.sandbox_refused = refused_paths(texts, self.writable, REFUSED_PATHS_KEPT)
-
-    def _clear_shared_memory(self) -> None:
-        """What the job left in /dev/shm that no process holds, removed and said in its SANDBOX line."""
-        if self.shared_memory is None:
-            return
-        removed = left_in_shared_memory(self.shared_memory[1], self.shared_memory[0])
-        if removed:
-            self.record.sandbox = (f"{self.record.sandbox}; at its end, {plural(len(removed), 'file')} it left in "
-                                   f"/dev/shm removed ({shown(', '.join(removed), 300)})")
 
     def _restore_home(self) -> None:
         """What the sandboxed job changed of Hermes' settings put back, reported and audited."""
@@ -658,7 +648,6 @@ class Supervisor:
             if self.writable:
                 self._note_refusals(session_id)
                 self._restore_home()
-                self._clear_shared_memory()
             if record.worktree or record.guarded_repo:
                 self._check_repository()
             if record.worktree:  # a worktree job's changes are git's to tell
@@ -703,6 +692,19 @@ class Supervisor:
                 return False
             time.sleep(wait_s)
             wait_s = min(wait_s * 2, OUTCOME_RETRY_MAX_WAIT_S)
+
+
+def reading_words(cfg: Config, writable: list[str]) -> str:
+    """What a sandboxed job cannot read, and which of it the job's own folders hold (and so it can)."""
+    unreadable = unreadable_paths(os.path.expanduser("~"), cfg.sandbox_unreadable)
+    present = [path for path in unreadable if os.path.lexists(path)]
+    exposed = [path for path in present if any(path == folder or path.startswith(folder.rstrip("/") + "/")
+                                                for folder in map(os.path.realpath, writable))]
+    words = (f"reading: your credentials unreadable ({plural(len(present), 'path')} here, as "
+             f"{shown(', '.join(present[:6]), 400)}{', ...' if len(present) > 6 else ''})" if present else
+             "reading: your credentials unreadable (none of ~/.ssh, ~/.aws, ... is here now; made later, still "
+             "unreadable)")
+    return words + (f"; EXCEPT {shown(', '.join(exposed), 400)}, inside what the job may write" if exposed else "")
 
 
 REFUSAL_LOG_BYTES = 262144  # the end of the job's log read for refused writes

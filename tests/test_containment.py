@@ -100,6 +100,8 @@ def test_without_the_sandbox_the_same_attacks_rewrite_the_history(bridge: Bridge
         assert f"DONE {attack}" in tried, (attack, tried)
     after = subprocess.run(["git", "-C", str(repo), "cat-file", "-p", "main:a.txt"], capture_output=True)
     assert after.stdout != before["a.txt"].encode() + b"\n" or after.returncode != 0
+    reported = job.field("REPOSITORY")  # named, where no sandbox refused them
+    assert "moved refs/heads/feature" in reported and "deleted refs/heads/other, refs/tags/v1" in reported, job.text
 
 
 def test_a_forged_object_in_the_jobs_own_folder_changes_nothing_it_lands(bridge: Bridge) -> None:
@@ -358,34 +360,3 @@ def test_refused_paths_are_read_from_the_tools_own_words() -> None:
                                                        "/repo/.git/config"]
     assert refused_paths(texts, ["/work/job"], 2) == ["/home/u/.npm/_cacache", "/home/u/.cache/uv"]
 
-
-def test_what_a_job_leaves_in_dev_shm_goes_with_it_unless_a_process_holds_it(bridge: Bridge) -> None:
-    """/dev/shm is shared by every job and the user: a file the job left there is removed at its end, one a
-    process outside the job still holds (the test, here) is kept."""
-    import os
-    import uuid
-
-    from harness import wait_until
-
-    require_sandbox()
-    name = f"chb-{uuid.uuid4().hex[:12]}"
-    left, held = Path("/dev/shm") / f"{name}-left", Path("/dev/shm") / f"{name}-held"
-    script = bridge.tmp / "shm.sh"
-    script.write_text(f"echo x > {left}\necho y > {held}\nsleep 3\n")
-    handle = None
-    try:
-        with bridge.client() as client:
-            started = client.call("hermes_run", task=f"!shell={script}", cwd=str(bridge.root), wait_s=0)
-            wait_until(lambda: held.exists() or None, 20, "the job's files in /dev/shm")
-            handle = open(held)  # noqa: SIM115  (held open across the job's end)
-            job = client.wait_final(started.field("JOB_ID"))
-        assert job.field("STATUS") == "ok", job.text
-        assert not left.exists(), "a file the job left in /dev/shm outlived it"
-        assert held.exists(), "a file another process holds was removed"
-        assert f"1 file it left in /dev/shm removed ({left.name})" in job.field("SANDBOX"), job.text
-    finally:
-        if handle:
-            handle.close()
-        for path in (left, held):
-            if os.path.exists(path):
-                os.unlink(path)

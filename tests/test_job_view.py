@@ -436,3 +436,24 @@ def test_a_click_on_allow_reaches_the_real_hermes_over_acp(bridge, browser, host
             view.wait_status("ok", timeout=120)
     assert not (bridge.root / "build").exists()
     assert bridge.record(started["_meta"]["viewFacts"]["job_id"]).decisions[0]["by"] == "the user (job view)"
+
+
+def test_the_view_shows_what_the_sandbox_refused_put_back_and_what_runs_later(bridge, browser, host_url):
+    """Issue 47: the block's SANDBOX, SANDBOX_DENIED, REPOSITORY and RUNS_LATER as the view's rows."""
+    from conftest import require_sandbox
+
+    require_sandbox()
+    repo = make_repo(bridge.root / "repo")
+    script = bridge.tmp / "contained.sh"
+    script.write_text(f"echo x > {bridge.tmp}/outside.txt\nprintf '#!/bin/sh\\n' > .git/hooks/pre-commit\n"
+                      "echo 'export X=1' > .envrc\n")
+    with bridge.client() as client:
+        arguments = {"task": f"!shell={script}", "cwd": str(repo), "wait_s": 30}
+        result = raw_call(client, "hermes_run", **arguments)
+        view = View(browser, host_url, client, result, arguments)
+        view.wait_status("ok")
+        facts = view.text("#facts")
+    assert "sandbox\nwrites limited to" in facts, facts
+    assert f"refused by the sandbox\n{bridge.tmp}/outside.txt" in facts, facts
+    assert "repository\nthe job created .git/hooks/pre-commit; restored" in facts, facts
+    assert "runs later\nread before you open the folder or run anything there: .envrc" in facts, facts

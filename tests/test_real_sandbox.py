@@ -88,7 +88,7 @@ def test_a_normal_worktree_job_commits_installs_into_its_venv_and_is_resumed_und
                     timeout=240)
     assert_turn_ended(result)
     assert result.field("SANDBOX").startswith("writes limited to "), result.text
-    assert "the repository's objects and the job's branch" in result.field("SANDBOX")
+    assert "the job's own git objects and branch" in result.field("SANDBOX")
     answer = result.text.split("--- HERMES ANSWER ---")[1].split("--- HERMES OUTPUT ---")[0]
     assert answer.count("SCRIPTED DONE: ") == 1 and "tiny works" in answer, result.text  # the last call's output
     branch = f"hermes-bridge/{result.field('JOB_ID')}"
@@ -99,3 +99,49 @@ def test_a_normal_worktree_job_commits_installs_into_its_venv_and_is_resumed_und
                      timeout=240)
     assert_turn_ended(resumed)
     assert resumed.field("SESSION_ID") == session and resumed.field("SANDBOX").startswith("writes limited to ")
+
+
+def test_what_a_job_plants_to_run_later_is_put_back_or_named_and_it_types_into_no_terminal(
+        sandboxed: tuple[Bridge, BridgeClient, Path]) -> None:
+    """Issue 47 with the real Hermes: a job in the user's own repository plants a hook, core.fsmonitor and an
+    alias, writes .claude/settings.json, .mcp.json, .envrc and .vscode/tasks.json, types into a terminal the
+    test has open, and writes 6,000 skills before a hook and a cron job into Hermes' home. The git folder and
+    Hermes' home are put back, the project's files named, the keystrokes refused; its own work stays."""
+    import os
+
+    from test_containment import PLANTS
+
+    bridge, client, home = sandboxed
+    repo = make_repo(bridge.root / "repo")
+    mark = bridge.tmp / "planted-ran"
+    config_before = (repo / ".git" / "config").read_bytes()
+    master, follower = os.openpty()
+    try:
+        script = bridge.tmp / "plant.sh"
+        script.write_text("\n".join(command.format(mark=mark) for command in PLANTS.values()) + f"""
+mkdir -p .vscode .claude && echo '{{}}' > .vscode/tasks.json && echo '{{}}' > .claude/settings.json
+echo '{{}}' > .mcp.json && echo 'export X=1' > .envrc && echo work > work.txt
+python3 -c 'import fcntl, os, termios; fd = os.open("{os.ttyname(follower)}", os.O_RDWR | os.O_NOCTTY)
+fcntl.ioctl(fd, termios.TIOCSTI, b"x")' || echo typing-refused > typed.txt
+python3 -c 'import pathlib; s = pathlib.Path("{home}/skills/many"); s.mkdir(parents=True)
+[(s / f"{{n}}.md").write_text("x") for n in range(6000)]'
+mkdir -p {home}/hooks/evil {home}/cron && echo pwned > {home}/hooks/evil/handler.py && echo '[]' > {home}/cron/jobs.json
+""")
+        job = finish(client, client.call("hermes_run", task=f"Plant.\nRUN: sh {script}; echo planted",
+                                         cwd=str(repo), wait_s=45))
+    finally:
+        os.close(master)
+        os.close(follower)
+    assert job.field("STATUS") == "ok", job.text
+    assert (repo / "work.txt").read_text() == "work\n" and (repo / "typed.txt").read_text() == "typing-refused\n"
+    assert (repo / ".git" / "config").read_bytes() == config_before
+    assert not (repo / ".git" / "hooks" / "pre-commit").exists()
+    assert "the job created .git/hooks/pre-commit; restored" in job.field("REPOSITORY"), job.text
+    for name in (".envrc", ".mcp.json", ".vscode/tasks.json", ".claude/settings.json"):
+        assert name in job.field("RUNS_LATER"), job.text
+    assert not (home / "hooks" / "evil").exists() and not (home / "cron" / "jobs.json").exists(), job.text
+    assert not (home / "skills" / "many").exists()
+    git(repo, "add", "work.txt")
+    git(repo, "commit", "-qm", "the user's next commit")
+    subprocess.run(["git", "-C", str(repo), "st"], capture_output=True)
+    assert not mark.exists(), "a program the job planted ran at the user's next git command"

@@ -1,0 +1,116 @@
+"""Issue 48, parts 1 and 2: what a sandboxed job reads stays home. Its tools cannot read the user's keys and
+credentials (~/.ssh, ~/.aws, ~/.netrc, ...; Landlock grants reading everything else), and Hermes' environment
+leaves out the user's credentials (cloud, git hosting, registries) but its model provider's key, unless
+pass_credentials passes one. The fake Hermes' `!shell=SCRIPT` is the job's shell."""
+import os
+from pathlib import Path
+
+import pytest
+from test_worktrees import final
+
+from claude_hermes_bridge.sandbox import read_grants, seatbelt_profile, unreadable_paths
+from conftest import require_sandbox
+from harness import Bridge
+
+pytestmark = pytest.mark.posix("Landlock is Linux's; the fake Hermes is a shell script")
+
+SECRETS = {".ssh/id_ed25519": "PRIVATE KEY", ".aws/credentials": "aws_secret_access_key = x", ".netrc": "password x",
+           ".config/gh/hosts.yml": "oauth_token: x", ".docker/config.json": '{"auths": {}}'}
+
+
+def plant_secrets(home: Path) -> None:
+    for name, text in SECRETS.items():
+        (home / name).parent.mkdir(parents=True, exist_ok=True)
+        (home / name).write_text(text)
+    (home / "notes.txt").write_text("readable\n")
+    (home / ".config" / "tool.toml").write_text("readable\n")
+
+
+@pytest.mark.parametrize("driver", ["cli", "acp"])
+def test_a_sandboxed_job_cannot_read_the_users_keys_and_reads_everything_else(bridge: Bridge, driver: str) -> None:
+    require_sandbox()
+    home = bridge.tmp / "home"
+    plant_secrets(home)
+    script = bridge.tmp / "read.sh"
+    checks = [*SECRETS, "notes.txt", ".config/tool.toml"]
+    script.write_text("\n".join(f'if cat "{home}/{name}" > /dev/null 2>&1; then echo "READ {name}"; else echo '
+                                f'"DENIED {name}"; fi >> tried.txt' for name in checks)
+                      + "\nls " + str(home / ".ssh") + " > listing.txt\npython3 -c 'import json, sqlite3' && echo "
+                        "'python works' >> tried.txt\ngit --version > /dev/null && echo 'git works' >> tried.txt\n")
+    from test_worktrees import client_of
+
+    with client_of(bridge, driver) as client:
+        job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
+    assert job.field("STATUS") == "ok", job.text
+    tried = (bridge.root / "tried.txt").read_text()
+    for name in SECRETS:
+        assert f"DENIED {name}" in tried, (name, tried)
+    assert "READ notes.txt" in tried and "READ .config/tool.toml" in tried, tried
+    assert "python works" in tried and "git works" in tried, tried
+    assert "reading: your credentials unreadable (" in job.field("SANDBOX"), job.text
+    assert str(home / ".ssh") in job.field("SANDBOX")
+
+
+def test_without_the_sandbox_the_same_job_reads_them(bridge: Bridge) -> None:
+    home = bridge.tmp / "home"
+    plant_secrets(home)
+    script = bridge.tmp / "read.sh"
+    script.write_text(f'cat "{home}/.ssh/id_ed25519" > stolen.txt\n')
+    bridge.configure(sandbox="off")
+    with bridge.client() as client:
+        job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
+    assert job.field("STATUS") == "ok", job.text
+    assert (bridge.root / "stolen.txt").read_text() == "PRIVATE KEY"
+
+
+def test_a_key_inside_the_jobs_own_folder_is_said_to_be_readable(bridge: Bridge) -> None:
+    """A job whose folder is the home itself can read what it holds: said, not hidden."""
+    require_sandbox()
+    home = bridge.tmp / "roots" / "a"  # the allowed root is the home here
+    plant_secrets(home)
+    client = bridge.client()
+    client.params.env = dict(bridge.env, HOME=str(home))
+    with client:
+        job = final(client, task="!write=a.txt:1", cwd=str(home))
+    assert job.field("STATUS") == "ok", job.text
+    assert f"EXCEPT {home / '.ssh'}" in job.field("SANDBOX"), job.text
+
+
+def test_read_grants_cover_all_but_the_unreadable_paths_and_follow_no_link_into_them(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    plant_secrets(home)
+    (home / "keys").symlink_to(home / ".ssh")
+    (tmp_path / "other").mkdir()
+    (home / "elsewhere").symlink_to(tmp_path / "other")
+    (home / "around").symlink_to(tmp_path)  # a link to a folder that holds the keys: not granted either
+    unreadable = unreadable_paths(str(home), [str(home / "private")])
+    grants = read_grants(unreadable)
+    under_home = sorted(os.path.relpath(path, home) for path in grants if path.startswith(str(home) + "/"))
+    assert under_home == [".config/tool.toml", "elsewhere", "notes.txt"], under_home
+    assert "/usr" in grants and "/etc" in grants
+
+
+def test_the_macos_profile_denies_reading_the_unreadable_paths(tmp_path: Path) -> None:
+    profile = seatbelt_profile([str(tmp_path)], [str(tmp_path / ".ssh")])
+    assert f'(deny file-read-data (subpath "{tmp_path / ".ssh"}"))' in profile
+
+
+def test_the_users_credentials_are_left_out_of_hermes_environment_and_named(bridge: Bridge) -> None:
+    bridge.extra_env.update(GITHUB_TOKEN="ghp-secret", AWS_SECRET_ACCESS_KEY="aws-secret", NPM_TOKEN="npm-secret",
+                            MY_SERVICE_PASSWORD="pw", OPENROUTER_API_KEY="model-key", DO_NOT_TRACK="1",
+                            AWS_CA_BUNDLE="/etc/ssl/bundle.pem")
+    bridge.configure(pass_credentials=["NPM_TOKEN"])
+    script = bridge.tmp / "env.sh"
+    script.write_text("env > env.txt\n")
+    with bridge.client() as client:
+        job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
+        health = client.call("hermes_health").field("CREDENTIALS")
+    assert job.field("STATUS") == "ok", job.text
+    seen = (bridge.root / "env.txt").read_text()
+    for secret in ("ghp-secret", "aws-secret", "=pw"):
+        assert secret not in seen, secret
+    assert "OPENROUTER_API_KEY=model-key" in seen and "NPM_TOKEN=npm-secret" in seen and "DO_NOT_TRACK=1" in seen
+    assert "AWS_CA_BUNDLE=/etc/ssl/bundle.pem" in seen  # a setting, not a credential
+    for name in ("AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "MY_SERVICE_PASSWORD"):
+        assert name in health, health
+    assert "NPM_TOKEN" not in health and "OPENROUTER_API_KEY" not in health and "secret" not in health
