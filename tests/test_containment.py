@@ -7,6 +7,7 @@ refuses it."""
 import subprocess
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_worktrees import client_of, final, git, make_repo
@@ -48,6 +49,16 @@ def history(repo: Path) -> dict[str, str]:
             "v1": git(repo, "rev-parse", "v1"), "a.txt": git(repo, "cat-file", "-p", "main:a.txt")}
 
 
+def assert_history_kept(bridge: Bridge, job: Any, repo: Path, before: dict[str, str]) -> None:
+    """The job ended ok, made its own commit, and every attack on the history was refused."""
+    assert job.field("STATUS") == "ok", job.text
+    tried = (bridge.jobs / "worktrees" / job.field("JOB_ID") / "tried.txt").read_text()
+    assert "DONE commit" in tried, tried
+    for attack in HISTORY_ATTACKS:
+        assert f"DENIED {attack}" in tried, (attack, tried)
+    assert history(repo) == before
+
+
 def repo_with_history(bridge: Bridge) -> Path:
     repo = make_repo(bridge.root / "repo")
     for branch in ("feature", "other"):
@@ -69,12 +80,7 @@ def test_a_worktree_job_cannot_touch_the_history_and_its_own_commit_lands(bridge
     script = history_attack_script(bridge.tmp)
     with client_of(bridge, driver) as client:
         job = final(client, task=f"!shell={script}", cwd=str(repo), isolation="worktree")
-        assert job.field("STATUS") == "ok", job.text
-        tried = (bridge.jobs / "worktrees" / job.field("JOB_ID") / "tried.txt").read_text()
-        assert "DONE commit" in tried, tried
-        for attack in HISTORY_ATTACKS:
-            assert f"DENIED {attack}" in tried, (attack, tried)
-        assert history(repo) == before
+        assert_history_kept(bridge, job, repo, before)
         assert subprocess.run(["git", "-C", str(repo), "fsck", "--no-dangling"], capture_output=True).returncode == 0
         landed = client.call("hermes_land", job_id=job.field("JOB_ID"), action="merge")
     assert landed.field("STATUS") == "ok", landed.text

@@ -118,7 +118,7 @@ def test_a_real_hermes_job_that_poisons_the_shared_repository_has_it_put_back_an
 def test_a_real_hermes_worktree_job_cannot_touch_the_history_and_its_commit_lands(bridge, way):
     """Issue 47 with the real Hermes, sandboxed, `approvals: yolo`: its terminal runs the attacks of
     tests/test_containment.py on the shared repository (each refused) and commits its own work (landed whole)."""
-    from test_containment import HISTORY_ATTACKS, history, history_attack_script, repo_with_history
+    from test_containment import assert_history_kept, history, history_attack_script, repo_with_history
 
     from conftest import require_sandbox
 
@@ -136,12 +136,7 @@ def test_a_real_hermes_worktree_job_cannot_touch_the_history_and_its_commit_land
         with bridge.client() as client:
             job = final_of(client, client.call("hermes_run", task=f"Work.\nRUN: sh {script} && echo tried",
                                                cwd=str(repo), isolation="worktree", wait_s=45))
-            assert job.field("STATUS") == "ok", job.text
-            tried = (bridge.jobs / "worktrees" / job.field("JOB_ID") / "tried.txt").read_text()
-            assert "DONE commit" in tried, tried
-            for attack in HISTORY_ATTACKS:
-                assert f"DENIED {attack}" in tried, (attack, tried)
-            assert history(repo) == before
+            assert_history_kept(bridge, job, repo, before)
             landed = client.call("hermes_land", job_id=job.field("JOB_ID"), action="merge")
     assert landed.field("STATUS") == "ok", landed.text
     assert (repo / "mine.txt").read_text() == "mine\n" and history(repo) == before
