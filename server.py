@@ -23,6 +23,8 @@ the MCP stack). A module imports only from modules above it in this list (tests/
   processes .......... [both] creation flags, Ownership (the proof before any signal), stop_tree, WindowsJob
   sandbox ............ [both] writes limited by the operating system (Landlock): what this machine supports, and
                        the step that confines Hermes' process before it becomes Hermes
+  network ............ [both] a job's network: the modes, the hosts it may reach, Hermes' model endpoint, and
+                       [supervisor] the proxy a job with a limited network reaches everything through
   config ............. [both] Config (each setting in SETTINGS), where it is found; the roots (confine_cwd,
                        confine_read); the audit log
   jobs ............... [both] JobRecord (every field checked, every list bounded), JobStore (the jobs folder),
@@ -35,6 +37,7 @@ the MCP stack). A module imports only from modules above it in this list (tests/
   hermes_cli ......... [both] locating Hermes, the options it declares, its command line, its exit codes in words
   hermes_store ....... [both] Hermes' state.db read with a deadline: activity, usage, current tool, answer
   hermes_acp ......... [both] whether this Hermes speaks ACP (choose_driver); [supervisor] the conversation
+  job_network ........ [supervisor] one job's network: its proxy started, its questions asked, its refusals said
   drivers ............ [both] the seam: HermesRun, CliRun, AcpRun, DRIVERS, and the launch plan (plan_launch)
   supervisor ......... [supervisor] Supervisor (one detached process per job) and its program, main
   standby ............ [supervisor] a warm Hermes for the next job, and its program (--standby ID)

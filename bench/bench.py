@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from test_real_hermes import write_hermes_home  # noqa: E402
 from claude_hermes_bridge.folder_changes import snapshot_folder  # noqa: E402
 from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore  # noqa: E402
 from claude_hermes_bridge.launch import JobRequest, supervisor_argv  # noqa: E402
+from claude_hermes_bridge.network import JobProxy, NetworkPolicy, host_rule  # noqa: E402
 from claude_hermes_bridge.processes import JOB_MARKER  # noqa: E402
 from claude_hermes_bridge.sandbox import mechanism, step_argv  # noqa: E402
 from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, BridgeClient, wait_until  # noqa: E402
@@ -399,6 +401,62 @@ def sandbox_step(folder: Path, runs: int) -> Row:
                "adds < 20 ms")
 
 
+def proxy_rows(folder: Path, runs: int, requests: int) -> list[Row]:
+    """What a limited network costs (network: allow-list against open): at a job's start, the job's proxy started
+    and the sandbox's step with its network rules, against the step alone; per request, a GET through the proxy
+    against the same GET straight to the server (on 127.0.0.1, so the proxy's own cost is all there is)."""
+    import urllib.request
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Small(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Small)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    program = [shutil.which("true") or "/bin/true"]
+    starts: dict[str, list[float]] = {"limited": [], "open": []}
+    for n in range(runs + 1):
+        for side in starts:
+            started = time.perf_counter()
+            proxy = JobProxy(NetworkPolicy("allow-list", (host_rule(f"127.0.0.1:{port}"),), None)) if (
+                side == "limited") else None
+            subprocess.run(step_argv([str(folder)], program, None, proxy.port if proxy else None), check=True,
+                           stdin=subprocess.DEVNULL)
+            if n:
+                starts[side].append(ms_since(started))
+            if proxy:
+                proxy.close()
+    proxy = JobProxy(NetworkPolicy("allow-list", (host_rule(f"127.0.0.1:{port}"),), None))
+    openers = {"proxied": urllib.request.build_opener(urllib.request.ProxyHandler(
+        {"http": f"http://127.0.0.1:{proxy.port}"})), "direct": urllib.request.build_opener(
+        urllib.request.ProxyHandler({}))}
+    gets: dict[str, list[float]] = {"proxied": [], "direct": []}
+    for n in range(requests + 1):
+        for side, opener in openers.items():
+            started = time.perf_counter()
+            with opener.open(f"http://127.0.0.1:{port}/", timeout=10) as response:
+                response.read()
+            if n:
+                gets[side].append(ms_since(started))
+    proxy.close()
+    server.shutdown()
+    added = statistics.median(starts["limited"]) - statistics.median(starts["open"])
+    per_request = statistics.median(gets["proxied"]) - statistics.median(gets["direct"])
+    return [Row("a job's start under network allow-list: its proxy and the step's network rules (floor: open)",
+                starts["limited"], starts["open"], "ms", f"adds {added:.1f} ms {'PASS' if added < 10 else 'MISS'}",
+                "adds < 10 ms"),
+            Row("one HTTP request through the job's proxy (floor: straight to the server)", gets["proxied"],
+                gets["direct"], "ms", f"adds {per_request:.1f} ms {'PASS' if per_request < 5 else 'MISS'}",
+                "adds < 5 ms")]
+
+
 def first_request_s(client: BridgeClient, model: ScriptedModel, task: str) -> tuple[float, str]:
     """From hermes_run's call to the model's first request, in seconds, and the job's START line."""
     started = time.time()
@@ -479,6 +537,7 @@ def main(argv: list[str]) -> int:
             rows += supervisor_start(bridge, runs)
             if mechanism().name:
                 rows.append(sandbox_step(bridge.root, max(5, runs * 3)))
+                rows += proxy_rows(bridge.root, max(5, runs * 3), calls * 5)
         finally:
             bridge.kill_leftovers()
     rows += jobs_listing(sizes, runs)

@@ -23,6 +23,7 @@ from .health import approvals_line
 from .hermes_acp import driver_line
 from .hermes_cli import hermes_env, locate_hermes
 from .mcp_edge import JOB_VIEW_URI, TRY_CLIENT_NAME, serve_after_the_script
+from .network import support_line as network_support
 from .preflight import SERVER_DIR, VERSION, dependency_version, missing_dependencies
 from .safe_io import TOOL_NAMES, clean_text, shown, write_atomic
 from .sandbox import SANDBOX_MODES, support_line
@@ -129,7 +130,8 @@ def check_command(serve_command: list[str]) -> int:
             if ran:
                 report += [driver_line(cfg, hermes.usable, probe=True),
                            f"APPROVALS: {approvals_line(cfg, hermes.usable)}",
-                           f"SANDBOX: {support_line(cfg.sandbox)}"]
+                           f"SANDBOX: {support_line(cfg.sandbox)}",
+                           f"NETWORK: {network_support(cfg.network, cfg.sandbox)}"]
         else:
             blockers.append(f"no usable Hermes: {hermes.problem}")
         if not cfg.roots:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .network import NETWORK_MODES, rules_problem
 from .preflight import SERVER_DIR, user_dir
 from .safe_io import IS_WINDOWS, NOFOLLOW, Refused, case_normalised, locked, read_capped, shown, within_any
 from .sandbox import SANDBOX_MODES
@@ -103,6 +104,11 @@ class Config:
                                           "more folders a sandboxed job may write (a shared cache)")
     sandbox_unreadable: list[str] = setting([], "a list of absolute paths", (list,),
                                             "more paths a sandboxed job may not read (besides ~/.ssh, ~/.aws, ...)")
+    network: str = setting("open", "", (str,), "what a job may reach over the network (open; allow-list: "
+                           "network_allow and Hermes' model; ask: the user is asked about any other host; model-only)",
+                           choices=NETWORK_MODES)
+    network_allow: list[str] = setting([], "a list of hosts (pypi.org, *.pythonhosted.org, 127.0.0.1:8080)", (list,),
+                                       "the hosts a job may reach under network allow-list or ask")
     pass_credentials: list[str] = setting([], "a list of environment variable names", (list,),
                                           "credentials in the server's environment a job may have (others are "
                                           "left out of Hermes' environment)")
@@ -348,6 +354,10 @@ def validate_config(cfg: Config) -> list[str]:
     """Problems that only show once the values are read: missing roots, unknown choices, out-of-range
     numbers, a Hermes or a default folder that is not there. Each bad value is replaced by its default."""
     problems = root_problems(cfg) + choice_problems(cfg) + number_problems(cfg)
+    if problem := rules_problem(cfg.network_allow):
+        problems.append(f"network_allow: {problem} (write a host name, *.domain, an address, each with an optional "
+                        ":port); network_allow is ignored until it is fixed")
+        cfg.network_allow = []
     if cfg.hermes_exe_path and not os.path.exists(cfg.hermes_exe_path):
         problems.append(f"hermes_exe {cfg.hermes_exe!r} does not exist (looked at {cfg.hermes_exe_path})")
     if cfg.default_cwd and not within_any(os.path.realpath(os.path.expanduser(cfg.default_cwd)), cfg.roots):

@@ -36,6 +36,7 @@ from .hermes_cli import (
 )
 from .hermes_store import StoreUnavailable, Usage, blocked_commands, read_store, session_started_in, session_usage
 from .jobs import JobRecord, JobState, JobStore, Outcome, write_record
+from .network import NO_PROXY_VARIABLES, proxy_environment
 from .processes import WindowsJob, hermes_creation_flags, interrupt_group, popen_kwargs
 from .safe_io import IS_WINDOWS, Refused, open_regular, shown_whole
 from .sandbox import SESSION_SERVICES, step_argv, unreadable_paths
@@ -88,16 +89,23 @@ class WarmStart:
 
 
 def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str], private_tmp: Path | None,
-                  extra_env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+                  extra_env: dict[str, str] | None = None, proxy_port: int | None = None,
+                  confine_network: bool = False) -> tuple[list[str], dict[str, str]]:
     """Hermes' command and environment (with extra_env): through the sandbox's step when writable is given, with
-    its private temporary folder and without the addresses of the user's session services."""
+    its private temporary folder and without the addresses of the user's session services; given proxy_port,
+    every HTTP client pointed at the job's proxy (nothing sent around it), and with confine_network the
+    operating system holding the job to it."""
     env = {**hermes_env(cfg, marker), **(extra_env or {})}
+    if proxy_port is not None:
+        env = {key: value for key, value in env.items() if key not in NO_PROXY_VARIABLES}
+        env.update(proxy_environment(proxy_port))
     if not writable:
         return argv, env
     env = {key: value for key, value in env.items() if key not in SESSION_SERVICES}
     env.update(TMPDIR=str(private_tmp), TEMP=str(private_tmp), TMP=str(private_tmp))
     env.update(cache_environment(tool_cache(cast(Path, private_tmp))))
-    return step_argv(writable, argv, unreadable_paths(os.path.expanduser("~"), cfg.sandbox_unreadable)), env
+    unreadable = unreadable_paths(os.path.expanduser("~"), cfg.sandbox_unreadable)
+    return step_argv(writable, argv, unreadable, proxy_port if confine_network else None), env
 
 
 # Where the tools a job runs keep their caches, redirected from the user's home (which a sandboxed job cannot

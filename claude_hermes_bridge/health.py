@@ -7,6 +7,7 @@ from .hermes_acp import driver_line, known_acp
 from .hermes_cli import command_preview, hermes_version_on_disk, known_cli, left_out_credentials, locate_hermes
 from .jobs import JobStore, disk_problem
 from .launch import worktree_count
+from .network import support_line as network_support
 from .preflight import VERSION, dependency_version, version_tuple
 from .safe_io import clock_words, plural, read_json, shown
 from .sandbox import support_line
@@ -105,7 +106,7 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
         f"HERMES_HOME: {shown(str(cfg.hermes_home_path))}",
         driver_line(cfg, exe, probe=False),
         f"APPROVALS: {approvals_line(cfg, exe)}",
-        f"SANDBOX: {support_line(cfg.sandbox)}",
+        f"SANDBOX: {support_line(cfg.sandbox)}", f"NETWORK: {network_support(cfg.network, cfg.sandbox)}",
         f"CREDENTIALS: {credentials_line(cfg)}",
         f"WARM_START: {warm_start_line(cfg, store)}",
         f"ALLOWED_ROOTS: {shown(', '.join(cfg.roots), 2000) or 'NONE: no job can start: ' + roots_missing(cfg)}",

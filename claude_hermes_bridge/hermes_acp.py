@@ -482,7 +482,7 @@ class AcpConversation:
         self.reader.join(2)
         self.pump()
         self._end_steers()
-        for question in list(self.record.questions):
+        for question in [question for question in self.record.questions if question["id"] in self.asked]:
             self._expire(question, "Hermes itself: it stopped waiting for an answer"
                          if machine_clock() >= question["expires_clock"] - 2
                          else "nobody: the job ended while Hermes waited")
@@ -672,13 +672,15 @@ class AcpConversation:
             return
         answers: dict[str, Any] | None = None
         for question in list(self.record.questions):
+            if question["id"] not in self.asked:  # the supervisor's own (a network question) or already decided
+                continue
             if machine_clock() > question["expires_clock"]:
                 self._expire(question, f"Hermes itself: no answer within {self.approval_timeout_s:g} s")
                 continue
             if answers is None:
                 answers = self.store.answers_file(self.record.id)[0]
             given = answers.get(question["id"])
-            if given is None or question["id"] not in self.asked:
+            if given is None:
                 continue
             request_id, by_kind, command = self.asked.pop(question["id"])
             self._forget(question)

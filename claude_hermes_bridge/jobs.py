@@ -290,6 +290,7 @@ class JobRecord:
     repository: list[str] = checked(is_guard_notes, factory=list)  # what the job changed in its shared repository
     sandbox: str | None = checked(is_text)  # what the operating system confined the job to, or why nothing
     sandbox_refused: list[str] = checked(is_refused_paths, factory=list)  # SANDBOX_DENIED
+    network: str | None = checked(is_text)  # what the job may reach over the network, and what was refused
     guarded_repo: str | None = checked(is_text)  # the repository a job without a worktree works in, kept as it was
     hermes_home: list[str] = checked(is_guard_notes, factory=list)  # what a sandboxed job changed of Hermes' settings
     standby_marker: str | None = checked(is_standby_marker)  # a warm job's: the marker its standby gave Hermes

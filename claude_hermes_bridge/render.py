@@ -239,6 +239,8 @@ def sandbox_lines(record: JobRecord) -> list[str]:
                      f"folders, as its tools reported them: {', '.join(shown(path, 200) for path in refused[:8])}"
                      + (" ..." if len(refused) > 8 else "") + ". If the work needed them, that is why it failed: "
                      "add the folder to sandbox_writable, or run it with sandbox: off")
+    if record.network:
+        lines.append(f"NETWORK: {shown(record.network, 1500)}")
     if record.hermes_home:
         lines.append("HERMES_SETTINGS: " + " | ".join(shown(note, 600) for note in record.hermes_home))
     if record.repository:
@@ -376,12 +378,15 @@ def worktree_facts(record: "JobRecord") -> list[list[str]]:
 
 
 def containment_facts(record: "JobRecord") -> list[list[str]]:
-    """What confined the job, what the sandbox refused, what it put back of a repository it worked in, and the
-    files it changed that run later, as the job view's rows (the block's SANDBOX, SANDBOX_DENIED, REPOSITORY and
-    RUNS_LATER lines; a worktree job's repository row is its worktree's)."""
+    """What confined the job, what the sandbox refused, what it may reach over the network (and what its proxy
+    refused), what it put back of a repository it worked in, and the files it changed that run later, as the job
+    view's rows (the block's SANDBOX, SANDBOX_DENIED, NETWORK, REPOSITORY and RUNS_LATER lines; a worktree job's
+    repository row is its worktree's)."""
     rows = [["sandbox", shown(record.sandbox, 1200)]] if record.sandbox else []
     if record.sandbox_refused:
         rows.append(["refused by the sandbox", ", ".join(shown(path, 200) for path in record.sandbox_refused)])
+    if record.network:
+        rows.append(["network", shown(record.network, 1500)])
     if record.repository and not record.worktree:
         rows.append(["repository", " | ".join(shown(note, 1000) for note in record.repository)])
     if runs_later := (record.changes or {}).get("runs_later"):
@@ -431,8 +436,10 @@ def final_lines(view: JobView, cfg: Config, log: Path, details: JobDetails | Non
     record = view.record
     exit_code, session = record.exit_code, record.session_id
     denied = (record.decided or {}).get("deny", 0)
-    lines = [f"DENIED: {plural(denied, 'command')} Hermes asked to run {'was' if denied == 1 else 'were'} denied (see "
-             "APPROVALS): the work may be incomplete; check it with hermes_read"] if denied else []
+    asked = "request" if any(d["id"].startswith("net-") for d in record.decisions) else "command"
+    lines = [f"DENIED: {plural(denied, asked)} Hermes asked {'for' if asked == 'request' else 'to run'} "
+             f"{'was' if denied == 1 else 'were'} denied (see APPROVALS): the work may be incomplete; check it with "
+             "hermes_read"] if denied else []
     lines += [f"EXIT_CODE: {'none' if exit_code is None else exit_code}",
              f"SESSION_ID: {shown(session) if session else 'none captured'}",
              f"CWD: {shown(record.cwd, 1000)}", f"ELAPSED_S: {elapsed_s(record, view.running)}",

@@ -14,7 +14,9 @@ SANDBOX_STEP = "claude_hermes_bridge.sandbox"  # `python -m`-like: confine, then
 # arm64, and no maintained Python binding covers the scopes of ABI 6, so a few lines of ctypes call it.
 SYSCALLS = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446), "arm64": (444, 445, 446)}
 CREATE_RULESET_VERSION = 1
-RULE_PATH_BENEATH = 1
+RULE_PATH_BENEATH, RULE_NET_PORT = 1, 2
+BIND_TCP, CONNECT_TCP = 1 << 0, 1 << 1  # handled_access_net, from ABI 4
+NETWORK_ABI = 4
 PR_SET_NO_NEW_PRIVS = 38
 READ_FILE = 1 << 2
 WRITE_FILE, REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR, MAKE_REG = 1 << 1, 1 << 4, 1 << 5, 1 << 6, 1 << 7, 1 << 8
@@ -41,6 +43,10 @@ class RulesetAttr(ctypes.Structure):
 class PathBeneathAttr(ctypes.Structure):
     _pack_ = 1
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+class NetPortAttr(ctypes.Structure):
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
 
 
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
@@ -95,19 +101,23 @@ def write_rights(abi: int) -> int:
     return rights | (REFER if abi >= 2 else 0) | (TRUNCATE if abi >= 3 else 0)
 
 
-def confine(writable: list[str], readable: list[str] | None = None) -> int:
+def confine(writable: list[str], readable: list[str] | None = None, connect_port: int | None = None) -> int:
     """This process and every process it starts from now on may write only beneath `writable` (folders, or
     single files), may not signal a process outside them, nor reach an abstract Unix socket outside (ABI 6);
-    given `readable`, it may read files only beneath those and `writable` (listing folders stays allowed).
-    Returns the ABI enforced; OSError when Landlock refuses."""
+    given `readable`, it may read files only beneath those and `writable` (listing folders stays allowed); given
+    `connect_port`, it may open TCP connections to that port only, bind none (ABI 4), and make no socket but Unix
+    and TCP ones (seccomp). Returns the ABI enforced; OSError when Landlock refuses."""
     abi, why_not = landlock_abi()
     if not abi:
         raise OSError(why_not)
+    if connect_port is not None and abi < NETWORK_ABI:
+        raise OSError(f"Landlock ABI {abi} here cannot limit the network (ABI {NETWORK_ABI}, Linux 6.7, can)")
     create, add_rule, restrict = SYSCALLS[os.uname().machine]
     call = libc().syscall
     handled = write_rights(abi) | (READ_FILE if readable is not None else 0)
-    attr = RulesetAttr(handled, 0, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
-    size = ctypes.sizeof(RulesetAttr) if abi >= 6 else 8  # the fields this ABI knows
+    network = BIND_TCP | CONNECT_TCP if connect_port is not None else 0
+    attr = RulesetAttr(handled, network, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
+    size = 24 if abi >= 6 else 16 if abi >= NETWORK_ABI else 8  # the fields this ABI knows
     ruleset = call(create, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:
         raise OSError(ctypes.get_errno(), f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
@@ -127,6 +137,11 @@ def confine(writable: list[str], readable: list[str] | None = None) -> int:
                     raise OSError(error, f"landlock_add_rule {path}: {os.strerror(error)}")
             finally:
                 os.close(descriptor)
+        if connect_port is not None:
+            port_rule = NetPortAttr(CONNECT_TCP, connect_port)
+            if call(add_rule, ruleset, RULE_NET_PORT, ctypes.byref(port_rule), ctypes.c_uint32(0)) < 0:
+                error = ctypes.get_errno()
+                raise OSError(error, f"landlock_add_rule port {connect_port}: {os.strerror(error)}")
         if libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
         if call(restrict, ruleset, ctypes.c_uint32(0)) < 0:
@@ -134,17 +149,24 @@ def confine(writable: list[str], readable: list[str] | None = None) -> int:
             raise OSError(error, f"landlock_restrict_self: {os.strerror(error)}")
     finally:
         os.close(ruleset)
-    refuse_typing_into_terminals()
+    install_seccomp(limit_network=connect_port is not None)
     return abi
 
 
 # A seccomp filter (classic BPF, the kernel's stable ABI; no maintained binding is in the standard library): the
-# ioctls that type into a terminal (TIOCSTI) or paste a selection (TIOCLINUX) fail with EPERM, whatever terminal.
-SECCOMP_ARCHES = {"x86_64": (0xC000003E, 16), "aarch64": (0xC00000B7, 29), "arm64": (0xC00000B7, 29)}
+# ioctls that type into a terminal (TIOCSTI) or paste a selection (TIOCLINUX) fail with EPERM, whatever terminal,
+# and so does every call of another ABI (i386's int 0x80 and x32 would pass a filter keyed on x86_64's numbers).
+# With the network limited: no socket but Unix and TCP (no UDP, raw, packet, netlink, SCTP: Landlock's port rules
+# govern TCP only) and no io_uring (its operations pass no system call a filter sees).
+SECCOMP_ARCHES = {"x86_64": (0xC000003E, 16, 41), "aarch64": (0xC00000B7, 29, 198), "arm64": (0xC00000B7, 29, 198)}
+X32_BIT = 0x40000000
+IO_URING_CALLS = (425, 426, 427)  # io_uring_setup, _enter, _register: one number on every architecture
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C
+AF_UNIX, AF_INET, AF_INET6, SOCK_STREAM, SOCK_TYPE_MASK, IPPROTO_TCP = 1, 2, 10, 1, 0xF, 6
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
-BPF_LD_W_ABS, BPF_JEQ_K, BPF_RET_K = 0x20, 0x15, 0x06
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_AND_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x54, 0x06
 SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO_EPERM = 0x7FFF0000, 0x00050000 | 1
+NR, ARCH, ARG0, ARG1, ARG2 = 0, 4, 16, 24, 32  # offsets in struct seccomp_data (an argument's low word)
 
 
 class SockFilter(ctypes.Structure):
@@ -155,14 +177,39 @@ class SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(SockFilter))]
 
 
-def refuse_typing_into_terminals() -> None:
+def seccomp_program(machine: str, limit_network: bool) -> list[tuple[int, int, int, int]]:
+    """The filter's instructions. Written with labels (a jump names the label it goes to, "" to fall through),
+    resolved to BPF's relative offsets at the end."""
+    arch, ioctl, socket_call = SECCOMP_ARCHES[machine]
+    code: list[tuple[str, int, str, str, int]] = [  # (label, opcode, jump if true, jump if false, operand)
+        ("", BPF_LD_W_ABS, "", "", ARCH), ("", BPF_JEQ_K, "", "deny", arch), ("", BPF_LD_W_ABS, "", "", NR)]
+    if machine == "x86_64":
+        code.append(("", BPF_JGE_K, "deny", "", X32_BIT))
+    code.append(("", BPF_JEQ_K, "ioctl", "", ioctl))
+    if limit_network:
+        code.append(("", BPF_JEQ_K, "socket", "", socket_call))
+        code += [("", BPF_JEQ_K, "deny", "", number) for number in IO_URING_CALLS]
+    code += [("", BPF_RET_K, "", "", SECCOMP_RET_ALLOW),
+             ("ioctl", BPF_LD_W_ABS, "", "", ARG1), ("", BPF_JEQ_K, "deny", "", TIOCSTI),
+             ("", BPF_JEQ_K, "deny", "allow", TIOCLINUX)]
+    if limit_network:
+        code += [("socket", BPF_LD_W_ABS, "", "", ARG0), ("", BPF_JEQ_K, "allow", "", AF_UNIX),
+                 ("", BPF_JEQ_K, "inet", "", AF_INET), ("", BPF_JEQ_K, "inet", "deny", AF_INET6),
+                 ("inet", BPF_LD_W_ABS, "", "", ARG1), ("", BPF_AND_K, "", "", SOCK_TYPE_MASK),
+                 ("", BPF_JEQ_K, "", "deny", SOCK_STREAM), ("", BPF_LD_W_ABS, "", "", ARG2),
+                 ("", BPF_JEQ_K, "allow", "", 0), ("", BPF_JEQ_K, "allow", "deny", IPPROTO_TCP)]
+    code += [("allow", BPF_RET_K, "", "", SECCOMP_RET_ALLOW), ("deny", BPF_RET_K, "", "", SECCOMP_RET_ERRNO_EPERM)]
+    where = {label: index for index, (label, *_) in enumerate(code) if label}
+
+    def offset(index: int, label: str) -> int:
+        return where[label] - index - 1 if label else 0
+    return [(opcode, offset(index, true), offset(index, false), operand)
+            for index, (_, opcode, true, false, operand) in enumerate(code)]
+
+
+def install_seccomp(limit_network: bool) -> None:
     """Install the filter on this process and all it starts (no_new_privs is already set). OSError if refused."""
-    arch, ioctl = SECCOMP_ARCHES[os.uname().machine]
-    program = [(BPF_LD_W_ABS, 0, 0, 4), (BPF_JEQ_K, 0, 5, arch),  # another architecture's calls: allowed
-               (BPF_LD_W_ABS, 0, 0, 0), (BPF_JEQ_K, 0, 3, ioctl),
-               (BPF_LD_W_ABS, 0, 0, 24),  # the ioctl's request (an unsigned int: the low word of args[1])
-               (BPF_JEQ_K, 2, 0, TIOCSTI), (BPF_JEQ_K, 1, 0, TIOCLINUX),
-               (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW), (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO_EPERM)]
+    program = seccomp_program(os.uname().machine, limit_network)
     filters = (SockFilter * len(program))(*(SockFilter(*instruction) for instruction in program))
     fprog = SockFprog(len(program), filters)
     if libc().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
@@ -170,27 +217,31 @@ def refuse_typing_into_terminals() -> None:
 
 
 UNREADABLE_MARK = "--unreadable"  # between the writable and the unreadable paths of the step's command
+CONNECT_MARK = "--connect"  # before the writable paths: the one TCP port the job may connect to
 
 
-def step_argv(writable: list[str], argv: list[str], unreadable: list[str] | None = None) -> list[str]:
+def step_argv(writable: list[str], argv: list[str], unreadable: list[str] | None = None,
+              connect_port: int | None = None) -> list[str]:
     """The command that confines itself to `writable` (and, given `unreadable`, reading to everything else: see
-    read_grants, listed by the step itself right before it confines), then becomes argv (same process, same pid,
-    same
-    environment). Linux: `python -I -S -B` spends no time on site packages and writes no bytecode beside the
-    package (compiling this module costs less than reading the per-user cache, which -X pycache_prefix would
-    extend to every standard module). macOS: sandbox-exec with the profile made from the same list."""
+    read_grants, listed by the step itself right before it confines; given `connect_port`, the network to that
+    port), then becomes argv (same process, same pid, same environment). Linux: `python -I -S -B` spends no time
+    on site packages and writes no bytecode beside the package (compiling this module costs less than reading
+    the per-user cache, which -X pycache_prefix would extend to every standard module). macOS: sandbox-exec with
+    the profile made from the same lists."""
     if sys.platform == "darwin":
-        return [SANDBOX_EXEC, "-p", seatbelt_profile(writable, unreadable or []), *argv]
+        return [SANDBOX_EXEC, "-p", seatbelt_profile(writable, unreadable or [], connect_port), *argv]
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     boot = (f"import sys; sys.path.insert(0, sys.argv.pop(1)); from {SANDBOX_STEP} import step; step()")
+    network = [CONNECT_MARK, str(connect_port)] if connect_port is not None else []
     reading = [UNREADABLE_MARK, *unreadable] if unreadable is not None else []
-    return [sys.executable, "-I", "-S", "-B", "-c", boot, package_parent, *writable, *reading, "--", *argv]
+    return [sys.executable, "-I", "-S", "-B", "-c", boot, package_parent, *network, *writable, *reading, "--", *argv]
 
 
-def seatbelt_profile(writable: list[str], unreadable: list[str] | None = None) -> str:
+def seatbelt_profile(writable: list[str], unreadable: list[str] | None = None, connect_port: int | None = None) -> str:
     """A Seatbelt profile with the Landlock rules' meaning: everything allowed but writing, which is allowed
-    beneath each writable folder (or to each file), reading the unreadable paths, and signalling, allowed within
-    the sandbox only. Paths are resolved (/tmp is /private/tmp to Seatbelt) and quoted as Scheme strings."""
+    beneath each writable folder (or to each file), reading the unreadable paths, signalling, allowed within
+    the sandbox only, and given connect_port, the network but Unix sockets and the proxy's port on this machine.
+    Paths are resolved (/tmp is /private/tmp to Seatbelt) and quoted as Scheme strings."""
     def quoted(path: str) -> str:
         return '"' + os.path.realpath(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -199,18 +250,22 @@ def seatbelt_profile(writable: list[str], unreadable: list[str] | None = None) -
                         for path in paths)
     hidden = ([f"(deny file-read-data {' '.join(f'(subpath {quoted(path)})' for path in unreadable)})"]
               if unreadable else [])  # a subpath holds the path itself too, and what is made there later
+    network = ["(deny network*)", f'(allow network-outbound (remote ip "localhost:{connect_port}"))',
+               "(allow network-outbound (remote unix-socket))"] if connect_port is not None else []
     return "\n".join(["(version 1)", "(allow default)", "(deny file-write*)", f"(allow file-write* {rules(writable)})",
-                      *hidden, "(deny signal (target others))"]) + "\n"
+                      *hidden, "(deny signal (target others))", *network]) + "\n"
 
 
 def step() -> None:
     """The program step_argv runs: confine, then exec Hermes; if Landlock refuses, Hermes is not started."""
     separator = sys.argv.index("--")  # writable paths are absolute: none is "--"
     paths, argv = sys.argv[1:separator], sys.argv[separator + 1:]
+    connect_port = int(paths[1]) if paths[:1] == [CONNECT_MARK] else None
+    paths = paths[2:] if connect_port is not None else paths
     unreadable = paths[paths.index(UNREADABLE_MARK) + 1:] if UNREADABLE_MARK in paths else None
     writable = paths[:paths.index(UNREADABLE_MARK)] if UNREADABLE_MARK in paths else paths
     try:
-        confine(writable, read_grants(unreadable) if unreadable is not None else None)
+        confine(writable, read_grants(unreadable) if unreadable is not None else None, connect_port)
     except OSError as exc:
         sys.stderr.write(f"[bridge] the sandbox could not be applied ({exc}); Hermes was not started\n")
         sys.exit(126)

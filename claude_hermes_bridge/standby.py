@@ -319,6 +319,8 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
     except (Refused, Exception):  # noqa: BLE001  (nothing to prepare for)
         return 0
     cwd = record.cwd or ""
+    if cfg.network != "open":  # a job's proxy is its supervisor's: a Hermes started before it would go around it
+        return 0
     if record.worktree or not os.path.isdir(cwd) or not within_any(os.path.realpath(cwd), cfg.roots):
         return 0
     wait_past_start(store, job_id)

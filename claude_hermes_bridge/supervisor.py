@@ -48,6 +48,7 @@ from .hermes_store import (
     store_fingerprint,
 )
 from .home_guard import guard_home, restore_home
+from .job_network import JobNetwork
 from .jobs import (
     GUARD_NOTES_KEPT,
     HEARTBEAT_S,
@@ -257,6 +258,7 @@ class Supervisor:
         self.private_tmp: Path | None = None
         self.next_heartbeat = 0.0
         self.spend = SpendWatch(cfg, store, self.record)
+        self.network = JobNetwork(cfg, store, self.record)
 
     def note(self, text: str) -> None:
         self.write_log(f"[bridge] {text}\n")
@@ -364,6 +366,8 @@ class Supervisor:
             task = read_capped(task_path, MAX_TASK_BYTES).decode("utf-8")
             if refusal := self._plan_sandbox(folder):
                 return refusal
+            if refused := self.network.start(sandboxed=bool(self.writable)):
+                return Outcome(JobState.ERROR, None, refused)
             return cast(LaunchPlan, plan_launch(cfg, exe, record, task, folder, task_path))  # probe_cli never None
         except Refused as exc:
             return Outcome(JobState.ERROR, None, f"{exc}. Nothing was run")
@@ -461,7 +465,7 @@ class Supervisor:
             proc = run.adopt(plan, self.warm)
         else:
             argv, env = hermes_launch(cfg, plan.argv, record.marker, self.writable, self.private_tmp,
-                                      self._git_environment())
+                                      self._git_environment(), self.network.port, self.network.enforced)
             proc = run.start(dataclasses.replace(plan, argv=argv), env)
         if IS_WINDOWS:
             self.windows_job = self._job_object_for(proc)
@@ -527,6 +531,8 @@ class Supervisor:
             self._keep_log_bounded()
             now = time.monotonic()
             run.pump()
+            if self.network.pump():
+                self.save()
             self._stamp(now)
             if run.finished and close_by is None:
                 run.close()
@@ -633,6 +639,7 @@ class Supervisor:
         record = self.record
         exit_code = outcome.exit_code
         session_id: str | None = None
+        self.network.close()
         if self.run_ is not None:
             try:
                 self.run_.cleanup()

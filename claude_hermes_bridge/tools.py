@@ -334,7 +334,7 @@ def job_view(cfg: Config, job_id: Any) -> JobView:
                       f"hermes_read(path=\"{JobStore.of(cfg).log_path(job_id)}\")") from None
 
 
-APPROVAL_ID_RE = re.compile(r"\d{1,7}-[0-9a-f]{6}")
+APPROVAL_ID_RE = re.compile(r"(net-)?\d{1,7}-[0-9a-f]{6}")  # Hermes' questions, and the network's (job_network)
 
 
 def answer_approval(cfg: Config, job_id: Any, approval_id: Any, decision: Any, by: str) -> JobView:

@@ -16,7 +16,9 @@ ROWS = ["cold start: spawn, initialize, tools/list", "server RSS after start", "
         "hermes_run(wait_s=0) until Hermes runs, folder of 2,000 files",
         "hermes_status of a running job with activity, store of 2,000 messages",
         "hermes_capabilities over 50 skills", "supervisor spawn until Hermes' pid", "supervisor RSS at Hermes' start",
-        "the sandbox's step: spawn until the program has run", "hermes_jobs with 100 records",
+        "the sandbox's step: spawn until the program has run",
+        "a job's start under network allow-list", "one HTTP request through the job's proxy",
+        "hermes_jobs with 100 records",
         "hermes_jobs with 1,000 records",
         *(f"hermes_run until the model's first request, Hermes {version} over ACP, warm"
           for version in REAL_ACP_VERSIONS)]

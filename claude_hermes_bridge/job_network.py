@@ -1,0 +1,147 @@
+"""[supervisor] One job's network as its supervisor runs it: the policy from the settings, whether this machine
+enforces it, the job's proxy (network.JobProxy), its questions under `network: ask` (asked on the channel
+Hermes' own questions use: the record's questions, the answers file), its refusals audited and said."""
+import dataclasses
+import os
+import queue
+import threading
+import time
+
+from .config import Config, audit
+from .jobs import ANSWERERS, QUESTIONS_KEPT, JobRecord, JobStore
+from .network import JobProxy, NetworkPolicy, enforcement, job_policy
+from .safe_io import machine_clock, plural, shown
+
+
+@dataclasses.dataclass
+class Ask:
+    """A question from a proxy thread, waiting for the supervisor's poll to answer it."""
+
+    where: str
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    decision: str = "deny"
+    question_id: str = ""
+
+
+class JobNetwork:
+    """Started in the supervisor's plan (start), polled with the job (pump), closed at its end (close). Proxy
+    threads never touch the record: their questions and refusals come through queues the poll empties."""
+
+    def __init__(self, cfg: Config, store: JobStore, record: JobRecord):
+        self.cfg, self.store, self.record = cfg, store, record
+        self.policy: NetworkPolicy | None = None
+        self.proxy: JobProxy | None = None
+        self.enforced, self.how = False, ""
+        self.asks: queue.Queue[Ask] = queue.Queue()
+        self.waiting: dict[str, Ask] = {}
+        self.refusals: queue.Queue[tuple[str, str]] = queue.Queue()
+        self.asked = 0
+        self.shown_refusals = -1
+
+    @property
+    def port(self) -> int | None:
+        return self.proxy.port if self.proxy else None
+
+    def start(self, sandboxed: bool) -> str | None:
+        """The proxy started and record.network said; the reason to refuse the job when the sandbox is required
+        and this machine cannot hold the job to its proxy."""
+        mode = self.cfg.network
+        if mode == "open":
+            self.record.network = "open (setting network: open): the job reaches any host"
+            return None
+        self.enforced, self.how = enforcement(sandboxed)
+        if not self.enforced and self.cfg.sandbox == "required":
+            return (f"network {mode} cannot be enforced here ({self.how}) and the sandbox is required; Hermes was "
+                    "not started. Set network to open, or sandbox to auto to run with an advisory proxy")
+        self.policy = job_policy(mode, self.cfg.network_allow, self.cfg.hermes_home_path)
+        self.proxy = JobProxy(self.policy, self._ask, lambda where, why: self.refusals.put((where, why)),
+                              lambda: self.record.hermes.pid if self.record.hermes else None)
+        self._say()
+        return None
+
+    def close(self) -> None:
+        """At the job's end: the proxy closed, a question still waiting denied (nobody is asked any more)."""
+        if self.proxy is None:
+            return
+        self.pump()
+        self.proxy.close()
+        for question_id, ask in list(self.waiting.items()):
+            self._decide(ask, "deny", "nobody: the job ended while the question waited")
+            self.record.questions = [q for q in self.record.questions if q["id"] != question_id]
+        self.waiting.clear()
+
+    def pump(self) -> bool:
+        """Questions asked and answered, refusals audited, the NETWORK words brought up to date; whether the
+        record changed."""
+        if self.proxy is None:
+            return False
+        changed = self._new_questions() | self._answers()
+        while not self.refusals.empty():
+            where, why = self.refusals.get()
+            audit(self.cfg, event="network", job_id=self.record.id, refused=where, why=why)
+        if self.proxy.refused_count != self.shown_refusals:
+            self._say()
+            changed = True
+        return changed
+
+    def _say(self) -> None:
+        proxy, policy = self.proxy, self.policy
+        assert proxy is not None and policy is not None
+        self.shown_refusals = proxy.refused_count
+        enforced = self.how if self.enforced else f"not enforced: {self.how}"
+        refused = (f"; {plural(proxy.refused_count, 'request')} refused: " + ", ".join(proxy.refusals[:8])
+                   + (" ..." if len(proxy.refusals) > 8 else "")) if proxy.refused_count else ""
+        self.record.network = shown(f"{policy.words()} through the job's proxy ({enforced}){refused}", 1500)
+
+    def _ask(self, where: str) -> str:
+        """In a proxy thread: the user's decision about where, or deny when no answer came in time."""
+        ask = Ask(where)
+        self.asks.put(ask)
+        ask.done.wait(self.cfg.approval_timeout_s + 5)
+        return ask.decision
+
+    def _new_questions(self) -> bool:
+        changed = False
+        while not self.asks.empty():
+            ask = self.asks.get()
+            self.asked += 1
+            ask.question_id = f"net-{self.asked}-{os.urandom(3).hex()}"
+            what = f"reach {ask.where} over the network (not on network_allow)"
+            if len(self.record.questions) >= QUESTIONS_KEPT:
+                self._decide(ask, "deny", f"the bridge: {len(self.record.questions):,} questions were already waiting")
+                continue
+            now = time.time()
+            timeout = self.cfg.approval_timeout_s
+            self.record.questions.append({"id": ask.question_id, "what": what, "asked_at": now,
+                                          "expires_at": now + timeout, "expires_clock": machine_clock() + timeout})
+            self.waiting[ask.question_id] = ask
+            changed = True
+        return changed
+
+    def _answers(self) -> bool:
+        if not self.waiting:
+            return False
+        answers = self.store.answers_file(self.record.id)[0]
+        changed = False
+        for question in [q for q in self.record.questions if q["id"] in self.waiting]:
+            given = answers.get(question["id"])
+            if given is not None:
+                self._decide(self.waiting.pop(question["id"]), given["decision"],
+                             ANSWERERS.get(given["by"], ANSWERERS["planner"]))
+            elif machine_clock() > question["expires_clock"]:
+                self._decide(self.waiting.pop(question["id"]), "deny",
+                             f"no answer within {self.cfg.approval_timeout_s:g} s")
+            else:
+                continue
+            self.record.questions = [q for q in self.record.questions if q["id"] != question["id"]]
+            changed = True
+        return changed
+
+    def _decide(self, ask: Ask, decision: str, by: str) -> None:
+        what = f"reach {ask.where} over the network"
+        self.record.add_decision({"id": ask.question_id, "what": what, "decision": decision, "by": by,
+                                  "at": time.time()})
+        audit(self.cfg, event="decision", job_id=self.record.id, approval_id=ask.question_id, decision=decision,
+              by=by, what=what)
+        ask.decision = decision
+        ask.done.set()

@@ -1,0 +1,344 @@
+"""Issue 48 part 3: a job's network. The proxy decides each request by host and port (allow-list, ask,
+model-only, Hermes' model always), refuses names that resolve inside the machine or its network, and says what
+it refused; the sandbox's step holds a process to the proxy's port (Landlock) and to Unix and TCP sockets
+(seccomp); the supervisor's JobNetwork asks the user on the approvals' channel. Everything on 127.0.0.1."""
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from claude_hermes_bridge.job_network import JobNetwork
+from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore
+from claude_hermes_bridge.network import (
+    JobProxy,
+    NetworkPolicy,
+    host_rule,
+    is_internal,
+    model_endpoint,
+    rules_problem,
+    support_line,
+)
+from claude_hermes_bridge.sandbox import landlock_abi, step_argv
+from conftest import require_sandbox
+from harness import config_for, wait_until
+
+
+class Hello(BaseHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = f"hello from {self.server.server_address[1]} {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def servers() -> Any:
+    """Two plain HTTP servers on 127.0.0.1: one the job may reach, one it may not."""
+    started = [ThreadingHTTPServer(("127.0.0.1", 0), Hello) for _ in range(2)]
+    for server in started:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield [server.server_address[1] for server in started]
+    for server in started:
+        server.shutdown()
+
+
+def fetch(proxy: JobProxy, url: str) -> tuple[int, str]:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": f"http://127.0.0.1:{proxy.port}"}))
+    try:
+        with opener.open(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def tunnel(proxy: JobProxy, host: str, port: int) -> tuple[int, str]:
+    """A CONNECT through the proxy (as https goes), then a plain request inside the tunnel."""
+    connection = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+    connection.set_tunnel(host, port)
+    try:
+        connection.request("GET", "/inside")
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    except OSError as exc:
+        return 403 if "403" in str(exc) else 0, str(exc)
+    finally:
+        connection.close()
+
+
+def policy(mode: str, *entries: str, model: tuple[str, int] | None = None) -> NetworkPolicy:
+    return NetworkPolicy(mode, tuple(host_rule(entry) for entry in entries), model)
+
+
+def test_host_rules_read_names_subdomains_addresses_and_ports() -> None:
+    assert host_rule("PyPI.org.").matches("pypi.org", 443) and host_rule("pypi.org").matches("pypi.org", 8080)
+    assert not host_rule("pypi.org:443").matches("pypi.org", 80)
+    wildcard = host_rule("*.pythonhosted.org")
+    assert wildcard.matches("files.pythonhosted.org", 443) and not wildcard.matches("pythonhosted.org", 443)
+    assert not wildcard.matches("evilpythonhosted.org", 443)
+    assert host_rule("[::1]:8080").matches("::1", 8080) and host_rule("127.0.0.1").matches("127.0.0.1", 9)
+    for wrong in ("http://pypi.org", "pypi.org:0", "pypi.org:x", "a b", "*", "*.", ""):
+        assert rules_problem([wrong]), wrong
+    assert rules_problem([7]) and rules_problem(["pypi.org", "*.a.b:1"]) is None
+
+
+def test_internal_addresses_are_the_machine_its_network_and_the_metadata_service() -> None:
+    import ipaddress
+
+    for address in ("127.0.0.1", "10.1.2.3", "192.168.0.1", "172.16.0.1", "169.254.169.254", "::1", "fe80::1",
+                    "fd00:ec2::254", "::ffff:127.0.0.1", "0.0.0.0", "100.64.0.1", "224.0.0.1"):
+        assert is_internal(ipaddress.ip_address(address)), address
+    assert not is_internal(ipaddress.ip_address("151.101.0.223"))
+
+
+def test_hermes_model_endpoint_comes_from_its_config(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("model:\n  provider: custom\n  base_url: http://127.0.0.1:4321/v1\n")
+    assert model_endpoint(tmp_path) == ("127.0.0.1", 4321)
+    (tmp_path / "config.yaml").write_text("model:\n  base_url: https://API.example.com/v1\n")
+    assert model_endpoint(tmp_path) == ("api.example.com", 443)
+    (tmp_path / "config.yaml").write_text("model:\n  provider: openrouter\n")
+    assert model_endpoint(tmp_path) == ("openrouter.ai", 443)
+    for unknown in ("model: x\n", "model:\n  base_url: file:///etc\n", "[1, 2\n", "model:\n  provider: mine\n"):
+        (tmp_path / "config.yaml").write_text(unknown)
+        assert model_endpoint(tmp_path) is None, unknown
+
+
+def test_the_proxy_lets_through_what_is_listed_and_refuses_the_rest_naming_it(servers: list[int]) -> None:
+    allowed, other = servers
+    proxy = JobProxy(policy("allow-list", f"127.0.0.1:{allowed}"))
+    try:
+        assert fetch(proxy, f"http://127.0.0.1:{allowed}/x?y=1") == (200, f"hello from {allowed} /x?y=1")
+        assert tunnel(proxy, "127.0.0.1", allowed) == (200, f"hello from {allowed} /inside")
+        status, body = fetch(proxy, f"http://127.0.0.1:{other}/")
+        assert status == 403 and "not on network_allow" in body
+        assert tunnel(proxy, "127.0.0.1", other)[0] == 403
+        assert fetch(proxy, "http://169.254.169.254/latest/meta-data/")[0] == 403
+        assert proxy.refused_count == 3 and proxy.allowed_count == 2
+        assert proxy.refusals == [f"127.0.0.1:{other} (not on network_allow)",
+                                  "169.254.169.254:80 (not on network_allow)"]
+    finally:
+        proxy.close()
+
+
+def test_a_listed_name_that_resolves_inside_is_refused_but_hermes_model_is_not(
+        servers: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    allowed, other = servers
+    real = socket.getaddrinfo
+
+    def resolve(host: str, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host.endswith(".example"):  # a public name a job's attacker points at the machine itself
+            return real("127.0.0.1", port, *args, **kwargs)
+        return real(host, port, *args, **kwargs)
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    proxy = JobProxy(policy("allow-list", "*.example", "rebind.example", model=("model.example", other)))
+    try:
+        status, body = fetch(proxy, f"http://sub.example:{allowed}/")
+        assert status == 403 and "resolves to 127.0.0.1, an address on this machine" in body
+        assert fetch(proxy, f"http://rebind.example:{allowed}/")[0] == 403  # an exact name: still its address
+        assert fetch(proxy, f"http://model.example:{other}/v1") == (200, f"hello from {other} /v1")
+        assert fetch(proxy, f"http://model.example:{allowed}/")[0] == 403  # the model's host, another port
+    finally:
+        proxy.close()
+
+
+def test_model_only_reaches_the_model_alone(servers: list[int]) -> None:
+    model_port, other = servers
+    proxy = JobProxy(policy("model-only", f"127.0.0.1:{other}", model=("127.0.0.1", model_port)))
+    try:
+        assert fetch(proxy, f"http://127.0.0.1:{model_port}/v1")[0] == 200
+        status, body = fetch(proxy, f"http://127.0.0.1:{other}/")
+        assert status == 403 and "not Hermes' model (network: model-only)" in body
+    finally:
+        proxy.close()
+
+
+def test_ask_asks_once_per_host_and_holds_the_answer_for_the_job(servers: list[int]) -> None:
+    first, second = servers
+    asked: list[str] = []
+    answers = {f"127.0.0.1:{first}": "allow_for_job", f"127.0.0.1:{second}": "deny"}
+
+    def ask(where: str) -> str:
+        asked.append(where)
+        return answers[where]
+    proxy = JobProxy(policy("ask"), ask)
+    try:
+        assert [fetch(proxy, f"http://127.0.0.1:{first}/")[0] for _ in range(2)] == [200, 200]
+        assert [fetch(proxy, f"http://127.0.0.1:{second}/")[0] for _ in range(2)] == [403, 403]
+        assert asked == [f"127.0.0.1:{first}", f"127.0.0.1:{second}"]
+        assert "not on network_allow and not allowed when asked" in proxy.refusals[0]
+        answers[f"127.0.0.1:{first}"] = "allow"
+        once = JobProxy(policy("ask"), ask)
+        try:
+            assert [fetch(once, f"http://127.0.0.1:{first}/")[0] for _ in range(2)] == [200, 200]
+            assert asked[2:] == [f"127.0.0.1:{first}"] * 2  # allowed once: asked again next time
+        finally:
+            once.close()
+    finally:
+        proxy.close()
+
+
+@pytest.mark.posix("/proc tells a socket's process")
+def test_under_ask_hermes_own_requests_are_refused_without_a_question_and_its_tools_are_asked(
+        servers: list[int]) -> None:
+    """What Hermes fetches by itself (its update check, model metadata) is not the user's question; the same host
+    asked by a tool it runs (a child process) is."""
+    import os
+
+    asked: list[str] = []
+    proxy = JobProxy(policy("ask"), lambda where: asked.append(where) or "allow", hermes_pid=os.getpid)
+    try:
+        status, body = fetch(proxy, f"http://127.0.0.1:{servers[0]}/")
+        assert status == 403 and "Hermes' own request, not a tool's: not asked about" in body and asked == []
+        tool = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-x",
+                               f"http://127.0.0.1:{proxy.port}", f"http://127.0.0.1:{servers[0]}/"],
+                              capture_output=True, text=True, timeout=30)
+        assert tool.stdout == "200" and asked == [f"127.0.0.1:{servers[0]}"]
+    finally:
+        proxy.close()
+
+
+def test_the_proxy_refuses_what_is_not_an_http_request_and_heads_past_its_bound(servers: list[int]) -> None:
+    proxy = JobProxy(policy("allow-list", f"127.0.0.1:{servers[0]}"))
+    try:
+        for request in (b"hello\r\n\r\n", b"GET https://127.0.0.1/ HTTP/1.1\r\n\r\n",
+                        b"GET /relative HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+                        b"CONNECT 127.0.0.1 HTTP/1.1\r\n\r\n", b"GET http://a b/ HTTP/1.1\r\n" + b"x" * 70000):
+            with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as client:
+                client.sendall(request)
+                assert client.recv(100).split(b" ")[1] in (b"400", b"431"), request[:40]
+    finally:
+        proxy.close()
+
+
+NETWORK_TRY = r"""
+import ctypes, json, socket, sys
+proxy, other = int(sys.argv[1]), int(sys.argv[2])
+found = {}
+def attempt(name, action):
+    try:
+        action()
+        found[name] = "allowed"
+    except OSError as exc:
+        found[name] = exc.errno
+attempt("proxy", lambda: socket.create_connection(("127.0.0.1", proxy), 5).close())
+attempt("other port", lambda: socket.create_connection(("127.0.0.1", other), 5).close())
+attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("127.0.0.1", other)))
+attempt("udp6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_DGRAM))
+attempt("raw", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, 1))
+attempt("packet", lambda: socket.socket(17, socket.SOCK_RAW, 0))
+attempt("netlink", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0))
+attempt("sctp", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM, 132))
+attempt("unix", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close())
+attempt("tcp6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_STREAM | socket.SOCK_CLOEXEC).close())
+attempt("listen", lambda: socket.socket().bind(("127.0.0.1", 0)))
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+for name, number in (("io_uring", 425), ("x32 getpid", 0x40000000 | 39)):
+    found[name] = "allowed" if libc.syscall(number, 8, None) >= 0 else ctypes.get_errno()
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.posix("Landlock is Linux's")
+def test_the_step_holds_a_process_to_the_proxy_port_and_to_unix_and_tcp_sockets(tmp_path: Path) -> None:
+    require_sandbox()
+    assert landlock_abi()[0] >= 4
+    script = tmp_path / "try.py"
+    script.write_text(NETWORK_TRY)
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    ports = [str(listener.getsockname()[1]) for listener in listeners]
+    try:
+        argv = [sys.executable, str(script), *ports]
+        limited = json.loads(subprocess.run(step_argv([str(tmp_path)], argv, None, int(ports[0])), check=True,
+                                            capture_output=True, text=True, timeout=60).stdout)
+        eacces, eperm = 13, 1
+        assert limited == {"proxy": "allowed", "other port": eacces, "udp": eperm, "udp6": eperm, "raw": eperm,
+                           "packet": eperm, "netlink": eperm, "sctp": eperm, "unix": "allowed", "tcp6": "allowed",
+                           "listen": eacces, "io_uring": eperm, "x32 getpid": eperm}, limited
+        open_network = json.loads(subprocess.run(step_argv([str(tmp_path)], argv), check=True, capture_output=True,
+                                                 text=True, timeout=60).stdout)
+        assert open_network["other port"] == open_network["listen"] == open_network["udp"] == "allowed"
+        assert open_network["x32 getpid"] == 1  # another ABI's calls are refused with or without the network
+    finally:
+        for listener in listeners:
+            listener.close()
+
+
+def network_job(tmp_path: Path, **settings: Any) -> tuple[JobNetwork, JobStore, JobRecord]:
+    tmp_path.mkdir(exist_ok=True)
+    cfg = config_for(tmp_path, allowed_roots=[str(tmp_path)], hermes_home=str(tmp_path / "home"), **settings)
+    store = JobStore.of(cfg)
+    store.ensure()
+    record = JobRecord(id="20261204-000000-1", state=JobState.RUNNING)
+    return JobNetwork(cfg, store, record), store, record
+
+
+def test_a_host_not_listed_becomes_the_users_question_and_the_answer_decides(
+        tmp_path: Path, servers: list[int]) -> None:
+    network, store, record = network_job(tmp_path, network="ask", approval_timeout_s=30)
+    assert network.start(sandboxed=False) is None and network.port
+    assert record.network.startswith("ask (0 hosts of network_allow and Hermes' model (its host not known")
+    assert "not enforced: the job is not sandboxed" in record.network
+    results: list[tuple[int, str]] = []
+    request = threading.Thread(target=lambda: results.append(fetch(network.proxy, f"http://127.0.0.1:{servers[0]}/")))
+    request.start()
+    question = wait_until(lambda: network.pump() and record.questions and record.questions[0], 10, "the question")
+    assert question["what"] == f"reach 127.0.0.1:{servers[0]} over the network (not on network_allow)"
+    store.answers_path(record.id).write_text(json.dumps({question["id"]: {"decision": "allow", "by": "view"}}))
+    wait_until(lambda: network.pump() or results, 10, "the answer applied")
+    request.join(10)
+    assert results == [(200, f"hello from {servers[0]} /")] and record.questions == []
+    assert record.decisions[-1]["decision"] == "allow" and record.decisions[-1]["by"] == "the user (job view)"
+    network.close()
+
+
+def test_an_unanswered_network_question_is_denied_at_its_timeout_and_at_the_jobs_end(
+        tmp_path: Path, servers: list[int]) -> None:
+    network, _, record = network_job(tmp_path, network="ask", approval_timeout_s=5)
+    network.start(sandboxed=False)
+    results: list[tuple[int, str]] = []
+    threading.Thread(target=lambda: results.append(fetch(network.proxy, f"http://127.0.0.1:{servers[0]}/"))).start()
+    wait_until(lambda: network.pump() and record.questions, 10, "the question")
+    started = time.monotonic()
+    wait_until(lambda: network.pump() and results, 20, "the timeout")
+    assert results[0][0] == 403 and time.monotonic() - started >= 3
+    assert record.decisions[-1]["by"] == "no answer within 5 s" and record.questions == []
+    assert "1 request refused: 127.0.0.1:" in record.network
+    results.clear()
+    threading.Thread(target=lambda: results.append(fetch(network.proxy, f"http://127.0.0.1:{servers[1]}/"))).start()
+    wait_until(lambda: network.pump() and record.questions, 10, "the second question")
+    network.close()
+    wait_until(lambda: results, 10, "the refusal at the end")
+    assert record.decisions[-1]["by"] == "nobody: the job ended while the question waited" and not record.questions
+
+
+def test_a_limited_network_the_machine_cannot_enforce_refuses_a_job_that_requires_the_sandbox(tmp_path: Path) -> None:
+    network, _, record = network_job(tmp_path, network="model-only", sandbox="required")
+    refused = network.start(sandboxed=False)
+    assert refused and refused.startswith("network model-only cannot be enforced here (the job is not sandboxed")
+    assert network.port is None and record.network is None
+    open_job, _, open_record = network_job(tmp_path / "open")
+    assert open_job.start(sandboxed=True) is None and open_job.port is None
+    assert open_record.network == "open (setting network: open): the job reaches any host"
+
+
+def test_health_says_what_this_machine_enforces() -> None:
+    assert support_line("open", "auto").startswith("open (setting network: open)")
+    enforced = support_line("allow-list", "auto")
+    assert enforced.startswith("allow-list, enforced here (Landlock: TCP") if landlock_abi()[0] >= 4 else (
+        "not enforced" in enforced)
+    assert support_line("model-only", "off") == ("model-only: not enforced (the job is not sandboxed, so only tools "
+                                                 "that honour HTTPS_PROXY use the proxy)")
