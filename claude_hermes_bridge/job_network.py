@@ -45,7 +45,7 @@ class JobNetwork:
     def start(self, sandboxed: bool) -> str | None:
         """The proxy started and record.network said; the reason to refuse the job when the sandbox is required
         and this machine cannot hold the job to its proxy."""
-        mode = self.cfg.network
+        mode = self.record.network_mode or self.cfg.network
         if mode == "open":
             self.record.network = "open (setting network: open): the job reaches any host"
             return None

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, Iterator
 import psutil
 
 from .config import APPROVAL_MODES, DRIVER_NAMES, START_GRACE_S, Config
+from .network import NETWORK_MODES
 from .safe_io import (
     DamagedRecord,
     ProcessId,
@@ -108,6 +109,10 @@ def is_flat_dict(value: Any) -> bool:
 def is_late_answer(value: Any) -> bool:
     """An answer that came after its question was decided: its question's id, the decision, who, when."""
     return is_text_fields(value, ("id", "decision", "by")) and is_number(value.get("at"))
+
+
+def is_network_mode(value: Any) -> bool:
+    return value is None or value in NETWORK_MODES
 
 
 def is_question(value: Any) -> bool:
@@ -290,6 +295,7 @@ class JobRecord:
     repository: list[str] = checked(is_guard_notes, factory=list)  # what the job changed in its shared repository
     sandbox: str | None = checked(is_text)  # what the operating system confined the job to, or why nothing
     sandbox_refused: list[str] = checked(is_refused_paths, factory=list)  # SANDBOX_DENIED
+    network_mode: str | None = checked(is_network_mode)  # as the job was started with (None: an older bridge's)
     network: str | None = checked(is_text)  # what the job may reach over the network, and what was refused
     guarded_repo: str | None = checked(is_text)  # the repository a job without a worktree works in, kept as it was
     hermes_home: list[str] = checked(is_guard_notes, factory=list)  # what a sandboxed job changed of Hermes' settings

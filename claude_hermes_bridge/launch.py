@@ -65,12 +65,13 @@ class JobRequest:
     max_tokens: int | None = None
     max_cost_usd: float | None = None
     worktree: dict[str, Any] | None = None  # isolation "worktree": the repository and base, as the launch found them
+    network: str = "open"  # what the job may reach (the setting, or narrower as the call asked)
 
     def dedupe_key(self) -> str:
         import hashlib  # here, not at the top: it maps OpenSSL (3 MB) into every supervisor, which needs none
 
         identity = [self.kind, self.task, self.cwd, self.session_requested, self.skills, self.toolsets,
-                    *([self.worktree.get("from")] if self.worktree else [])]
+                    *([self.worktree.get("from")] if self.worktree else []), self.network]
         return hashlib.sha256(json.dumps(identity).encode()).hexdigest()
 
     def record(self, job_id: str, log: str | None = None) -> JobRecord:
@@ -81,7 +82,7 @@ class JobRequest:
                          max_turns=self.max_turns, timeout_s=self.timeout_s, dedupe_key=self.dedupe_key(), log=log,
                          cwd_note=self.cwd_note, driver=self.driver, approval_mode=self.approval_mode,
                          max_tokens=self.max_tokens, max_cost_usd=self.max_cost_usd,
-                         worktree=dict(self.worktree) if self.worktree else None)
+                         worktree=dict(self.worktree) if self.worktree else None, network_mode=self.network)
 
 
 def launch_job(cfg: Config, request: JobRequest) -> tuple[JobRecord, str | None]:

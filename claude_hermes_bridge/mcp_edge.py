@@ -407,17 +407,19 @@ def register_job_tools(registry: ToolRegistry) -> None:
                          timeout_s: float | None = None, wait_s: float | None = None,
                          skills: list[str] | str | None = None, toolsets: list[str] | str | None = None,
                          max_tokens: int | None = None, max_cost_usd: float | None = None,
-                         isolation: str | None = None, isolation_base: str | None = None) -> CallToolResult:
+                         isolation: str | None = None, isolation_base: str | None = None,
+                         network: str | None = None) -> CallToolResult:
         """Start a fresh Hermes job in cwd (an absolute folder inside the allowed roots). Returns the result
         if it ends within wait_s (default 5 s), else STATUS: running and a JOB_ID to pass to hermes_status.
         The task must be self-contained: absolute paths and a definition of done. max_tokens and
         max_cost_usd (Hermes' estimate) are budgets: past one the job is stopped and ends over_budget.
         isolation "worktree" runs the job in a git worktree of its own (cwd must be in a repository): its
         work lands only through hermes_land; isolation_base "working-tree" starts it from the user's
-        uncommitted files too (default: HEAD)."""
+        uncommitted files too (default: HEAD). network narrows what the job may reach ("model-only",
+        "allow-list", "ask"; never wider than the user's setting)."""
         wait, ask = 0 if registry.tasks.as_task() else wait_s, user_asker(ctx, registry.tasks)
         arguments = LaunchArguments(task, cwd, max_turns, timeout_s, skills, toolsets, max_tokens, max_cost_usd,
-                                    isolation, isolation_base)
+                                    isolation, isolation_base, network)
         return await registry.respond(
             "hermes_run", lambda cfg: run_tool(cfg, arguments, wait, ctx.report_progress, ask), task)
 

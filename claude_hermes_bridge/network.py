@@ -170,6 +170,19 @@ class NetworkPolicy:
         return f"{self.mode} ({hosts}{'; any other host is asked about' if self.mode == 'ask' else ''})"
 
 
+def job_mode(setting: str, asked: object) -> str:
+    """The network a job asked for (None: the setting's), which may narrow the setting but never widen it (the
+    modes run strictest first); ValueError naming why."""
+    if asked is None:
+        return setting
+    if asked not in NETWORK_MODES:
+        raise ValueError(f"network must be one of {', '.join(NETWORK_MODES)}, got {shown(asked, 40)}")
+    if NETWORK_MODES.index(str(asked)) > NETWORK_MODES.index(setting):
+        raise ValueError(f"network {asked} would widen the setting network: {setting}; a job may only narrow it "
+                         f"({', '.join(NETWORK_MODES[:NETWORK_MODES.index(setting) + 1])})")
+    return str(asked)
+
+
 def job_policy(mode: str, entries: list[str], hermes_home: Path) -> NetworkPolicy:
     rules = []
     for entry in entries:

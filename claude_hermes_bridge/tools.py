@@ -36,6 +36,7 @@ from .jobs import (
     validate_job_id,
 )
 from .launch import JobRequest
+from .network import job_mode
 from .processes import Ownership, carries_marker, still_running, stop_tree, tree_of
 from .render import elapsed_s
 from .repo_guard import check_repository
@@ -153,6 +154,7 @@ class LaunchArguments:
     max_cost_usd: Any = None
     isolation: Any = None
     isolation_base: Any = None
+    network: Any = None
 
 
 def budget(name: str, value: Any, default: float | None, ceiling: float | None, whole: bool) -> Noted[float | None]:
@@ -186,6 +188,10 @@ def job_request(cfg: Config, kind: str, arguments: LaunchArguments, session: str
     tokens = budget("max_tokens", arguments.max_tokens, cfg.default_max_tokens, cfg.max_tokens_limit, whole=True)
     cost = budget("max_cost_usd", arguments.max_cost_usd, cfg.default_max_cost_usd, cfg.max_cost_usd_limit,
                   whole=False)
+    try:
+        network = job_mode(cfg.network, arguments.network)
+    except ValueError as exc:
+        raise Refused(str(exc)) from None
     exe = usable_hermes(cfg)
     driver, _ = choose_driver(cfg, exe, session)
     isolation = (Noted(resumed) if resumed else
@@ -195,7 +201,7 @@ def job_request(cfg: Config, kind: str, arguments: LaunchArguments, session: str
                          toolsets=names_argument("toolsets", arguments.toolsets), session_requested=session,
                          cwd_note=cwd_note, driver=driver, approval_mode=cfg.approval_mode,
                          max_tokens=int(tokens.value) if tokens.value is not None else None, max_cost_usd=cost.value,
-                         worktree=isolation.value)
+                         worktree=isolation.value, network=network)
     check_launch(cfg, exe, request)
     return Noted(request, timeout.notes + tokens.notes + cost.notes + isolation.notes)
 

@@ -342,3 +342,33 @@ def test_health_says_what_this_machine_enforces() -> None:
         "not enforced" in enforced)
     assert support_line("model-only", "off") == ("model-only: not enforced (the job is not sandboxed, so only tools "
                                                  "that honour HTTPS_PROXY use the proxy)")
+
+
+def test_a_job_may_narrow_the_network_setting_never_widen_it() -> None:
+    from claude_hermes_bridge.network import job_mode
+
+    assert job_mode("open", None) == "open" and job_mode("open", "model-only") == "model-only"
+    assert job_mode("ask", "allow-list") == "allow-list" and job_mode("allow-list", "allow-list") == "allow-list"
+    for setting, asked in (("allow-list", "open"), ("model-only", "ask"), ("allow-list", "ask")):
+        with pytest.raises(ValueError, match=f"network {asked} would widen the setting network: {setting}"):
+            job_mode(setting, asked)
+    with pytest.raises(ValueError, match="network must be one of"):
+        job_mode("open", "none")
+
+
+@pytest.mark.posix("the fake Hermes' shell directive")
+def test_a_job_started_with_a_narrower_network_reaches_only_hermes_model(bridge: Any, servers: list[int]) -> None:
+    """Through the real stdio transport: the call's network is the job's, its tools' requests go through the
+    job's proxy and are refused there (named in NETWORK), and a wider one than the setting is refused."""
+    script = bridge.tmp / "fetch.sh"
+    script.write_text(f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{servers[0]}/ > {bridge.root}/code.txt\n")
+    bridge.configure(network="allow-list", network_allow=[f"127.0.0.1:{servers[1]}"])
+    with bridge.client() as client:
+        refused = client.call("hermes_run", task="x", network="open")
+        assert refused.is_error and "network open would widen the setting network: allow-list" in refused.text
+        result = client.call("hermes_run", task=f"fetch !shell={script}", network="model-only", wait_s=30)
+        assert result.field("STATUS") == "ok", result.text
+    assert (bridge.root / "code.txt").read_text() == "403"
+    network = result.field("NETWORK")
+    assert network.startswith("model-only (Hermes' model (its host not known from config.yaml"), network
+    assert f"1 request refused: 127.0.0.1:{servers[0]} (not Hermes' model (network: model-only))" in network
