@@ -43,13 +43,33 @@ async def off_loop(fn: Callable[..., T], *args: Any) -> T:
         return await anyio.to_thread.run_sync(functools.partial(fn, *args), abandon_on_cancel=True)
 
 
-AskUser = Callable[[str, dict[str, Any], float], Awaitable[str | None]]  # job id, the question, seconds to wait
+# job id, the question, seconds to wait -> the decision and who took it (an ANSWERERS key), or None
+AskUser = Callable[[str, dict[str, Any], float], Awaitable[tuple[str, str] | None]]
+# The questions this server process has shown in a block, (job id, question id): a wait returns at once for a
+# question its caller has not been told about, and waits on through one it has (for the answer, Hermes' own
+# decision or the job's end), so a planner polling hermes_status while a person decides makes no tight loop.
+TOLD_QUESTIONS: dict[tuple[str, str], None] = {}
+TOLD_KEPT = 10_000
+
+
+def told(views: list[JobView]) -> None:
+    for view in views:
+        for question in view.pending_questions:
+            TOLD_QUESTIONS[(view.record.id, question["id"])] = None
+    while len(TOLD_QUESTIONS) > TOLD_KEPT:
+        del TOLD_QUESTIONS[next(iter(TOLD_QUESTIONS))]
+
+
+def untold(view: JobView, questions: list[dict[str, Any]] | None = None) -> bool:
+    return any((view.record.id, question["id"]) not in TOLD_QUESTIONS
+               for question in (view.pending_questions if questions is None else questions))
 
 
 async def wait_for_end(cfg: Config, job_id: str, wait_s: float, progress: Progress | None,
                        ask_user: AskUser | None = None, questions_end_wait: bool = True) -> JobView:
-    """Poll the record on disk until the job ends, Hermes asks a question (unless questions_end_wait is off,
-    as for a cancel, which waits for the end), or wait_s passes; sends progress while it waits. A question
+    """Poll the record on disk until the job ends, Hermes asks a question the caller was not shown yet (unless
+    questions_end_wait is off, as for a cancel, which waits for the end), or wait_s passes; sends progress
+    while it waits. A question
     goes to the user at once when the host can ask them (ask_user, elicitation); their answer is relayed like
     hermes_approve's and the wait goes on."""
     import anyio
@@ -64,13 +84,14 @@ async def wait_for_end(cfg: Config, job_id: str, wait_s: float, progress: Progre
         if unasked and ask_user is not None:
             question = unasked[0]
             asked.add(question["id"])
-            decision = await ask_user(job_id, question, min(question["expires_clock"] - machine_clock(),
-                                                                     max(0.0, deadline - now)))
-            if decision:
+            answered = await ask_user(job_id, question, min(question["expires_clock"] - machine_clock(),
+                                                            max(0.0, deadline - now)))
+            if answered:
                 with contextlib.suppress(Refused):  # answered meanwhile by someone else: theirs stands
-                    await off_loop(answer_approval, cfg, job_id, question["id"], decision, "user")
+                    await off_loop(answer_approval, cfg, job_id, question["id"], *answered)
                 continue
-        if not view.running or now >= deadline or (unasked and questions_end_wait):
+        if not view.running or now >= deadline or (questions_end_wait and untold(view, unasked)):
+            told([view])
             return view
         if progress is not None and now >= next_progress:
             next_progress = now + PROGRESS_EVERY_S
@@ -145,7 +166,8 @@ async def status_of_many(cfg: Config, job_ids: Any, until: Any, wait_s: Any) -> 
         views = [await off_loop(job_view, cfg, job_id) for job_id in ids]
         ended = [view for view in views if not view.running]
         enough = len(ended) == len(views) if until == "all" else bool(ended)
-        if enough or time.monotonic() >= deadline or any(view.pending_questions for view in views):
+        if enough or time.monotonic() >= deadline or any(untold(view) for view in views):
+            told(views)
             break
         await anyio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
     lines = [f"JOBS: {len(ended)} of {len(views)} ended" + (f" (waited for {until})" if until else ""),
@@ -190,7 +212,8 @@ async def steer_tool(cfg: Config, job_id: Any, guidance: Any, when: Any, by: str
     if not view.running and not any(s["id"] == steer["id"] for s in view.record.steers):
         await off_loop(note_undelivered, JobStore.of(cfg), view.record.id, steer)
         view = await off_loop(job_view, cfg, view.record.id)
-    return await off_loop(status_result, view, cfg, [words])
+    said = any(s["id"] == steer["id"] for s in view.record.steers)  # the block's STEERED line says it already
+    return await off_loop(status_result, view, cfg, [] if said else [words])
 
 
 async def view_steer_tool(cfg: Config, tokens: "ViewTokens", job_id: Any, guidance: Any, when: Any,
@@ -227,7 +250,8 @@ async def view_answer_tool(cfg: Config, tokens: "ViewTokens", job_id: Any, appro
 
 async def land_tool(cfg: Config, job_id: Any, action: Any) -> ToolResult:
     view, how = await off_loop(land_job, cfg, job_id, action)
-    return await off_loop(status_result, view, cfg, [f"{action}: {how}"])
+    said = (view.record.landed or {}).get("how") == how  # the block's LANDED line says it already
+    return await off_loop(status_result, view, cfg, [] if said else [f"{action}: {how}"])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -118,7 +118,9 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
                                  "die when the host closes"),
         f"JOBS: {job_counts(store)}",
         f"WORKTREES: {worktree_count(store)}",
-        f"CONFIG: {shown(str(cfg.path))} ({plural(len(cfg.problems), 'problem')})",
+        f"CONFIG: {shown(str(cfg.path))} ({plural(len(cfg.problems), 'problem')})" if cfg.file_stamp else
+        f"CONFIG: none (no file at {shown(str(cfg.path))}: the settings are the defaults and the host's command line"
+        f"; {plural(len(cfg.problems), 'problem')})",
     ]
     if at_start is not None and cfg.file_stamp != at_start.file_stamp:
         lines.append("CONFIG_CHANGED: the config file changed after this server started; the settings above are "
@@ -146,7 +148,9 @@ def server_instructions(cfg: Config) -> str:
         "- Write each task self-contained: absolute paths, what to do, and a definition of done. Hermes does "
         "not see this conversation.\n"
         "- hermes_run returns a JOB_ID, with STATUS: running if the job outlasts wait_s. Then call "
-        "hermes_status(job_id); it waits up to wait_s for you, so do not call it in a tight loop.\n"
+        "hermes_status(job_id); it waits up to wait_s for you, so do not call it in a tight loop. A host that runs "
+        "hermes_run as a background task (\"started server-side task <id>\") gives you the JOB_ID as that task "
+        "id: pass it to hermes_status, hermes_steer and hermes_cancel.\n"
         "- Never re-run a job that is running: that starts the same work twice. STATUS: running is not a "
         "failure.\n"
         "- timeout, cancelled, over_budget or orphaned mean part-done work: inspect the files before re-running. "

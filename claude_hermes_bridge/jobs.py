@@ -85,7 +85,8 @@ LATE_KEY = "late"  # the answers file's list of late answers, which the supervis
 ANSWER_DECISIONS = ("allow", "deny", "allow_for_job")
 SESSION_OPTION = "allow_session"  # Hermes' "allow for this session" option, by its id
 ANSWERERS = {"user": "the user (elicitation)", "planner": "the planner (hermes_approve)",  # who answered, in words
-             "view": "the user (job view)", "terminal": "the user (at the terminal, --try)"}
+             "view": "the user (job view)", "terminal": "the user (at the terminal, --try)",
+             "host": "the host, declined without asking anyone (it answered at once)"}
 TREE_KEPT = 20_000
 CHANGED_LINES = 50
 TEXT_FIELD_MAX_BYTES = 256 << 10  # Hermes' answer as the record keeps it, JSON-encoded
@@ -234,7 +235,7 @@ def checked(check: Callable[[Any], bool], default: Any = None, factory: Callable
 RECORD_ALWAYS_WRITTEN = ("id", "state", "created_at", "task_preview", "cwd",
                          "session_requested", "skills", "toolsets", "max_turns", "timeout_s", "dedupe_key",
                          "supervisor", "hermes", "exit_code", "session_id", "reason", "log", "driver", "approval_mode",
-                         "created_clock")
+                         "created_clock", "network_mode")
 
 
 @dataclasses.dataclass

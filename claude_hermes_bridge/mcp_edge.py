@@ -8,6 +8,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 from .bodies import (
@@ -135,8 +136,9 @@ class JobTasks:
             details = job_details(cfg, view)
             doing = details.current_tool if details.current_tool not in (None, "none yet") else details.activity
             message = f"Hermes: {doing}" if view.state is JobState.RUNNING and doing else "Hermes is starting"
-            message = view.condition or message
-            return {**task, "status": "working", "statusMessage": shown(message, TASK_MESSAGE_CHARS)}
+            job = f" (JOB_ID {record.id})"
+            return {**task, "status": "working",
+                    "statusMessage": shown(view.condition or message, TASK_MESSAGE_CHARS - len(job)) + job}
         if view.state is JobState.CANCELLED:
             task |= {"status": "cancelled", "statusMessage": shown(view.reason or "cancelled", TASK_MESSAGE_CHARS)}
         else:
@@ -302,19 +304,23 @@ def user_asker(ctx: Any, tasks: JobTasks) -> AskUser | None:
     class Answer(BaseModel):
         allow: bool = Field(description="Allow it (true) or deny it (false)")
 
-    async def ask(job_id: str, question: dict[str, Any], wait_s: float) -> str | None:
+    async def ask(job_id: str, question: dict[str, Any], wait_s: float) -> tuple[str, str] | None:
         import anyio
 
         if wait_s < 2:
             return None
         with anyio.move_on_after(wait_s):
+            asked = time.monotonic()
             result = await ctx.elicit(approval_question(job_id, question), Answer)
             if result.action == "accept" and result.data is not None:
-                return "allow" if result.data.allow else "deny"
-            if result.action == "decline":
-                return "deny"
+                return "allow" if result.data.allow else "deny", "user"
+            if result.action == "decline":  # at once, no person can have read it: the host's own (codex exec)
+                return "deny", "host" if time.monotonic() - asked < HOST_DECLINE_S else "user"
         return None
     return ask
+
+
+HOST_DECLINE_S = 1.0  # a decline sooner than this after the question went out was not a person's
 
 
 # The job view (MCP Apps, io.modelcontextprotocol/ui): one self-contained page (job_view.html, in this package)

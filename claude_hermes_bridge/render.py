@@ -336,6 +336,15 @@ def quoted_answer(answer: str, max_chars: int) -> list[str]:
     return lines
 
 
+def removed_worktree(record: "JobRecord") -> str:
+    """After a merge or a discard the worktree is gone: said wherever a block names its path."""
+    landed = record.landed or {}
+    if not record.worktree or landed.get("action") not in ("merge", "discard"):
+        return ""
+    where = f"the work is in {shown(record.worktree['repo'])}" if landed["action"] == "merge" else "the work dropped"
+    return f" (removed at the {'merge' if landed['action'] == 'merge' else 'discard'}: {where})"
+
+
 def worktree_lines(record: "JobRecord") -> list[str]:
     """WORKTREE, DIFF, PATCH, REPOSITORY and LANDED lines of a worktree job."""
     worktree = record.worktree
@@ -343,7 +352,7 @@ def worktree_lines(record: "JobRecord") -> list[str]:
         return []
     origin = "the working tree at launch" if worktree.get("from") == "working-tree" else "HEAD at launch"
     submodules = worktree.get("submodules")
-    lines = [f"WORKTREE: {shown(worktree['path'])} (branch {shown(worktree['branch'])}, base "
+    lines = [f"WORKTREE: {shown(worktree['path'])}{removed_worktree(record)} (branch {shown(worktree['branch'])}, base "
              f"{shown(worktree['base'])[:12]}, {origin}, in repository {shown(worktree['repo'])}"
              + (f"; submodules {shown(str(submodules), 300)}" if submodules not in (None, "none", "present") else "")
              + ")"]
@@ -410,6 +419,24 @@ def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
     return "\n".join(head + body[0] + note_lines + body[1])
 
 
+# What Hermes prints while it retries its model endpoint (0.19/0.20: "⏳ Retrying in 5.0s (attempt 2/3)...", 0.22:
+# "⏳ Provider temporarily unavailable — retrying automatically in 68s (cycle 3/5)", a stream's "reconnecting,
+# retry 2/3"), read among the last lines of a running job's log: then a silent job is not a slow one.
+MODEL_RETRY_RE = re.compile(r"retrying in \d|retrying automatically|reconnecting, retry|API call failed",
+                            re.IGNORECASE)
+MODEL_RETRY_LINES = 4
+
+
+def model_condition(log: Path) -> str | None:
+    """Hermes retrying its model endpoint right now, in words with its own line; None when the end of the log
+    says nothing of it."""
+    tail = clean_text(read_tail(log, 4096)[0])
+    lines = [line.strip() for line in tail.splitlines() if line.strip()][-MODEL_RETRY_LINES:]
+    said = next((line for line in reversed(lines) if MODEL_RETRY_RE.search(line)), None)
+    return (f"Hermes cannot reach its model endpoint right now and is retrying; it said: {shown(said, 300)}. Check "
+            "that the model (a local server, the provider, its key) is up" if said else None)
+
+
 def running_lines(view: JobView, log: Path, details: JobDetails | None) -> tuple[list[str], list[str]]:
     """A running job's lines before the notes, and after them."""
     record = view.record
@@ -417,6 +444,8 @@ def running_lines(view: JobView, log: Path, details: JobDetails | None) -> tuple
              f"TIMEOUT_S: {record.timeout_s:g} (hard cap we enforce)", f"FULL_LOG: {shown(str(log))}"]
     if view.condition:
         lines.append(f"CONDITION: {shown(view.condition, 600)}")
+    if trouble := model_condition(log):
+        lines.append(f"CONDITION: {trouble}")
     lines += start_line(record) + sandbox_lines(record) + spend_line(record) + worktree_lines(record)
     if details:
         lines.append(f"ACTIVITY: {shown(details.activity, 400)}")
@@ -427,7 +456,8 @@ def running_lines(view: JobView, log: Path, details: JobDetails | None) -> tuple
     first = ("Hermes has ended; the job's outcome is not written yet. This is NOT a failure." if over
              else "Still running. This is NOT a failure and NOT a timeout.")
     return lines, [first, f'Collect the result with hermes_status(job_id="{record.id}").',
-                   "Do not re-run the task -- it is already executing.",
+                   "Do not re-run the task -- " + ("it has run; its outcome follows in a moment." if over
+                                                   else "it is already executing."),
                    "--- OUTPUT SO FAR (tail) ---", log_excerpt(log, RUNNING_TAIL_CHARS)]
 
 
@@ -442,7 +472,8 @@ def final_lines(view: JobView, cfg: Config, log: Path, details: JobDetails | Non
              "hermes_read"] if denied else []
     lines += [f"EXIT_CODE: {'none' if exit_code is None else exit_code}",
              f"SESSION_ID: {shown(session) if session else 'none captured'}",
-             f"CWD: {shown(record.cwd, 1000)}", f"ELAPSED_S: {elapsed_s(record, view.running)}",
+             f"CWD: {shown(record.cwd, 1000)}{removed_worktree(record)}",
+             f"ELAPSED_S: {elapsed_s(record, view.running)}",
              f"FULL_LOG: {shown(str(log))}"]
     if view.reason and view.state is not JobState.OK:
         lines.append(f"REASON: {shown(view.reason, 2000)}")
@@ -497,10 +528,10 @@ def status_result(view: JobView, cfg: Config, notes: list[str] | None = None) ->
     details = job_details(cfg, view)
     text = render_status(view, cfg, notes, details)
     return ToolResult(text, view.shown_state, record.id, record.cwd, None if view.running else view.reason,
-                      job_facts(view, details, notes or []))
+                      job_facts(cfg, view, details, notes or []))
 
 
-def job_facts(view: JobView, details: JobDetails, notes: list[str]) -> dict[str, Any]:
+def job_facts(cfg: Config, view: JobView, details: JobDetails, notes: list[str]) -> dict[str, Any]:
     """What the status block says, as fields (what a job view renders, from the result's _meta); every text that came
     from disk or from Hermes escaped as in the block."""
     record = view.record
@@ -513,6 +544,8 @@ def job_facts(view: JobView, details: JobDetails, notes: list[str]) -> dict[str,
             "timeout_s": record.timeout_s,
             "deadline_at": (record.started_at or record.created_at) + record.timeout_s if view.running else None,
             "reason": shown(view.reason, 2000) if view.reason and not view.running else None,
+            "condition": (model_condition(JobStore.of(cfg).log_path(record.id)) or view.condition) if view.running
+            else None,
             "activity": shown(details.activity, 400) if details.activity else None,
             "current_tool": shown(details.current_tool, 400) if details.current_tool else None,
             "spend": (spend_line(record) or [""])[0].removeprefix("SPEND: ") or None,
@@ -532,6 +565,10 @@ def job_facts(view: JobView, details: JobDetails, notes: list[str]) -> dict[str,
                         "text": shown(steer["text"], 300), "outcome": STEER_OUTCOMES[steer["state"]],
                         "hermes": shown(steer.get("hermes", ""), 300)} for steer in record.steers],
             "landable": bool(record.worktree and record.diff and not record.landed and not view.running),
+            "landing_target": {"repo": shown(record.worktree["repo"], 1000), "branch": shown(record.worktree["branch"])}
+            if record.worktree else None,
+            "decisions": [{"what": shown(d["what"], 600), "decision": d["decision"], "by": shown(d["by"], 200),
+                           "at": d.get("at")} for d in record.decisions[-5:]],
             "notes": [shown(note, 1000) for note in notes]}
 
 

@@ -241,6 +241,28 @@ def test_a_client_that_can_elicit_is_asked_directly_and_the_result_says_the_user
     assert "-> allow by the user (elicitation)" in result.text
 
 
+@pytest.mark.parametrize("delay_s", [0.0, 1.5], ids=["at-once", "after-reading"])
+def test_a_decline_no_person_could_have_given_is_the_hosts_not_the_users(acp, delay_s):
+    """Issue 49: `codex exec` declines every elicitation at once, with nobody asked; that is recorded as the host's
+    decline, never as the user's (the audit log is the user's record). A decline that took a person's time is
+    the user's."""
+    import anyio
+
+    acp.configure(approvals="ask", approval_timeout_s=60)
+
+    async def elicit(_context: Any, _params: Any) -> Any:
+        await anyio.sleep(delay_s)
+        return types.ElicitResult(action="decline")
+    with client_of(acp, elicitation_callback=elicit) as client:
+        result = client.call("hermes_run", task="!ask=touch+declined.txt", wait_s=40)
+    assert result.field("STATUS") == "ok", result.text
+    by = ("the host, declined without asking anyone (it answered at once)" if delay_s == 0
+          else "the user (elicitation)")
+    assert f"-> deny by {by}" in result.text, result.text
+    audit = (acp.tmp / "logs" / "audit.log").read_text()
+    assert f'"by": "{by}"' in audit
+
+
 # ------------------------------------------------------------------ 4. events, cancel, resume
 def test_activity_current_tool_usage_and_answer_come_from_the_events(acp):
     with client_of(acp) as client:
@@ -316,6 +338,25 @@ def test_every_relayed_answer_leaves_one_audit_line(bridge):
 ], ids=["allow", "accepted-unchecked-denies", "declined", "cancelled-decides-nothing", "no-choice", "not-a-form"])
 def test_an_elicited_answer_is_allow_deny_or_nothing(response, decision):
     assert elicited_decision(response) == decision
+
+
+def test_a_question_already_shown_makes_the_next_wait_wait_for_its_answer_not_return_at_once(acp):
+    """Issue 49: while a person decides, a planner polling hermes_status is not answered at once every time (4
+    calls in 80 ms under Gemini CLI): the question it was shown is waited through, for the answer or wait_s."""
+    acp.configure(approvals="ask", approval_timeout_s=60)
+    with client_of(acp) as client:
+        job_id = client.call("hermes_run", task="!ask=touch+asked.txt", wait_s=0).field("JOB_ID")
+        asking = wait_question(client, job_id)
+        started = time.monotonic()
+        again = client.call("hermes_status", job_id=job_id, wait_s=3)
+        waited = time.monotonic() - started
+        assert again.field("STATUS") == "needs_approval" and waited >= 2.5, (waited, again.text)
+        answer = threading.Timer(1.0, lambda: answer_approval(
+            load_config(acp.config), job_id, asking.field("APPROVAL_ID"), "allow", "view"))
+        answer.start()
+        final = client.call("hermes_status", job_id=job_id, wait_s=30)  # the answer ends the wait, then the job
+        answer.join()
+        assert final.field("STATUS") == "ok", final.text
 
 
 def test_a_waiting_call_returns_as_soon_as_a_question_nobody_in_it_can_answer_is_pending(bridge):

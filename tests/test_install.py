@@ -528,6 +528,19 @@ def test_check_starts_the_hermes_it_found_and_shows_the_version_it_reported(brid
 
 
 @pytest.mark.posix("the fake hermes is a shell script")
+def test_check_does_not_claim_a_config_file_that_does_not_exist(bridge):
+    """Issue 49: `--check` with the settings on its command line only said `CONFIG: <path> (0 problems)` for a
+    file that was never written; it says there is none, and where it would be."""
+    missing = bridge.tmp / "never-written.json"
+    env = dict(bridge.env, HERMES_BRIDGE_CONFIG=str(missing))
+    done = run([sys.executable, str(SERVER), "--check", "--allowed-roots", str(bridge.root), "--hermes-exe",
+                str(bridge.hermes)], env)
+    assert f"CONFIG: none (no file at {missing}: the settings are the defaults and the host's command line" \
+        in done.stdout, done.stdout
+    assert f"CONFIG: {missing} (" not in done.stdout
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
 def test_check_fails_when_the_hermes_found_does_not_run(bridge):
     broken = bridge.tmp / "broken-hermes"
     broken.write_text("#!/bin/sh\necho 'ImportError: no module named hermes_cli' >&2\nexit 1\n")

@@ -190,13 +190,19 @@ def test_the_view_shows_the_question_and_a_click_reaches_hermes(bridge, browser,
         view.frame.locator(".question").wait_for(timeout=30000)
         question = view.text(".question")
         view.wait_status("needs_approval")
+        steer = view.frame.locator("#steer textarea")
+        steer_while_asked = (steer.is_disabled(), steer.get_attribute("placeholder"))
         if decision == "allow":
             view.screenshot("job-view-question")
         view.click(f".question button[data-decision={decision}]")
         view.wait_status("ok")
+        answered = view.text("#questions li")
         context = view.page.evaluate("window.modelContext")
     job_id = started["_meta"]["viewFacts"]["job_id"]
     assert "run `touch asked.txt` (dangerous)" in question and "Hermes denies this by itself at" in question
+    assert steer_while_asked == (True, "Answer Hermes' question above first: it waits on it, and takes no steer "
+                                       "meanwhile"), steer_while_asked  # issue 49: a steer would be refused
+    assert answered.startswith(f"run `touch asked.txt` (dangerous): {decision} by the user (job view) at "), answered
     assert [(d["decision"], d["by"]) for d in bridge.record(job_id).decisions] == [(decision, "the user (job view)")]
     assert (bridge.root / "asked.txt").exists() == (decision == "allow")
     assert f"the user chose {decision}" in context[0]["content"][0]["text"]
@@ -271,16 +277,19 @@ def test_a_finished_worktree_job_is_merged_or_discarded_from_the_view(bridge, br
         view.frame.locator("details.file[data-path='b.txt']").wait_for(timeout=15000)
         assert view.text("#review h1") == "The change: 1 file, +1 \u22120"
         view.click(f"#actions button[data-action={action.lower()}]")
-        if action == "Discard":  # a destructive click asks first, and "Keep it" keeps it
-            assert "Discard this job's work?" in view.text(".confirm")
-            view.click(".confirm button[data-action=keep]")
-            view.click("#actions button[data-action=discard]")
-            view.click(".confirm button[data-action=confirm-discard]")
+        # both ask first, naming what they change (issue 49: Merge too), and "No, go back" goes back
+        confirm = view.text(".confirm")
+        view.click(".confirm button[data-action=back]")
+        view.click(f"#actions button[data-action={action.lower()}]")
+        view.click(f".confirm button[data-action=confirm-{action.lower()}]")
         view.frame.locator("#landing strong").wait_for(timeout=30000)
         landing = view.text("#landing")
         context = view.page.evaluate("window.modelContext")
     assert (repo / "b.txt").exists() == (action == "Merge")
     assert bool(git(repo, "branch", "--list", "hermes-bridge/*")) == (action == "Merge")  # a merge keeps it
+    job_id = done["_meta"]["viewFacts"]["job_id"]
+    assert (f"Merge this job's work (branch hermes-bridge/{job_id}) into {repo}, on the branch checked out there?"
+            in confirm if action == "Merge" else "Discard this job's work?" in confirm), confirm
     if action == "Merge":
         assert landing.startswith("Merged at ") and "merged into main (" in landing, landing
     else:
@@ -334,16 +343,20 @@ def test_a_change_of_5000_lines_shows_its_first_page_and_pages_on(bridge, browse
         more.wait_for(timeout=15000)
         first_page = (view.frame.locator("details.file").count(), view.frame.locator("tr.add").count(),
                       more.inner_text())
+        merge = view.frame.locator("#actions button[data-action=merge]")
+        merge_before = (merge.is_disabled(), merge.get_attribute("title"))  # issue 49: not before every file
         hidden = view.text("details.file[data-path='part0.txt'] tr.note")
         for shown in (8, 10):  # a hunk shows 400 lines: four files fill a page of 1,500
             more.click(timeout=15000)
             view.frame.locator("details.file").nth(shown - 1).wait_for(timeout=15000)
         view.frame.locator("#review h1").wait_for()
         left = more.count()
+        merge_after = merge.is_disabled()
         paths = [view.frame.locator("details.file").nth(n).get_attribute("data-path") for n in range(10)]
         total = view.frame.locator("details.file").count()
         calls = view.page.evaluate("window.calls")
     assert first_page == (4, 1600, "Show more files (4 of 10 shown)"), first_page
+    assert merge_before == (True, "Shown once every file of the change is shown above") and merge_after is False
     assert hidden.startswith("\u2026 100 more lines of this hunk not shown"), hidden
     assert total == 10 and left == 0 and paths == [f"part{n}.txt" for n in range(10)]
     assert calls.count("hermes_view_patch") == 3
@@ -380,6 +393,7 @@ def test_a_merge_that_conflicts_shows_its_paths_and_changes_nothing(bridge, brow
         view = View(browser, host_url, client, done, arguments)
         view.frame.locator("details.file[data-path='a.txt']").wait_for(timeout=15000)
         view.click("#actions button[data-action=merge]")
+        view.click(".confirm button[data-action=confirm-merge]")
         view.frame.locator("#landing.refused").wait_for(timeout=30000)
         landing = view.text("#landing")
         buttons = view.text("#actions")

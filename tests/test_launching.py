@@ -82,6 +82,7 @@ def test_tools_list_exactly_the_tools_with_arguments_annotations_and_instruction
         instructions = client.init.instructions
         assert str(bridge.root) in instructions
         assert "hermes_status" in instructions and "hermes_read" in instructions
+        assert "gives you the JOB_ID as that task id" in instructions  # issue 49: the task is the job
 
 
 def test_run_returns_running_fast_then_status_collects_ok_output_and_session(bridge):

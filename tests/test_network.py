@@ -361,7 +361,8 @@ def test_a_job_started_with_a_narrower_network_reaches_only_hermes_model(bridge:
     """Through the real stdio transport: the call's network is the job's, its tools' requests go through the
     job's proxy and are refused there (named in NETWORK), and a wider one than the setting is refused."""
     script = bridge.tmp / "fetch.sh"
-    script.write_text(f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{servers[0]}/ > {bridge.root}/code.txt\n")
+    script.write_text(f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{servers[0]}/ "
+                      f"> {bridge.root}/code.txt\n")
     bridge.configure(network="allow-list", network_allow=[f"127.0.0.1:{servers[1]}"])
     with bridge.client() as client:
         refused = client.call("hermes_run", task="x", network="open")

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from claude_hermes_bridge.bodies import cancel_tool, status_tool
-from claude_hermes_bridge.config import START_GRACE_S, Config
+from claude_hermes_bridge.config import START_GRACE_S, Config, load_config
 from claude_hermes_bridge.folder_changes import FolderSnapshot, compare_snapshots, snapshot_folder
 from claude_hermes_bridge.hermes_cli import describe_exit, ends_with_session_line, session_id_from_log
 from claude_hermes_bridge.hermes_store import (
@@ -801,3 +801,29 @@ def test_the_commands_hermes_blocked_are_read_with_the_command_of_their_call(tmp
 def test_hermes_answer_starts_at_its_text_not_at_blank_lines():
     """Issue 28: under the ACP driver the answer opened with two empty `| ` lines."""
     assert quoted_answer("\n\nhello\nworld\n\n", 100) == ["| hello", "| world"]
+
+
+@pytest.mark.parametrize("said", [
+    "⏳ Provider temporarily unavailable — retrying automatically in 68s (cycle 3/5)",  # Hermes 0.22
+    "⏳ Retrying in 5.0s (attempt 2/3)...",  # 0.19 and 0.20
+])
+def test_a_running_job_whose_model_is_down_says_so_not_just_running(bridge: Any, said: str) -> None:
+    """Issue 49: a user's Ollama being down is not a slow job. Hermes' retry line among the last lines of a running
+    job's log becomes a CONDITION line and the view's condition row; once Hermes has moved on, it is not."""
+    from claude_hermes_bridge.render import job_details, status_result
+
+    cfg = load_config(bridge.config)
+    record = JobRecord(id="20261204-000001-1", state=JobState.RUNNING, cwd=str(bridge.root), timeout_s=60,
+                       started_at=time.time(), created_at=time.time())
+    store = JobStore.of(cfg)
+    store.ensure()
+    log = store.log_path(record.id)
+    log.write_text("[INFO] starting\n" + said + "\n\n")
+    view = JobView(record, JobState.RUNNING)
+    result = status_result(view, cfg)
+    condition = [line for line in result.text.splitlines() if line.startswith("CONDITION: ")]
+    assert condition == [f"CONDITION: Hermes cannot reach its model endpoint right now and is retrying; it said: "
+                         f"{shown(said, 300)}. Check that the model (a local server, the provider, its key) is up"]
+    assert result.facts["condition"] == condition[0].removeprefix("CONDITION: ")
+    log.write_text(said + "\n" + "".join(f"tool output {n}\n" for n in range(6)))
+    assert "CONDITION" not in status_result(view, cfg).text and job_details(cfg, view)

@@ -36,6 +36,7 @@ def test_a_steer_reaches_the_running_turn_and_every_later_block_lists_it(bridge:
         final = client.wait_final(job_id)
     assert not reply.is_error, reply.text
     [line] = steered_lines(reply)
+    assert "NOTE: " not in reply.text, reply.text  # issue 49: STEERED says it; no NOTE repeats the sentence
     assert '(now) by the planner (hermes_steer) at ' in line and '"use pytest, not unittest" -> taken by Hermes: ' \
         "\u23e9 Steer queued for the active turn: use pytest, not unittest" in line, line
     assert steered_trace(bridge) == [["/steer", "use pytest, not unittest"]]

@@ -58,6 +58,8 @@ def test_the_working_message_says_what_hermes_is_doing(bridge):
         task_id = started(client, task="!tool-sleep=4")
         doing = client.poll(task_id, lambda t: "sleep 4" in t.get("statusMessage", ""), timeout=20)
     assert doing["status"] == "working" and doing["statusMessage"].startswith("Hermes: terminal: sleep 4 (running")
+    # issue 49: the task is the job, said where a host shows the task (Claude Code: "started server-side task")
+    assert doing["statusMessage"].endswith(f" (JOB_ID {task_id})")
 
 
 def test_a_failed_job_is_completed_with_is_error(bridge):

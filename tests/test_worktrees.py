@@ -114,6 +114,9 @@ def test_merge_into_a_clean_main_tree_on_its_branch_is_a_merge_and_is_idempotent
     assert git(repo, "branch", "--list", f"hermes-bridge/{job_id}")  # stays until retention
     assert "already done" in again.field("NOTE")
     assert refused(discard) and "already merged" in discard.text
+    assert "NOTE: merge:" not in merged.text  # issue 49: LANDED says it; the block does not repeat itself
+    assert merged.field("CWD").endswith(f"(removed at the merge: the work is in {repo})"), merged.text
+    assert f"(removed at the merge: the work is in {repo}) (branch " in merged.field("WORKTREE")
 
 
 def test_merge_into_a_main_tree_with_uncommitted_work_applies_three_way_and_keeps_the_users_work(bridge, repo):
