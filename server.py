@@ -23,16 +23,17 @@ the MCP stack). A module imports only from modules above it in this list (tests/
   processes .......... [both] creation flags, Ownership (the proof before any signal), stop_tree, WindowsJob
   sandbox ............ [both] writes limited by the operating system (Landlock): what this machine supports, and
                        the step that confines Hermes' process before it becomes Hermes
-  network ............ [both] a job's network: the modes, the hosts it may reach, Hermes' model endpoint, and
-                       [supervisor] the proxy a job with a limited network reaches everything through
+  network ............ [both] a job's network: modes, hosts, Hermes' model endpoint, the job's proxy (JobProxy)
   config ............. [both] Config (each setting in SETTINGS), where it is found; the roots (confine_cwd,
                        confine_read); the audit log
   jobs ............... [both] JobRecord (every field checked, every list bounded), JobStore (the jobs folder),
                        JobView (observe: orphaned, frozen, waiting for the disk)
+  job_queue .......... [both] a job's supervisor started, and the queue past max_running_jobs, drained in order
   folder_changes ..... [both] what a job changed in its folder: listings compared (snapshot_folder), human_size
   git_calls .......... [both] the bridge's own git, which runs no program a repository's config or attributes name
   worktrees .......... [both] a worktree job's repository, its worktree made and removed, its work saved
   repo_guard ......... [both] a worktree job's shared repository: config and hooks put back, refs named
+  landing ............ [server] a worktree job's work landed (hermes_land): merged, applied or discarded
   home_guard ......... [supervisor] a sandboxed job's Hermes settings (config.yaml, .env, skills, ...) put back
   hermes_cli ......... [both] locating Hermes, the options it declares, its command line, its exit codes in words
   hermes_store ....... [both] Hermes' state.db read with a deadline: activity, usage, current tool, answer
@@ -61,7 +62,7 @@ supervisor (main → Supervisor.run: _plan, _start Hermes through drivers, _watc
 through jobs) ← bodies (wait_for_end polls the record: jobs.JobStore.read → observe) → tools (status_result) →
 render (render_status) → mcp_edge → the text the host reads.
 
-One supervisor start: launch.supervisor_argv → `python -c SUPERVISOR_BOOT` → preflight → supervisor (which
+One supervisor start: job_queue.supervisor_argv → `python -c SUPERVISOR_BOOT` → preflight → supervisor (which
 imports processes, config, jobs, worktrees, hermes_*, drivers: nothing of launch and above).
 """
 

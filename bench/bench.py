@@ -30,8 +30,9 @@ import psutil  # noqa: E402
 from test_real_hermes import write_hermes_home  # noqa: E402
 
 from claude_hermes_bridge.folder_changes import snapshot_folder  # noqa: E402
+from claude_hermes_bridge.job_queue import supervisor_argv  # noqa: E402
 from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore  # noqa: E402
-from claude_hermes_bridge.launch import JobRequest, supervisor_argv  # noqa: E402
+from claude_hermes_bridge.launch import JobRequest  # noqa: E402
 from claude_hermes_bridge.network import JobProxy, NetworkPolicy, host_rule  # noqa: E402
 from claude_hermes_bridge.processes import JOB_MARKER  # noqa: E402
 from claude_hermes_bridge.sandbox import mechanism, step_argv  # noqa: E402

@@ -8,12 +8,12 @@ from typing import Any, Awaitable, Callable
 
 from .config import Config, audit, first_words, load_config
 from .hermes_acp import ACP_EXTRA_FIX
-from .jobs import JobStore, JobView, validate_job_id
+from .job_queue import start_queued
+from .jobs import JobState, JobStore, JobView, validate_job_id
 from .launch import JobRequest, launch_job
 from .render import ToolResult, elapsed_s, job_details, refused_result, status_result
-from .safe_io import Refused, T, machine_clock, shown
+from .safe_io import Refused, T, disk_error, machine_clock, shown
 from .steer import note_undelivered, request_steer, steer_outcome
-from .supervisor import disk_error
 from .tools import (
     LaunchArguments,
     Noted,
@@ -142,12 +142,15 @@ async def status_tool(cfg: Config, job_id: Any, wait_s: Any, progress: Progress 
     if job_ids is not None:
         return await status_of_many(cfg, job_ids, until, wait_s)
     view = await off_loop(job_view, cfg, job_id)
+    if view.state is JobState.QUEUED:  # a slot that freed while nobody looked (its supervisor was killed)
+        await off_loop(start_queued, cfg, JobStore.of(cfg), QUEUE_LOOK_S)
     wait = clamp_number("wait_s", wait_s, min(30.0, cfg.max_wait_s), 0, cfg.max_wait_s)
     final = await wait_for_end(cfg, view.record.id, wait.value, progress, ask_user)
     return await off_loop(status_result, final, cfg, list(wait.notes))
 
 
 JOB_IDS_MAX = 50
+QUEUE_LOOK_S = 2.0  # how long a status call waits for the launch lock to start a queued job
 
 
 async def status_of_many(cfg: Config, job_ids: Any, until: Any, wait_s: Any) -> ToolResult:

@@ -85,6 +85,8 @@ class Config:
                                 low=1, high=MAX_WAIT_CEILING_S)
     max_output_chars: int = setting(8000, *WHOLE, "how much of Hermes' output a final block quotes", low=200)
     max_running_jobs: int = setting(4, *WHOLE, "how many jobs may run at once", low=1)
+    max_queued_jobs: int = setting(20, *WHOLE, "how many jobs may wait for a free slot (past it a launch is refused)",
+                                   low=0)
     yolo: bool = setting(False, *FLAG, 'the older spelling of approvals "yolo"')
     approvals: str | None = setting(None, "", (str,),
                                     "what the bridge answers when Hermes asks before a dangerous command",

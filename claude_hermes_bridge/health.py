@@ -9,11 +9,10 @@ from .jobs import JobStore, disk_problem
 from .launch import worktree_count
 from .network import support_line as network_support
 from .preflight import VERSION, dependency_version, version_tuple
-from .safe_io import clock_words, plural, read_json, shown
+from .safe_io import clock_words, disk_error, plural, read_json, shown
 from .sandbox import support_line
 from .skills import HEALTH_RECENT_JOBS
 from .standby import is_alive_standby, standby_folder
-from .supervisor import disk_error
 
 
 def job_counts(store: JobStore) -> str:

@@ -41,6 +41,7 @@ SESSION_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")  # a Hermes s
 class JobState(str, enum.Enum):
     """A job's state. A record holds the value; orphaned is never written, only observed."""
 
+    QUEUED = "queued"  # accepted past max_running_jobs: no supervisor yet (job_queue starts it when a slot frees)
     STARTING = "starting"
     RUNNING = "running"
     OK = "ok"
@@ -52,7 +53,7 @@ class JobState(str, enum.Enum):
 
 
 FINAL_STATES = frozenset({JobState.OK, JobState.ERROR, JobState.TIMEOUT, JobState.CANCELLED, JobState.OVER_BUDGET})
-LIVE_STATES = frozenset({JobState.STARTING, JobState.RUNNING})
+LIVE_STATES = frozenset({JobState.QUEUED, JobState.STARTING, JobState.RUNNING})
 PART_DONE_STATES = frozenset({JobState.TIMEOUT, JobState.CANCELLED, JobState.OVER_BUDGET, JobState.ORPHANED})
 
 
@@ -298,6 +299,8 @@ class JobRecord:
     sandbox_refused: list[str] = checked(is_refused_paths, factory=list)  # SANDBOX_DENIED
     network_mode: str | None = checked(is_network_mode)  # as the job was started with (None: an older bridge's)
     network: str | None = checked(is_text)  # what the job may reach over the network, and what was refused
+    dequeued_at: float | None = checked(is_number)  # a queued job's start: when a slot freed (wall clock)
+    dequeued_clock: float | None = checked(is_number)  # and on machine_clock, from which its start grace counts
     guarded_repo: str | None = checked(is_text)  # the repository a job without a worktree works in, kept as it was
     hermes_home: list[str] = checked(is_guard_notes, factory=list)  # what a sandboxed job changed of Hermes' settings
     standby_marker: str | None = checked(is_standby_marker)  # a warm job's: the marker its standby gave Hermes
@@ -690,6 +693,8 @@ class JobView:
         """What a status block and a listing say: starting is shown as running, a question as needs_approval."""
         if self.pending_questions:
             return "needs_approval"
+        if self.state is JobState.QUEUED:
+            return self.state.value
         return JobState.RUNNING.value if self.running else self.state.value
 
 
@@ -699,11 +704,13 @@ def observe(record: JobRecord, jobs_folder: Path | None = None) -> JobView:
     to ask why)."""
     if record.state in FINAL_STATES:
         return JobView(record, record.state, record.reason)
+    if record.state is JobState.QUEUED:  # no supervisor until a slot frees: waiting, not orphaned
+        return JobView(record, JobState.QUEUED)
     live = JobState.RUNNING if record.state is JobState.RUNNING else JobState.STARTING
     if supervisor := running_process(record.supervisor):
         condition, frozen = supervisor_condition(record, supervisor, jobs_folder)
         return JobView(record, live, condition=condition, frozen=frozen)
-    launched = record.created_clock
+    launched = record.dequeued_clock or record.created_clock
     age = machine_clock() - launched if launched is not None else time.time() - record.created_at
     if record.supervisor is None and age < START_GRACE_S:
         return JobView(record, JobState.STARTING)

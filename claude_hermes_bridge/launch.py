@@ -1,52 +1,47 @@
-"""[server] JobRequest, launch_job (dedupe, limits, the record), start_job, which starts the supervisor."""
+"""[server] JobRequest, launch_job (dedupe, limits, the queue, the record), start_job, which starts the supervisor
+(job_queue.spawn_supervisor) or hands the job to a warm standby."""
 import contextlib
 import dataclasses
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from typing import Any, cast
 
-import psutil
-
 from .config import Config, audit
 from .git_calls import GitFailed, git
 from .hermes_cli import locate_hermes
+from .job_queue import (
+    LAUNCH_LOCK_S,
+    note_supervisor,
+    occupancy,
+    spawn_supervisor,
+    start_queued_locked,
+    supervisor_argv,
+)
 from .jobs import JOB_ID_RE, JobRecord, JobState, JobStore, is_standby_marker, job_sort_key, observe
-from .preflight import PACKAGE_DIR, SERVER_DIR
-from .processes import JOB_MARKER, popen_kwargs, supervisor_creation_flags
+from .preflight import SERVER_DIR
+from .processes import popen_kwargs, supervisor_creation_flags
 from .repo_guard import check_repository
 from .safe_io import (
     CREATE_FLAGS,
     IS_WINDOWS,
     DamagedRecord,
     LockTimeout,
-    ProcessId,
     Refused,
+    disk_error,
     locked,
     machine_clock,
     open_append,
     read_json,
     running_process,
     shown,
-    write_atomic,
 )
 from .standby import TAKE_ANSWER_S, is_alive_standby, launch_key, standby_folder
-from .supervisor import disk_error
 from .worktrees import WORKTREE_BRANCH_PREFIX, is_own_folder, remove_worktree, save_worktree_work, worktree_of
 
-# The package's own entry, found from the folder that holds it (a clone, a bundle or site-packages), whatever
-# the interpreter's path: entry.console_main imports the supervisor's modules only, never the MCP stack.
 STANDBY_LOG_BYTES = 1 << 20
-SUPERVISOR_BOOT = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
-                   "from claude_hermes_bridge.entry import console_main; console_main()")
-
-
-def supervisor_argv(job_id: str, program: str = "--supervise") -> list[str]:
-    """The command that starts a job's supervisor (or, with --standby, a standby for the job's folder)."""
-    return [sys.executable, "-c", SUPERVISOR_BOOT, str(PACKAGE_DIR.parent), program, job_id]
 
 
 @dataclasses.dataclass
@@ -94,22 +89,23 @@ def launch_job(cfg: Config, request: JobRequest) -> tuple[JobRecord, str | None]
         raise Refused(f"cannot create the jobs folder {store.root}: {exc.strerror or exc}") from None
     key = request.dedupe_key()
     try:
-        with locked(store.root / "launch.lock", 10):
-            running = []
-            for _, view, _ in store.views(store.active_ids()):
-                if view is None:
-                    continue
-                if view.running and view.record.dedupe_key == key:
-                    return view.record, ("an identical job is already running; this is that job, "
-                                         "no second Hermes was started")
-                if view.running:
-                    running.append(view.record)
-            if len(running) >= cfg.max_running_jobs:
+        with locked(store.root / "launch.lock", LAUNCH_LOCK_S):
+            running, queued = occupancy(store)
+            if same := next((record for record in running + queued if record.dedupe_key == key), None):
+                return same, (f"an identical job is already {'queued' if same in queued else 'running'}; this is "
+                              "that job, no second Hermes was started")
+            full = len(running) >= cfg.max_running_jobs or queued  # a free slot goes to the oldest queued job
+            if full and len(queued) >= cfg.max_queued_jobs:
                 listing = "; ".join(f"{r.id} ({r.task_preview[:40]})" for r in running)
-                raise Refused(f"{len(running)} jobs are running, the most max_running_jobs allows: {listing}. "
+                raise Refused(f"{len(running)} jobs are running (max_running_jobs {cfg.max_running_jobs:g}: "
+                              f"{listing}) and {len(queued)} wait in the queue, the most max_queued_jobs allows. "
                               "Wait for one (hermes_status) or cancel one (hermes_cancel)")
             prune_jobs(store, cfg)
-            return start_job(cfg, store, request), None
+            if not full:
+                return start_job(cfg, store, request), None
+            record = queue_job(store, request)
+            start_queued_locked(cfg, store)  # a slot that freed while no one looked
+            return store.read(record.id), None
     except LockTimeout:
         raise Refused("another server process holds the launch lock; try again in a moment") from None
     except OSError as exc:  # the launch lock itself could not be made: the disk refuses writes
@@ -117,9 +113,8 @@ def launch_job(cfg: Config, request: JobRequest) -> tuple[JobRecord, str | None]
                       f"disk or make {store.root} writable, then try again") from None
 
 
-def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
-    """Claim an id, write the record, start the supervisor. Runs under the launch lock, so nothing here
-    opens, reads or waits on a file a job could have planted (see claim_id, open_append, write_atomic)."""
+def new_record(store: JobStore, request: JobRequest) -> JobRecord:
+    """Claim an id and make the record a launch starts with (a fresh worktree's place follows from the id)."""
     import secrets
 
     try:
@@ -128,21 +123,43 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
         raise Refused(f"cannot write to the jobs folder {store.root} ({disk_error(exc)}); nothing started") from None
     record = request.record(job_id, str(store.log_path(job_id)))
     record.nonce = secrets.token_hex(16)
-    if record.worktree and "path" not in record.worktree:  # a fresh worktree: its place follows from the id
+    if record.worktree and "path" not in record.worktree:
         path = str(store.worktree_path(job_id))
         record.worktree.update(path=path, branch=WORKTREE_BRANCH_PREFIX + job_id)
         record.cwd = os.path.join(path, *record.worktree["subdir"].split("/")) if record.worktree["subdir"] else path
-    standby = ready_standby(cfg, store, record)
+    return record
+
+
+def keep_record(store: JobStore, record: JobRecord) -> Any:
+    """The record written and marked active, and its log opened for the supervisor; nothing is left behind
+    when the disk refuses."""
     try:
         store.write(record)
-        store.mark_active(job_id)
-        log = open_append(store.log_path(job_id))
+        store.mark_active(record.id)
+        return open_append(store.log_path(record.id))
     except OSError as exc:
         with contextlib.suppress(OSError):
-            store.clear_active(job_id)
+            store.clear_active(record.id)
         with contextlib.suppress(OSError):
-            store.remove(job_id)
+            store.remove(record.id)
         raise Refused(f"cannot write the job record in {store.root} ({disk_error(exc)}); nothing started") from None
+
+
+def queue_job(store: JobStore, request: JobRequest) -> JobRecord:
+    """A job accepted past max_running_jobs: its record, queued, and no supervisor until a slot frees."""
+    record = new_record(store, request)
+    record.state = JobState.QUEUED
+    keep_record(store, record).close()
+    return record
+
+
+def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
+    """Claim an id, write the record, start the supervisor. Runs under the launch lock, so nothing here
+    opens, reads or waits on a file a job could have planted (see claim_id, open_append, write_atomic)."""
+    record = new_record(store, request)
+    job_id = record.id
+    standby = ready_standby(cfg, store, record)
+    log = keep_record(store, record)
     with log:
         if standby and take_standby(store, record):
             note_supervisor(store, job_id, int(standby["pid"]))
@@ -156,32 +173,6 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
     if started and warm_startable(cfg, record):
         start_standby(cfg, store, job_id)
     return record
-
-
-def spawn_supervisor(cfg: Config, store: JobStore, record: JobRecord, log: Any) -> bool:
-    """The job's own supervisor, detached; False (and the record says why) when it could not be started."""
-    job_id = record.id
-    env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path), **{JOB_MARKER: record.marker})
-    argv = supervisor_argv(job_id)
-    for attempt, flags in enumerate(supervisor_creation_flags(IS_WINDOWS)):
-        try:
-            supervisor = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                          cwd=str(SERVER_DIR), env=env, close_fds=True, **popen_kwargs(flags))
-            # its exit status is collected by a thread of its own, so it never lingers as a zombie
-            threading.Thread(target=supervisor.wait, name=f"reap {job_id}", daemon=True).start()
-            note_supervisor(store, job_id, supervisor.pid)
-            record_detach_mode(store, attempt == 0)
-            return True
-        except OSError as exc:
-            failure = exc
-    record.change_state(JobState.ERROR, f"the supervisor could not start: {failure}")
-    try:
-        store.write(record)
-        store.clear_active(job_id)
-    except OSError as exc:
-        raise Refused(f"the supervisor could not start ({failure}), and the jobs folder refuses writes "
-                      f"({disk_error(exc)})") from None
-    return False
 
 
 def warm_startable(cfg: Config, record: JobRecord) -> bool:
@@ -281,28 +272,6 @@ def start_standby(cfg: Config, store: JobStore, job_id: str) -> None:
                 return
             except OSError:
                 continue
-
-
-def note_supervisor(store: JobStore, job_id: str, pid: int) -> None:
-    """The supervisor's identity in its record as soon as it is started, so a supervisor that dies before
-    its own first write is seen gone at once (orphaned), not after START_GRACE_S. Best effort: the supervisor
-    writes itself there too."""
-    try:
-        started = ProcessId.of(psutil.Process(pid))
-    except psutil.Error:
-        return
-    with contextlib.suppress(OSError, LockTimeout, DamagedRecord, Refused):
-        store.update(job_id, lambda record: None if record.supervisor else setattr(record, "supervisor", started))
-
-
-def record_detach_mode(store: JobStore, survives_host: bool) -> None:
-    """Remember whether jobs outlive the host (Windows job objects may forbid breakaway) for hermes_health.
-    Best effort: the job has started by now, and a failure here must not make the launch look failed."""
-    recorded = read_json(store.detach_path)
-    if isinstance(recorded, dict) and recorded.get("survives_host") == survives_host:
-        return
-    with contextlib.suppress(OSError):
-        write_atomic(store.detach_path, json.dumps({"survives_host": survives_host}).encode())
 
 
 def drop_worktree(store: JobStore, job_id: str) -> None:

@@ -32,6 +32,7 @@ from .bodies import (
 )
 from .config import Config, config_search, load_config
 from .health import health, server_instructions
+from .job_queue import queue_words, start_queued
 from .jobs import FINAL_STATES, JobState, JobStore
 from .launch import recover_worktrees
 from .preflight import PACKAGE_DIR, VERSION, dependency_version
@@ -132,6 +133,9 @@ class JobTasks:
                     "inputRequests": {question["id"]: {"method": "elicitation/create", "params": {
                         "mode": "form", "message": shown(approval_question(record.id, question), 2700),
                         "requestedSchema": APPROVAL_FORM}} for question in pending}}
+        if view.state is JobState.QUEUED:
+            place = queue_words(JobStore.of(cfg), record, cfg).split(";")[0]
+            return {**task, "status": "working", "statusMessage": f"queued: {place} (JOB_ID {record.id})"}
         if view.running:
             details = job_details(cfg, view)
             doing = details.current_tool if details.current_tool not in (None, "none yet") else details.activity
@@ -622,6 +626,7 @@ async def serve(protocol_fds: tuple[int, int]) -> None:
     edge = McpEdge()
     server = build_server(cfg, edge)
     threading.Thread(target=recover_worktrees, args=(cfg,), name="recover worktrees", daemon=True).start()
+    threading.Thread(target=start_queued, args=(cfg, JobStore.of(cfg)), name="the queue", daemon=True).start()
     release_freed_memory()
     lines = ProtocolLines(TextIOWrapper(os.fdopen(protocol_fds[0], "rb"), encoding="utf-8", errors="replace"))
     stdin = anyio.wrap_file(cast(Any, lines))

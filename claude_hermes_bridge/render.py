@@ -18,6 +18,7 @@ from .hermes_store import (
     read_store,
     session_usage,
 )
+from .job_queue import queue_words
 from .jobs import CHANGED_LINES, FINAL_STATES, PART_DONE_STATES, JobRecord, JobState, JobStore, JobView
 from .safe_io import clean_str, clean_text, clock_words, is_number, machine_clock, plural, shown
 
@@ -93,7 +94,8 @@ def job_details(cfg: Config, view: JobView) -> JobDetails:
     record = view.record
     started = record.started_at
     if started is None:
-        reason = "unavailable: Hermes has not started yet" if view.running else "unavailable: Hermes never started"
+        reason = ("unavailable: the job waits in the queue" if view.state is JobState.QUEUED else
+                  "unavailable: Hermes has not started yet" if view.running else "unavailable: Hermes never started")
         return JobDetails(activity=reason, usage=reason, answer=reason)
     if record.acp is not None:
         return acp_details(record, view.running)
@@ -414,7 +416,8 @@ def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
         notes.insert(0, record.cwd_note)
     log = JobStore.of(cfg).log_path(record.id)
     head = [f"STATUS: {view.shown_state}", f"JOB_ID: {record.id}"]
-    body = running_lines(view, log, details) if view.running else final_lines(view, cfg, log, details)
+    body = (queued_lines(view, cfg, log) if view.state is JobState.QUEUED else running_lines(view, log, details)
+            if view.running else final_lines(view, cfg, log, details))
     note_lines = [f"NOTE: {shown(note, 1000)}" for note in notes]
     return "\n".join(head + body[0] + note_lines + body[1])
 
@@ -435,6 +438,17 @@ def model_condition(log: Path) -> str | None:
     said = next((line for line in reversed(lines) if MODEL_RETRY_RE.search(line)), None)
     return (f"Hermes cannot reach its model endpoint right now and is retrying; it said: {shown(said, 300)}. Check "
             "that the model (a local server, the provider, its key) is up" if said else None)
+
+
+def queued_lines(view: JobView, cfg: Config, log: Path) -> tuple[list[str], list[str]]:
+    """A queued job's lines: its place in the queue, what it will run with, and that it is not a failure."""
+    record = view.record
+    lines = [f"QUEUE: {queue_words(JobStore.of(cfg), record, cfg)}", f"CWD: {shown(record.cwd, 1000)}",
+             f"TIMEOUT_S: {record.timeout_s:g} (hard cap we enforce, counted from its start)",
+             f"FULL_LOG: {shown(str(log))}"]
+    return lines, ["Waiting for a free slot. This is NOT a failure: it starts by itself, in the order accepted.",
+                   f'Collect the result with hermes_status(job_id="{record.id}"); hermes_cancel ends it before it '
+                   "starts.", "Do not re-run the task -- it is already accepted."]
 
 
 def running_lines(view: JobView, log: Path, details: JobDetails | None) -> tuple[list[str], list[str]]:

@@ -82,6 +82,13 @@ def shown(value: Any, limit: int = 200) -> str:
     return escaped(text[:limit]) + (f"... ({len(value) if isinstance(value, str) else '?'} chars)" if cut else "")
 
 
+def disk_error(exc: BaseException) -> str:
+    """An error of the disk in words: the file and what the system said (No space left on device)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    return f"{type(exc).__name__}: {shown(str(exc), 200)}"
+
+
 def clock_words(at: Any) -> str:
     """' at 14:02:31' for a wall-clock time, for people; nothing for a value that is not one."""
     return f" at {time.strftime('%H:%M:%S', time.localtime(at))}" if is_number(at) else ""

@@ -19,8 +19,7 @@ from .jobs import (
     JobView,
 )
 from .render import steer_words
-from .safe_io import DamagedRecord, LockTimeout, Refused, count_hiding, shown, write_atomic
-from .supervisor import disk_error
+from .safe_io import DamagedRecord, LockTimeout, Refused, count_hiding, disk_error, shown, write_atomic
 from .tools import job_view
 
 STEER_BY = {"planner": "the planner (hermes_steer)", "view": ANSWERERS["view"]}

@@ -49,6 +49,7 @@ from .hermes_store import (
 )
 from .home_guard import guard_home, restore_home
 from .job_network import JobNetwork
+from .job_queue import start_queued
 from .jobs import (
     GUARD_NOTES_KEPT,
     HEARTBEAT_S,
@@ -78,6 +79,7 @@ from .safe_io import (
     ProcessId,
     Refused,
     clean_text,
+    disk_error,
     is_alive,
     is_number,
     machine_clock,
@@ -678,6 +680,7 @@ class Supervisor:
             shutil.rmtree(self.private_tmp, ignore_errors=True)
         audit(self.cfg, event="job", job_id=self.job_id, state=outcome.state.value, exit_code=exit_code,
               reason=outcome.reason)
+        start_queued(self.cfg, self.store)  # this job's slot is free: the oldest queued job starts, server or not
 
     def _write_outcome(self) -> bool:
         """The outcome, written once the disk takes it: a full or read-only jobs folder is waited out with
@@ -719,13 +722,6 @@ SPEND_EVERY_S = 0.5  # how often a supervisor with a budget looks at Hermes' sto
 OUTCOME_RETRY_S = 1800.0
 OUTCOME_RETRY_FIRST_S = 0.25
 OUTCOME_RETRY_MAX_WAIT_S = 5.0
-
-
-def disk_error(exc: BaseException) -> str:
-    """An error of the disk in words: the file and what the system said (No space left on device)."""
-    if isinstance(exc, OSError) and exc.strerror:
-        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
-    return f"{type(exc).__name__}: {shown(str(exc), 200)}"
 
 
 def main(job_id: str) -> int:

@@ -16,7 +16,7 @@ import psutil
 
 from .config import ISOLATIONS, Config, audit, confine_cwd, confine_read
 from .drivers import plan_launch, usable_hermes
-from .git_calls import GitFailed, git, git_text
+from .git_calls import GitFailed, git
 from .hermes_acp import choose_driver
 from .hermes_cli import NAME_RE, HermesCli, probe_cli
 from .hermes_store import StoreUnavailable, same_folder, session_folder
@@ -35,11 +35,11 @@ from .jobs import (
     observe,
     validate_job_id,
 )
+from .landing import land_work
 from .launch import JobRequest
 from .network import job_mode
 from .processes import Ownership, carries_marker, still_running, stop_tree, tree_of
 from .render import elapsed_s
-from .repo_guard import check_repository
 from .safe_io import (
     IS_WINDOWS,
     NOFOLLOW,
@@ -50,6 +50,7 @@ from .safe_io import (
     T,
     clock_words,
     count_hiding,
+    disk_error,
     is_alive,
     machine_clock,
     plural,
@@ -59,15 +60,9 @@ from .safe_io import (
     within_any,
     write_atomic,
 )
-from .supervisor import disk_error
 from .worktrees import (
-    BRIDGE_IDENTITY,
     ISOLATION_BASES,
-    remove_worktree,
-    repo_lock,
     repository_of,
-    save_worktree_work,
-    tree_commit,
     worktree_of,
 )
 
@@ -433,6 +428,19 @@ def owned_supervisor(record: JobRecord) -> "psutil.Process | None":
     return supervisor if supervisor is not None and carries_marker(supervisor, record.marker) else None
 
 
+def cancel_queued(store: JobStore, job_id: str) -> JobView | None:
+    """A queued job ended cancelled under its record's lock; None when a slot freed meanwhile and it is
+    starting (then its supervisor takes the cancel)."""
+    def cancel(record: JobRecord) -> None:
+        if record.state is JobState.QUEUED:
+            record.change_state(JobState.CANCELLED, "cancelled while queued; Hermes was never started")
+    record = store.update(job_id, cancel)
+    if record is None or record.state is not JobState.CANCELLED:
+        return None
+    store.clear_active(job_id)
+    return observe(record, store.root)
+
+
 def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
     """Stop what is left of a job whose supervisor died (or froze), and write the outcome it could not. The
     pids come from the record, so only processes that prove to be this job's are signalled: its Hermes, when
@@ -477,6 +485,8 @@ def request_cancel(cfg: Config, job_id: Any) -> tuple[JobView, str]:
     if view.state in FINAL_STATES:
         return view, f"the job had already ended as {view.state.value}; nothing to cancel"
     try:
+        if view.state is JobState.QUEUED and (ended := cancel_queued(store, view.record.id)):
+            return ended, "cancelled while queued; Hermes was never started"
         if view.state is JobState.ORPHANED or view.frozen:
             note = cancel_orphan(store, cfg, view)
             return observe(store.read(view.record.id), store.root), note
@@ -534,104 +544,6 @@ def land_job(cfg: Config, job_id: Any, action: Any) -> tuple[JobView, str]:
     updated = store.update(record.id, note, final_too=True)
     audit(cfg, event="land", job_id=record.id, action=action, how=how)
     return observe(updated or store.read(record.id), store.root), how
-
-
-def land_work(cfg: Config, store: JobStore, record: JobRecord, action: str) -> str:
-    """The landing itself, after the repository is put back as the job found it (what a leftover of the job
-    changed since it ended is restored and kept in the record, even when the landing is then refused)."""
-    worktree = cast(dict[str, Any], record.worktree)
-    restored = check_repository(store, record, refs_too="work" not in worktree)
-    if restored:
-        audit(cfg, event="repository", job_id=record.id, changed=restored)
-
-        def keep(stored: JobRecord) -> None:
-            stored.repository = record.repository
-        store.update(record.id, keep, final_too=True)
-    if "work" not in worktree:  # its supervisor died before saving it
-        save_worktree_work(store, record)
-    if "work" not in worktree and action == "merge":
-        raise Refused(f"job {record.id}'s worktree {worktree['path']} is gone and its work was never saved: "
-                      "there is nothing to merge")
-    if action == "merge":
-        return merge_work(store, record)
-    if action == "discard":
-        return discard_work(store, record)
-    return (f"left as it is; retention removes the worktree and its branch {cfg.retention_days:g} days after "
-            "the job (the patch file goes with the job)")
-
-
-def merge_work(store: JobStore, record: JobRecord) -> str:
-    """The job's work into the main tree, or Refused naming the conflicting paths with the tree untouched."""
-    worktree = cast(dict[str, Any], record.worktree)
-    top, work = worktree["repo"], worktree["work"]
-    main_tree = f"--work-tree={top}"  # never the core.worktree a job may have set
-    with repo_lock(store, top):
-        clean = not git(top, main_tree, "status", "--porcelain", "-z", "--untracked-files=all",
-                        "--ignore-submodules=dirty").stdout
-        branch = git(top, "symbolic-ref", "--quiet", "--short", "HEAD", check=False).stdout.decode().strip()
-        on_base = clean and branch and branch == worktree.get("base_branch")
-        ours = "HEAD" if on_base else tree_commit(top, "HEAD", store.locks / f"{record.id}.index",
-                                                  f"claude-hermes-bridge: the working tree before landing {record.id}")
-        merged = git(top, "merge-tree", "--write-tree", "-z", "--name-only", "--no-messages", ours, work, check=False)
-        if merged.returncode not in (0, 1):
-            raise GitFailed(f"git merge-tree failed (exit {merged.returncode}; it needs git 2.38 or later): "
-                            f"{shown(merged.stderr.decode('utf-8', 'replace').strip(), 300)}")
-        fields = merged.stdout.decode("utf-8", "replace").split("\0")
-        if merged.returncode == 1:
-            conflicts = sorted({name for name in fields[1:] if name})
-            raise Refused(f"the job's work conflicts with the main tree in {plural(len(conflicts), 'path')}: "
-                          f"{', '.join(shown(name, 200) for name in conflicts[:50])}. Nothing was changed; resolve "
-                          f"it by hand from the patch ({record.diff['patch'] if record.diff else 'none'}) or resume "
-                          "the job to rework it")
-        refuse_overwriting_untracked(top, ours, fields[0])
-        if on_base:
-            git(top, main_tree, "merge", "--no-edit", "--no-stat", "--no-verify", "-m",
-                f"Merge {worktree['branch']} (claude-hermes-bridge job {record.id})", work,
-                env=BRIDGE_IDENTITY if not git_identity(top) else None)
-            how = f"merged into {branch} ({git_text(top, 'rev-parse', '--short', 'HEAD')})"
-        else:
-            patch = git(top, "diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", ours, fields[0]).stdout
-            git(top, main_tree, "apply", "--whitespace=nowarn", "-", given=patch)
-            where = "had uncommitted changes" if not clean else f"was on {branch or 'a detached HEAD'}, not on " \
-                f"{worktree.get('base_branch') or 'the base'}"
-            how = (f"applied three-way to the working tree of {top}, not committed (the main tree {where}); "
-                   "review and commit it there")
-    remove_worktree(store, worktree, branch_too=False, job_id=record.id)
-    return how + f"; the worktree was removed, branch {worktree['branch']} stays until retention"
-
-
-def refuse_overwriting_untracked(top: str, ours: str, merged: str) -> None:
-    """Refused, naming them, when the landing would replace a file in the main tree that git does not track
-    (an ignored .env, a build cache): git's merge overwrites ignored files, and they are in no git object."""
-    listing = git(top, "diff", "--name-status", "-z", "--no-renames", "--no-textconv", ours, merged).stdout
-    fields = listing.decode("utf-8", "surrogateescape").split("\0")
-    statuses = dict(zip(fields[1::2], fields[0::2], strict=False))
-    removed = {name for name, status in statuses.items() if status == "D"}
-    at_risk = []
-    for name, status in statuses.items():
-        if status != "A":
-            continue
-        parents = [name.rsplit("/", depth)[0] for depth in range(name.count("/"), 0, -1)]
-        blocking = [parent for parent in parents if parent not in removed and (
-            os.path.islink(os.path.join(top, parent)) or os.path.isfile(os.path.join(top, parent)))]
-        if os.path.lexists(os.path.join(top, name)) or blocking:
-            at_risk.append(blocking[0] if blocking else name)
-    if at_risk:
-        names = sorted(set(at_risk))
-        raise Refused(f"landing would overwrite {plural(len(names), 'file')} in {shown(top)} that git does not track "
-                      f"(ignored or untracked, so in no commit): {', '.join(shown(n, 200) for n in names[:50])}. "
-                      "Nothing was changed; move them aside and land again, or resume the job to rework it")
-
-
-def git_identity(top: str) -> bool:
-    """Whether the repository (or the user) names a committer, as a merge commit needs."""
-    return git(top, "config", "user.email", check=False).returncode == 0
-
-
-def discard_work(store: JobStore, record: JobRecord) -> str:
-    worktree = cast(dict[str, Any], record.worktree)
-    remove_worktree(store, worktree, branch_too=True, job_id=record.id)
-    return f"the worktree and branch {worktree['branch']} were removed (the patch file stays with the job)"
 
 
 def list_jobs(cfg: Config, limit: int | None, state: str | None) -> str:

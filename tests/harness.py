@@ -330,7 +330,7 @@ class BridgeClient:
         deadline = time.time() + timeout
         while True:
             result = self.call("hermes_status", job_id=job_id, wait_s=10)
-            if result.field("STATUS") != "running" or time.time() > deadline:
+            if result.field("STATUS") not in ("running", "queued") or time.time() > deadline:
                 return result
 
 

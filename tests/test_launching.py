@@ -221,8 +221,8 @@ def test_skills_toolsets_and_argument_errors(bridge):
     assert len(bridge.runs()) == 1
 
 
-def test_max_running_jobs_refuses_and_lists_the_running_jobs(bridge):
-    bridge.configure(max_running_jobs=1)
+def test_max_running_jobs_refuses_and_lists_the_running_jobs_when_the_queue_is_off(bridge):
+    bridge.configure(max_running_jobs=1, max_queued_jobs=0)
     with bridge.client() as client:
         first = client.call("hermes_run", task="occupy !sleep=30", wait_s=0)
         refused = client.call("hermes_run", task="another", wait_s=0)

@@ -7,8 +7,9 @@ import subprocess
 from dataclasses import dataclass
 
 from claude_hermes_bridge.config import load_config
+from claude_hermes_bridge.job_queue import supervisor_argv
 from claude_hermes_bridge.jobs import JobState, JobStore
-from claude_hermes_bridge.launch import JobRequest, supervisor_argv
+from claude_hermes_bridge.launch import JobRequest
 from claude_hermes_bridge.preflight import PACKAGE_DIR, SERVER_DIR
 from claude_hermes_bridge.processes import JOB_MARKER
 from claude_hermes_bridge.safe_io import open_append
