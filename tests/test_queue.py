@@ -116,3 +116,31 @@ def test_a_queued_jobs_timeout_counts_from_its_start_not_its_acceptance(bridge: 
         assert behind.field("STATUS") == "queued" and "counted from its start" in behind.field("TIMEOUT_S")
         final = client.wait_final(behind.field("JOB_ID"), timeout=60)
     assert final.field("STATUS") == "ok", final.text  # 4 s queued + 1 s run, against a 3 s timeout
+
+
+def test_a_batch_of_four_real_hermes_jobs_with_a_limit_of_two(bridge: Bridge) -> None:
+    """The real Hermes 0.22.2 (CLI, the scripted model on 127.0.0.1): four jobs handed over at once with
+    max_running_jobs 2 each end ok; the two queued start only once a slot freed (after an earlier job ended)."""
+    from test_real_hermes import write_hermes_home
+
+    from conftest import require_component
+    from harness import REAL_HERMES_VERSIONS
+    from scripted_model import ScriptedModel
+
+    exe = require_component(REAL_HERMES_VERSIONS["0.22.2"], "the real Hermes CLI 0.22.2")
+    with ScriptedModel(bridge.tmp) as model:
+        write_hermes_home(bridge.tmp / "real-home", model.base_url)
+        bridge.configure(hermes_exe=str(exe), hermes_home=str(bridge.tmp / "real-home"), hermes_driver="cli",
+                         approvals="yolo", max_running_jobs=2, kill_grace_s=5)
+        with bridge.client() as client:
+            started = [client.call("hermes_run", task=f"Batch {n}.\nRUN: sleep 1 && echo batch {n}", wait_s=0)
+                       for n in range(4)]
+            finals = [client.wait_final(result.field("JOB_ID"), timeout=240) for result in started]
+    assert [result.field("STATUS") for result in started].count("queued") == 2, [r.text for r in started]
+    assert [final.field("STATUS") for final in finals] == ["ok"] * 4, [f.text for f in finals]
+    records = [bridge.record(result.field("JOB_ID")) for result in started]
+    ended = sorted(record.ended_at for record in records if record.dequeued_at is None)
+    for record in records:
+        if record.dequeued_at is not None:
+            assert record.dequeued_at >= ended[0] - 0.5, (record.id, record.dequeued_at, ended)
+    assert all("SCRIPTED DONE: " in final.text and f"batch {n}" in final.text for n, final in enumerate(finals))

@@ -818,12 +818,12 @@ def test_a_running_job_whose_model_is_down_says_so_not_just_running(bridge: Any,
     store = JobStore.of(cfg)
     store.ensure()
     log = store.log_path(record.id)
-    log.write_text("[INFO] starting\n" + said + "\n\n")
+    log.write_text("[INFO] starting\n" + said + "\n\n", encoding="utf-8")
     view = JobView(record, JobState.RUNNING)
     result = status_result(view, cfg)
     condition = [line for line in result.text.splitlines() if line.startswith("CONDITION: ")]
     assert condition == [f"CONDITION: Hermes cannot reach its model endpoint right now and is retrying; it said: "
                          f"{shown(said, 300)}. Check that the model (a local server, the provider, its key) is up"]
     assert result.facts["condition"] == condition[0].removeprefix("CONDITION: ")
-    log.write_text(said + "\n" + "".join(f"tool output {n}\n" for n in range(6)))
+    log.write_text(said + "\n" + "".join(f"tool output {n}\n" for n in range(6)), encoding="utf-8")
     assert "CONDITION" not in status_result(view, cfg).text and job_details(cfg, view)

@@ -134,7 +134,7 @@ wine "$LANE/python/python.exe" -c "import sys; print('windows lane:', sys.versio
 # installs above, which run on Linux).
 unset SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE CURL_CA_BUNDLE
 status=0
-wine "$LANE/python/python.exe" -m pytest -p no:cacheprovider -n 2 "$@" </dev/null 2>&1 | cat || status=$?
+wine "$LANE/python/python.exe" -m pytest -p no:cacheprovider -n 3 "$@" </dev/null 2>&1 | cat || status=$?
 wineserver -k 2>/dev/null || true  # this prefix's own server: nothing outlives the lane
 if [ "$status" -eq 5 ]; then
   echo "windows lane: pytest collected no tests; that is a failure"
