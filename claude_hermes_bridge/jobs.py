@@ -694,7 +694,7 @@ class JobView:
         if self.pending_questions:
             return "needs_approval"
         if self.state is JobState.QUEUED:
-            return self.state.value
+            return JobState.QUEUED.value
         return JobState.RUNNING.value if self.running else self.state.value
 
 

@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -38,7 +38,8 @@ class Hello(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        body = f"hello from {self.server.server_address[1]} {self.path}".encode()
+        port = cast(tuple[str, int], self.server.server_address)[1]
+        body = f"hello from {port} {self.path}".encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -198,7 +199,10 @@ def test_under_ask_hermes_own_requests_are_refused_without_a_question_and_its_to
     import os
 
     asked: list[str] = []
-    proxy = JobProxy(policy("ask"), lambda where: asked.append(where) or "allow", hermes_pid=os.getpid)
+    def ask(where: str) -> str:
+        asked.append(where)
+        return "allow"
+    proxy = JobProxy(policy("ask"), ask, hermes_pid=os.getpid)
     try:
         status, body = fetch(proxy, f"http://127.0.0.1:{servers[0]}/")
         assert status == 403 and "Hermes' own request, not a tool's: not asked about" in body and asked == []
@@ -289,13 +293,17 @@ def network_job(tmp_path: Path, **settings: Any) -> tuple[JobNetwork, JobStore, 
 def test_a_host_not_listed_becomes_the_users_question_and_the_answer_decides(
         tmp_path: Path, servers: list[int]) -> None:
     network, store, record = network_job(tmp_path, network="ask", approval_timeout_s=30)
-    assert network.start(sandboxed=False) is None and network.port
+    assert network.start(sandboxed=False) is None and network.proxy and record.network
+    proxy = network.proxy
     assert record.network.startswith("ask (0 hosts of network_allow and Hermes' model (its host not known")
     assert "not enforced: the job is not sandboxed" in record.network
     results: list[tuple[int, str]] = []
-    request = threading.Thread(target=lambda: results.append(fetch(network.proxy, f"http://127.0.0.1:{servers[0]}/")))
+    request = threading.Thread(target=lambda: results.append(fetch(proxy, f"http://127.0.0.1:{servers[0]}/")))
     request.start()
-    question = wait_until(lambda: network.pump() and record.questions and record.questions[0], 10, "the question")
+    def asked() -> dict[str, Any] | None:
+        network.pump()
+        return record.questions[0] if record.questions else None
+    question = wait_until(asked, 10, "the question")
     assert question["what"] == f"reach 127.0.0.1:{servers[0]} over the network (not on network_allow)"
     store.answers_path(record.id).write_text(json.dumps({question["id"]: {"decision": "allow", "by": "view"}}))
     wait_until(lambda: network.pump() or results, 10, "the answer applied")
@@ -309,16 +317,17 @@ def test_an_unanswered_network_question_is_denied_at_its_timeout_and_at_the_jobs
         tmp_path: Path, servers: list[int]) -> None:
     network, _, record = network_job(tmp_path, network="ask", approval_timeout_s=5)
     network.start(sandboxed=False)
+    proxy = cast(JobProxy, network.proxy)
     results: list[tuple[int, str]] = []
-    threading.Thread(target=lambda: results.append(fetch(network.proxy, f"http://127.0.0.1:{servers[0]}/"))).start()
+    threading.Thread(target=lambda: results.append(fetch(proxy, f"http://127.0.0.1:{servers[0]}/"))).start()
     wait_until(lambda: network.pump() and record.questions, 10, "the question")
     started = time.monotonic()
     wait_until(lambda: network.pump() and results, 20, "the timeout")
     assert results[0][0] == 403 and time.monotonic() - started >= 3
     assert record.decisions[-1]["by"] == "no answer within 5 s" and record.questions == []
-    assert "1 request refused: 127.0.0.1:" in record.network
+    assert "1 request refused: 127.0.0.1:" in (record.network or "")
     results.clear()
-    threading.Thread(target=lambda: results.append(fetch(network.proxy, f"http://127.0.0.1:{servers[1]}/"))).start()
+    threading.Thread(target=lambda: results.append(fetch(proxy, f"http://127.0.0.1:{servers[1]}/"))).start()
     wait_until(lambda: network.pump() and record.questions, 10, "the second question")
     network.close()
     wait_until(lambda: results, 10, "the refusal at the end")

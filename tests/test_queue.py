@@ -54,8 +54,8 @@ def test_ten_jobs_from_two_servers_run_two_at_a_time_in_the_order_accepted(bridg
     assert len(bridge.runs()) == 10  # each started exactly once
     records = [bridge.record(job_id) for job_id in ids]
     dequeued = [record for record in records if record.dequeued_at is not None]
-    assert [r.id for r in sorted(dequeued, key=lambda r: r.dequeued_at)] == [r.id for r in dequeued]  # in order
-    assert all(r.start.startswith("cold: it waited ") for r in dequeued), [r.start for r in dequeued]
+    assert [r.id for r in sorted(dequeued, key=lambda r: r.dequeued_at or 0)] == [r.id for r in dequeued]  # in order
+    assert all((r.start or "").startswith("cold: it waited ") for r in dequeued), [r.start for r in dequeued]
 
 
 def test_a_queued_job_is_cancelled_without_starting_hermes_and_the_queue_goes_on(bridge: Bridge) -> None:
@@ -139,7 +139,7 @@ def test_a_batch_of_four_real_hermes_jobs_with_a_limit_of_two(bridge: Bridge) ->
     assert [result.field("STATUS") for result in started].count("queued") == 2, [r.text for r in started]
     assert [final.field("STATUS") for final in finals] == ["ok"] * 4, [f.text for f in finals]
     records = [bridge.record(result.field("JOB_ID")) for result in started]
-    ended = sorted(record.ended_at for record in records if record.dequeued_at is None)
+    ended = sorted(record.ended_at or 0 for record in records if record.dequeued_at is None)
     for record in records:
         if record.dequeued_at is not None:
             assert record.dequeued_at >= ended[0] - 0.5, (record.id, record.dequeued_at, ended)

@@ -18,7 +18,7 @@ from test_real_sandbox import tiny_wheel
 from test_worktrees import make_repo
 
 from conftest import require_component, require_sandbox
-from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, BridgeClient, wait_until
+from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, BridgeClient, Result, wait_until
 from scripted_model import ScriptedModel
 
 pytestmark = pytest.mark.posix("Landlock is Linux's")
@@ -128,13 +128,14 @@ def test_under_ask_an_unlisted_host_is_the_users_question(
     script = ways_out_script(bridge, index, other)
     started = client.call("hermes_run", task=f"Fetch.\nRUN: sh {script} unlisted\nRUN: sh {script} clone", wait_s=1)
     job_id = started.field("JOB_ID")
-    asked = wait_until(lambda: (r := client.call("hermes_status", job_id=job_id, wait_s=5)).text.startswith(
-        "STATUS: needs_approval") and r, 120, "the network question")
+    def asking() -> Result | None:
+        result = client.call("hermes_status", job_id=job_id, wait_s=5)
+        return result if result.text.startswith("STATUS: needs_approval") else None
+    asked = wait_until(asking, 120, "the network question")
     assert f"reach 127.0.0.1:{other} over the network" in asked.text, asked.text
     denied = client.call("hermes_approve", job_id=job_id, approval_id=asked.field("APPROVAL_ID"), decision="deny")
     assert not denied.is_error, denied.text
-    second = wait_until(lambda: (r := client.call("hermes_status", job_id=job_id, wait_s=5)).text.startswith(
-        "STATUS: needs_approval") and r, 120, "the second question")
+    second = wait_until(asking, 120, "the second question")
     assert f"reach 127.0.0.1:{index} over the network" in second.text, second.text
     client.call("hermes_approve", job_id=job_id, approval_id=second.field("APPROVAL_ID"), decision="allow_for_job")
     result = finish(client, client.call("hermes_status", job_id=job_id, wait_s=45), timeout=300)

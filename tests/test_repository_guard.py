@@ -15,8 +15,8 @@ from test_worktrees import final, git, make_repo, state_of
 from claude_hermes_bridge.config import load_config
 from claude_hermes_bridge.git_calls import git_text
 from claude_hermes_bridge.jobs import JobStore
+from claude_hermes_bridge.landing import merge_work
 from claude_hermes_bridge.repo_guard import bridge_ref_owner
-from claude_hermes_bridge.tools import merge_work
 from claude_hermes_bridge.worktrees import add_worktree, is_branch_of
 from conftest import require_sandbox
 from harness import Bridge, refused

@@ -824,6 +824,6 @@ def test_a_running_job_whose_model_is_down_says_so_not_just_running(bridge: Any,
     condition = [line for line in result.text.splitlines() if line.startswith("CONDITION: ")]
     assert condition == [f"CONDITION: Hermes cannot reach its model endpoint right now and is retrying; it said: "
                          f"{shown(said, 300)}. Check that the model (a local server, the provider, its key) is up"]
-    assert result.facts["condition"] == condition[0].removeprefix("CONDITION: ")
+    assert result.facts and result.facts["condition"] == condition[0].removeprefix("CONDITION: ")
     log.write_text(said + "\n" + "".join(f"tool output {n}\n" for n in range(6)), encoding="utf-8")
     assert "CONDITION" not in status_result(view, cfg).text and job_details(cfg, view)
