@@ -230,10 +230,12 @@ def test_a_clock_step_leaves_live_jobs_running_and_a_cancel_never_overwrites_a_r
             block = status(client, job_id)
             assert field(block, "STATUS") == "running", block
             assert 0 <= int(field(block, "ELAPSED_S")) < 60, block
-        refused(client.call("hermes_run", task="a second job", wait_s=0), "max_running_jobs")
+        second = client.call("hermes_run", task="a second job", wait_s=0)  # stepped clock: queued, in order
+        assert second.field("STATUS") == "queued", second.text
         final = client.wait_final(job_id, timeout=40)
-    assert final.field("STATUS") == "ok", final.text
-    assert len(bridge.runs()) == 1
+        after = client.wait_final(second.field("JOB_ID"), timeout=40)
+    assert final.field("STATUS") == "ok" and after.field("STATUS") == "ok", (final.text, after.text)
+    assert len(bridge.runs()) == 2
 
 
 def test_a_clock_step_neither_ends_a_job_early_nor_lets_one_run_past_its_timeout(stepped):

@@ -537,7 +537,7 @@ def test_check_does_not_claim_a_config_file_that_does_not_exist(bridge):
                 str(bridge.hermes)], env)
     assert f"CONFIG: none (no file at {missing}: the settings are the defaults and the host's command line" \
         in done.stdout, done.stdout
-    assert f"CONFIG: {missing} (" not in done.stdout
+    assert f"\nCONFIG: {missing} (" not in done.stdout
 
 
 @pytest.mark.posix("the fake hermes is a shell script")
