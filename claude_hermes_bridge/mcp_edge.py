@@ -273,6 +273,30 @@ class McpEdge:
                 return {"resultType": "task", **await on_disk(tasks.task, call.outcome.job_id)}
         return Tasks()
 
+    def offer_app_only_tools_to_apps_hosts(self, server: Any) -> None:
+        """tools/list without the app-only tools for a client that did not declare MCP Apps: its model would
+        be offered tools it cannot use (Gemini CLI lists them whatever their visibility). A call still reaches
+        them: what they do is guarded by the view's one-time token, not by the list."""
+        low = self.lowlevel(server)
+        if self.line == 2:
+            entry = low.get_request_handler("tools/list")
+
+            async def listed(ctx: Any, params: Any) -> Any:
+                result = await entry.handler(ctx, params)
+                if renders_apps(ctx.session.client_capabilities):
+                    return result
+                return result.model_copy(update={"tools": [t for t in result.tools if not app_only(t)]})
+            low.add_request_handler("tools/list", entry.params_type, listed)
+            return
+        every_tool = server.list_tools
+
+        async def listed_1x() -> list[Any]:
+            tools = await every_tool()
+            params = low.request_context.session.client_params
+            return tools if renders_apps(params.capabilities if params else None) else [
+                t for t in tools if not app_only(t)]
+        low.list_tools()(listed_1x)
+
     def lowlevel(self, server: Any) -> Any:
         """The low-level server, run on the client's private pipes (neither line runs a high-level server on
         streams it is given, so this reaches one private attribute, here only)."""
@@ -339,6 +363,22 @@ APP_ONLY = {"ui": {"resourceUri": JOB_VIEW_URI, "visibility": ["app"]}}
 
 
 JOB_VIEW_FILE = PACKAGE_DIR / "job_view.html"
+APPS_EXTENSION = "io.modelcontextprotocol/ui"
+
+
+def renders_apps(capabilities: Any) -> bool:
+    """The client declared MCP Apps: in `extensions` (the 2.x model's field, an extra key on 1.x's) or, from
+    hosts that predate the extensions field, in `experimental`."""
+    if capabilities is None:
+        return False
+    extensions = getattr(capabilities, "extensions", None) or (capabilities.model_extra or {}).get("extensions")
+    return any(isinstance(declared, dict) and APPS_EXTENSION in declared
+               for declared in (extensions, capabilities.experimental))
+
+
+def app_only(tool: Any) -> bool:
+    ui = (tool.meta or {}).get("ui") if isinstance(tool.meta, dict) else None
+    return isinstance(ui, dict) and ui.get("visibility") == ["app"]
 
 
 def hints(read_only: bool, destructive: bool, idempotent: bool, open_world: bool) -> Any:
@@ -403,6 +443,7 @@ def build_server(cfg: Config, edge: McpEdge) -> Any:
     register_job_tools(registry)
     register_lookup_tools(registry, cfg)
     register_review(registry)
+    edge.offer_app_only_tools_to_apps_hosts(registry.mcp)
     return registry.mcp
 
 

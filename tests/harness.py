@@ -355,14 +355,16 @@ INSPECTOR = (E2E / "inspector" / "node_modules" / "@modelcontextprotocol" / "ins
 
 
 def raw_exchange(env: dict[str, str], calls: list[str], timeout: float = 20,
-                 command: list[str] | None = None) -> list[dict[str, Any]]:
+                 command: list[str] | None = None, capabilities: str = "{}",
+                 method: str = "tools/call") -> list[dict[str, Any]]:
     """Speak JSON-RPC to a real server by hand, for bytes the official client refuses to send (NaN, lone
-    surrogates). Each entry of calls is the raw JSON of one tools/call `params`; returns the responses, {} for
-    a request the server did not answer within timeout."""
+    surrogates) and capabilities neither SDK line's client declares (MCP Apps). Each entry of calls is the raw
+    JSON of one request's `params`; returns the responses, {} for a request the server did not answer within
+    timeout."""
     init = ('{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18",'
-            '"capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}')
+            f'"capabilities":{capabilities},"clientInfo":{{"name":"raw","version":"1"}}}}}}')
     requests = [(0, init), (None, '{"jsonrpc":"2.0","method":"notifications/initialized"}')]
-    requests += [(n, f'{{"jsonrpc":"2.0","id":{n},"method":"tools/call","params":{params}}}')
+    requests += [(n, f'{{"jsonrpc":"2.0","id":{n},"method":"{method}","params":{params}}}')
                  for n, params in enumerate(calls, start=1)]
     proc = subprocess.Popen(command or [sys.executable, str(SERVER)], env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -386,6 +388,13 @@ def raw_exchange(env: dict[str, str], calls: list[str], timeout: float = 20,
         proc.kill()
         proc.wait()
     return [responses.get(n, {}) for n in range(1, len(calls) + 1)]
+
+
+def listed_tools(bridge: "Bridge", capabilities: str = "{}") -> list[dict[str, Any]]:
+    """tools/list as a client with these capabilities gets it, over a handshake made by hand."""
+    [reply] = raw_exchange(bridge.env, ["{}"], capabilities=capabilities, method="tools/list")
+    tools: list[dict[str, Any]] = reply["result"]["tools"]
+    return tools
 
 
 class ModernClient:
@@ -522,6 +531,10 @@ EXPECTED_ARGS = {
     "hermes_view_steer": ({"job_id", "guidance", "when", "token"}, {"job_id", "guidance", "when", "token"}),
 }
 
+
+# Listed only to a client that declared MCP Apps (the job view calls them; a model is never offered them).
+APP_ONLY_TOOLS = {"hermes_view_job", "hermes_view_patch", "hermes_view_answer", "hermes_view_steer"}
+APPS_CAPABILITIES = '{"extensions":{"io.modelcontextprotocol/ui":{"mimeTypes":["text/html;profile=mcp-app"]}}}'
 
 READ_ONLY = {"hermes_status", "hermes_jobs", "hermes_read", "hermes_capabilities", "hermes_health", "hermes_view_job",
              "hermes_view_patch"}

@@ -9,7 +9,7 @@ from claude_hermes_bridge.cli import either
 from claude_hermes_bridge.jobs import JobState
 from claude_hermes_bridge.preflight import dependency_version, version_tuple
 from conftest import require_component
-from harness import EXPECTED_ARGS, INSPECTOR, READ_ONLY, SERVER, BridgeClient
+from harness import APP_ONLY_TOOLS, EXPECTED_ARGS, INSPECTOR, READ_ONLY, SERVER, BridgeClient
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script")
 
@@ -46,7 +46,7 @@ def test_inspector_sees_instructions_tools_and_annotations(bridge, inspector):
     code, payload = inspector("tools/list")
     assert code == 0
     tools = {t["name"]: t for t in payload["result"]["tools"]}
-    assert set(tools) == set(EXPECTED_ARGS)
+    assert set(tools) == set(EXPECTED_ARGS) - APP_ONLY_TOOLS  # the Inspector declares no MCP Apps
     for name, tool in tools.items():
         assert tool["annotations"]["readOnlyHint"] is (name in READ_ONLY)
         assert set(tool["inputSchema"].get("required", [])) == EXPECTED_ARGS[name][0]

@@ -22,7 +22,18 @@ from claude_hermes_bridge.bodies import VIEW_TOKEN_S, ViewTokens
 from claude_hermes_bridge.jobs import JobState
 from claude_hermes_bridge.mcp_edge import JOB_VIEW_FILE, JOB_VIEW_URI
 from conftest import require_component
-from harness import E2E, REAL_HERMES_VERSIONS, REPO, Bridge, BridgeClient, refused, wait_until
+from harness import (
+    APP_ONLY_TOOLS,
+    APPS_CAPABILITIES,
+    E2E,
+    REAL_HERMES_VERSIONS,
+    REPO,
+    Bridge,
+    BridgeClient,
+    listed_tools,
+    refused,
+    wait_until,
+)
 from scripted_model import ScriptedModel
 
 pytestmark = pytest.mark.posix("the view host is installed by tests/install_e2e.sh, a bash script")
@@ -106,11 +117,10 @@ def asking_bridge(bridge: Bridge) -> BridgeClient:
 # ------------------------------------------------------------------ what a host lists (no browser)
 def test_the_page_and_the_links_are_what_an_apps_host_reads_and_app_only_tools_say_so(bridge):
     with bridge.client() as client:
-        tools = {tool.name: tool for tool in client.portal.call(client.session.list_tools).tools}
         resources = client.portal.call(client.session.list_resources).resources
         page = client.portal.call(client.session.read_resource, JOB_VIEW_URI).contents[0]
         result = raw_call(client, "hermes_run", task="!sleep=0 hello", wait_s=20)
-    meta = {name: tool.model_dump(by_alias=True).get("_meta") or {} for name, tool in tools.items()}
+    meta = {tool["name"]: tool.get("_meta") or {} for tool in listed_tools(bridge, APPS_CAPABILITIES)}
     for name in ("hermes_run", "hermes_resume", "hermes_status"):
         assert meta[name]["ui"]["resourceUri"] == JOB_VIEW_URI and meta[name]["ui/resourceUri"] == (
             JOB_VIEW_URI)
@@ -126,6 +136,20 @@ def test_the_page_and_the_links_are_what_an_apps_host_reads_and_app_only_tools_s
     assert result.get("structuredContent") is None  # a host that has it hands the model only that
     assert facts["job_id"] in result["content"][0]["text"] and facts["status"] == "ok"
     assert isinstance(result["_meta"]["viewToken"], str)
+
+
+@pytest.mark.parametrize("declared", ["extensions", "experimental"])
+def test_app_only_tools_are_offered_only_to_a_client_that_declared_mcp_apps(bridge, declared):
+    """Issue 49: Gemini CLI offered its model the view's tools, whatever their visibility."""
+    apps = APPS_CAPABILITIES.replace('"extensions"', f'"{declared}"')
+    assert {tool["name"] for tool in listed_tools(bridge, apps)} >= APP_ONLY_TOOLS
+    for capabilities in ("{}", '{"extensions":{"io.modelcontextprotocol/tasks":{}}}', '{"elicitation":{}}'):
+        names = {tool["name"] for tool in listed_tools(bridge, capabilities)}
+        assert "hermes_run" in names and not names & APP_ONLY_TOOLS, capabilities
+    with bridge.client() as client:  # declares no MCP Apps: not listed, and still reachable by the view's host
+        assert not {t.name for t in client.portal.call(client.session.list_tools).tools} & APP_ONLY_TOOLS
+        job_id = raw_call(client, "hermes_run", task="!sleep=0 hi", wait_s=20)["_meta"]["viewFacts"]["job_id"]
+        assert raw_call(client, "hermes_view_job", job_id=job_id)["_meta"]["viewFacts"]["status"] == "ok"
 
 
 def test_an_answer_without_the_views_token_is_refused_and_the_question_still_waits(bridge):
