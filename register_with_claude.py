@@ -101,10 +101,12 @@ def host_configs(host: str, platform: str) -> tuple[list[Path], Path]:
 
 # --------------------------------------------------------------------------------------------- editing
 def server_entry(host: str, python: str, platform: str = "linux", hermes: str | None = None,
-                 uvx: bool = False, roots: list[str] | None = None, uvx_from: str | None = None) -> dict[str, Any]:
+                 uvx: bool = False, roots: list[str] | None = None, uvx_from: str | None = None,
+                 hermes_named: bool = False) -> dict[str, Any]:
     """The host's entry: the clone's interpreter and server.py, `uvx claude-hermes-bridge` (the package from
     the package index), or `uvx --from <wheel or folder> claude-hermes-bridge`; the allowed roots as the
-    server's own options when given."""
+    server's own options when given. Hermes' path goes into the entry when the user named it, and for uvx
+    (whose server finds no config beside a clone) and macOS (whose apps start servers with launchd's PATH)."""
     if uvx_from:
         entry: dict[str, Any] = {"command": "uvx", "args": ["--from", uvx_from, "claude-hermes-bridge"]}
     elif uvx:
@@ -117,6 +119,8 @@ def server_entry(host: str, python: str, platform: str = "linux", hermes: str | 
         extra_args, env = macos_launch_settings(hermes, home(platform))
         entry["args"] += extra_args
         entry["env"] = env
+    elif hermes and (hermes_named or uvx or uvx_from):
+        entry["args"] += ["--hermes-exe", hermes]
     return {"type": "stdio", **entry} if host == "claude-code" else entry
 
 
@@ -216,9 +220,10 @@ def write_safely(path: Path, new_text: str) -> Path | None:
 CHECK_INCOMPLETE = 3  # server.py --check: the server works, but no job can run yet
 
 
-def run_check(entry: dict[str, Any], uvx: bool) -> None:
+def run_check(entry: dict[str, Any], uvx: bool, hermes_named: bool) -> None:
     """The server's own self-check, through the very command the entry will hold (its interpreter, or uvx);
-    refuse to register when it fails, and repeat why no job can run yet when it passes incomplete."""
+    refuse to register when it fails, or when a uvx entry (or a Hermes the user named) would start a server
+    with no usable Hermes, which refuses every job; repeat why no job can run yet when it passes incomplete."""
     command = [shutil.which(entry["command"]) or entry["command"], *entry["args"], "--check"]
     shown = " ".join([entry["command"], *entry["args"], "--check"])
     try:
@@ -234,11 +239,17 @@ def run_check(entry: dict[str, Any], uvx: bool) -> None:
             f"(\"{entry['command']}\" -m pip install -r \"{SERVER.parent / 'requirements.txt'}\") or choose another "
             "with --python")
         raise Refused(f"`{shown}` failed (exit {done.returncode}), so nothing was written.\n{said[-3000:]}{fix}")
-    print(f"check passed: `{shown}` starts the server")
-    if done.returncode == CHECK_INCOMPLETE:
-        for line in said.splitlines():
-            if line.startswith(("CHECK: INCOMPLETE", "HERMES_EXE: NOT USABLE", "ALLOWED_ROOTS: NONE")):
-                print(f"  warning: {line}")
+    if done.returncode != CHECK_INCOMPLETE:
+        print(f"check passed: `{shown}` starts the server and Hermes runs")
+        return
+    if "no usable Hermes" in said and (uvx or hermes_named):
+        raise Refused(f"`{shown}` starts a server that finds no usable Hermes, so it would refuse every job; "
+                      f"nothing was written.\n{said[-3000:]}\nFix: --hermes-exe <Hermes' absolute path> "
+                      "(`which hermes` where Hermes runs)")
+    print(f"check incomplete: `{shown}` starts the server, but no job can run yet")
+    for line in said.splitlines():
+        if line.startswith(("CHECK: INCOMPLETE", "HERMES_EXE: NOT USABLE", "ALLOWED_ROOTS: NONE")):
+            print(f"  warning: {line}")
 
 
 UVX_ALTERNATIVES = (
@@ -273,6 +284,8 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
                         help="register `uvx claude-hermes-bridge` (the package from PyPI) instead of this clone")
     parser.add_argument("--uvx-from", metavar="PATH",
                         help="register `uvx --from PATH claude-hermes-bridge` (a wheel or a source folder)")
+    parser.add_argument("--hermes-exe", metavar="PATH",
+                        help="Hermes' path, written into the entry (default for --uvx and macOS: hermes on PATH)")
     parser.add_argument("--allowed-roots", nargs="+", metavar="DIR",
                         help="pass the folders Hermes may work in as server options (else config.json's)")
     parser.add_argument("--platform", choices=("windows", "macos", "linux"), default=this_platform(),
@@ -326,8 +339,11 @@ def main(argv: list[str]) -> int:
     roots = [str(Path(root).expanduser().absolute()) for root in args.allowed_roots or []]
     uvx_from = str(Path(args.uvx_from).expanduser().absolute()) if args.uvx_from else None
 
+    hermes = str(Path(args.hermes_exe).expanduser().absolute()) if args.hermes_exe else shutil.which("hermes")
+
     def entry_for(host: str) -> dict[str, Any]:
-        return server_entry(host, python, args.platform, shutil.which("hermes"), args.uvx, roots, uvx_from)
+        return server_entry(host, python, args.platform, hermes, args.uvx, roots, uvx_from,
+                            hermes_named=bool(args.hermes_exe))
     try:
         targets = plan(args)
         if not targets:
@@ -335,7 +351,7 @@ def main(argv: list[str]) -> int:
             return 0
         refuse_store_python(args, targets, python)
         if not args.remove:
-            run_check(entry_for("claude-desktop"), uvx=bool(args.uvx or uvx_from))
+            run_check(entry_for("claude-desktop"), uvx=bool(args.uvx or uvx_from), hermes_named=bool(args.hermes_exe))
         for host, path, created in targets:
             apply(args, host, path, created, None if args.remove else entry_for(host))
     except Refused as exc:

@@ -25,7 +25,7 @@ from .hermes_cli import hermes_env, locate_hermes
 from .mcp_edge import JOB_VIEW_URI, TRY_CLIENT_NAME, serve_after_the_script
 from .network import support_line as network_support
 from .preflight import SERVER_DIR, VERSION, dependency_version, missing_dependencies
-from .safe_io import TOOL_NAMES, clean_text, shown, write_atomic
+from .safe_io import APP_ONLY_TOOL_NAMES, TOOL_NAMES, clean_text, shown, write_atomic
 from .sandbox import SANDBOX_MODES, support_line
 
 
@@ -79,7 +79,8 @@ async def check_server(command: list[str], env: dict[str, str] | None = None,
                 report.append("server stderr:\n" + stderr_tail)
             return False, report
     ok = tools == sorted(TOOL_NAMES)
-    report.append(f"tools: {len(tools)} ({'exactly the declared tools' if ok else 'MISMATCH'})")
+    report.append(f"tools: {len(tools)} ({'exactly the declared tools' if ok else 'MISMATCH'}; "
+                  f"{len(APP_ONLY_TOOL_NAMES)} more for the job view, listed to hosts with MCP Apps)")
     if not ok:
         report.append(f"FAIL: expected {sorted(TOOL_NAMES)}, got {tools}")
     if "<html" in page_text:

@@ -21,11 +21,13 @@ T = TypeVar("T")
 
 
 IS_WINDOWS = os.name == "nt"
+# The tools every host lists; the job view's own are listed only to a host that declared MCP Apps.
 TOOL_NAMES = (
     "hermes_run", "hermes_resume", "hermes_status", "hermes_jobs",
     "hermes_read", "hermes_capabilities", "hermes_health", "hermes_cancel", "hermes_approve", "hermes_steer",
-    "hermes_land", "hermes_view_job", "hermes_view_patch", "hermes_view_answer", "hermes_view_steer",
+    "hermes_land",
 )
+APP_ONLY_TOOL_NAMES = ("hermes_view_job", "hermes_view_patch", "hermes_view_answer", "hermes_view_steer")
 
 
 def plural(count: int, noun: str) -> str:

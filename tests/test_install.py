@@ -25,6 +25,7 @@ from claude_hermes_bridge.launch import JobRequest
 from claude_hermes_bridge.supervisor import Supervisor
 from conftest import require_component
 from harness import (
+    APP_ONLY_TOOLS,
     EXPECTED_ARGS,
     IN_CI,
     MCPB,
@@ -652,19 +653,31 @@ def test_uvx_registration_is_refused_when_the_entry_cannot_start(tmp_path):
 
 
 @pytest.mark.posix("the fake hermes is a shell script")
-def test_uvx_from_a_folder_registers_after_its_check_and_repeats_why_no_job_can_run(tmp_path):
+def test_uvx_from_a_folder_with_no_hermes_is_refused_and_with_hermes_exe_registers_a_server_that_finds_it(tmp_path):
+    """Issue 49: the uvx route registered a server with no Hermes on its PATH (it refused every job) after
+    printing "check passed"."""
     env = registration_env(tmp_path)
     config = tmp_path / "home" / ".config" / "Claude" / "claude_desktop_config.json"
     config.parent.mkdir(parents=True)
-    done = run([sys.executable, str(REPO / "register_with_claude.py"), "--platform", "linux", "--uvx-from",
-                str(REPO)], env)
+    register = [sys.executable, str(REPO / "register_with_claude.py"), "--platform", "linux", "--uvx-from", str(REPO)]
+    done = run(register, env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "refused" in done.stdout and "no usable Hermes" in done.stdout and "--hermes-exe" in done.stdout
+    assert not config.exists()
+    hermes = make_fake_hermes(tmp_path / "hermes-venv")
+    done = run([*register, "--hermes-exe", str(hermes)], env)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    passed = next(i for i, line in enumerate(lines) if line.startswith("check passed: `uvx --from"))
-    assert any("no usable Hermes" in line for line in lines[passed:])
-    assert any("no allowed roots" in line for line in lines[passed:])
+    incomplete = next(i for i, line in enumerate(lines) if line.startswith("check incomplete: `uvx --from"))
+    assert "check passed" not in done.stdout and "no usable Hermes" not in done.stdout
+    assert any("no allowed roots" in line for line in lines[incomplete:])
     entry = json.loads(config.read_text())["mcpServers"]["hermes"]
-    assert entry == {"command": "uvx", "args": ["--from", str(REPO), "claude-hermes-bridge"]}
+    assert entry == {"command": "uvx",
+                     "args": ["--from", str(REPO), "claude-hermes-bridge", "--hermes-exe", str(hermes)]}
+    root = tmp_path / "root"
+    root.mkdir()
+    done = run([*register, "--hermes-exe", str(hermes), "--allowed-roots", str(root)], env)
+    assert done.returncode == 0 and "check passed: `uvx --from" in done.stdout, done.stdout + done.stderr
 
 
 @pytest.mark.posix("the fake hermes is a shell script")
@@ -673,7 +686,7 @@ def test_check_passes_on_a_good_install(bridge):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "CHECK: OK" in done.stdout
-    assert f"tools: {len(EXPECTED_ARGS)} (exactly the declared tools)" in done.stdout
+    assert f"tools: {len(EXPECTED_ARGS) - len(APP_ONLY_TOOLS)} (exactly the declared tools;" in done.stdout
 
 
 @pytest.mark.posix("the fake hermes is a shell script")
