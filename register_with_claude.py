@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Register claude-hermes-bridge with Claude Desktop (and Claude Code, Codex, Cursor) in one step.
+"""Register claude-hermes-bridge with Claude Desktop (and Claude Code, Codex, Cursor, Gemini CLI) in one step.
 
 Standard library only, so it runs before anything is installed. It first runs `server.py --check` with the
 interpreter that will run the server and refuses to write when that fails. Every write keeps the rest of
 the file as it was, leaves a timestamped backup beside it, and is atomic; a file that is not valid JSON is
-refused with its line and column and left untouched; a second run changes nothing and says so.
+refused with its line and column and left untouched; a second run changes nothing and says so, and keeps every
+key of the entry it does not write (a user's env, timeout, per-tool settings).
 
     python register_with_claude.py                  # Claude Desktop, this interpreter
     python register_with_claude.py --print          # show the change, write nothing
@@ -25,12 +26,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 SERVER = Path(__file__).resolve().parent / "server.py"
-HOSTS = ("claude-desktop", "claude-code", "codex", "cursor")
+HOSTS = ("claude-desktop", "claude-code", "codex", "cursor", "gemini")
 NEXT_STEPS = {
     "claude-desktop": "Quit and restart Claude Desktop: it reads its config only at start.",
     "claude-code": "In Claude Code, run /mcp (or start a new session) to see the server.",
     "codex": "Start a new Codex session to load the server.",
     "cursor": "Reload Cursor's window (or restart Cursor) to load the server.",
+    "gemini": "Start Gemini CLI in a folder it trusts (it asks once per folder) and run /mcp to see the server.",
 }
 
 
@@ -95,6 +97,7 @@ def host_configs(host: str, platform: str) -> tuple[list[Path], Path]:
         "claude-code": home(platform) / ".claude.json",
         "codex": Path(os.environ.get("CODEX_HOME") or home(platform) / ".codex") / "config.toml",
         "cursor": home(platform) / ".cursor" / "mcp.json",
+        "gemini": home(platform) / ".gemini" / "settings.json",
     }[host]
     return ([usual] if usual.exists() else []), usual
 
@@ -124,6 +127,20 @@ def server_entry(host: str, python: str, platform: str = "linux", hermes: str | 
     return {"type": "stdio", **entry} if host == "claude-code" else entry
 
 
+def host_keys(host: str, approve_tools: bool) -> dict[str, Any]:
+    """What a host needs beyond the command. Codex: `required`, so that a one-turn `codex exec` waits for the
+    tools however slowly a loaded machine starts the server (else it gives a server about a second). With
+    --approve-tools, the host calls the bridge's tools without asking the person each time: `codex exec` and
+    `gemini -p` have nobody to ask and refuse every call otherwise. It is not the default: an approved
+    hermes_run lets whatever steers the planner start an agent unasked; the bridge's own limits (allowed
+    roots, the sandbox, the network, Hermes' questions) hold either way."""
+    if host == "codex":
+        return {"required": True, **({"default_tools_approval_mode": "approve"} if approve_tools else {})}
+    if host == "gemini" and approve_tools:
+        return {"trust": True}
+    return {}
+
+
 def edit_json(text: str | None, path: Path, name: str, entry: dict[str, Any] | None) -> str | None:
     """The new file text with mcpServers.<name> set (or removed when entry is None); None when unchanged."""
     try:
@@ -139,9 +156,11 @@ def edit_json(text: str | None, path: Path, name: str, entry: dict[str, Any] | N
             return None
         del servers[name]
     else:
-        if servers.get(name) == entry:
+        old = servers.get(name)
+        merged = {**old, **entry} if isinstance(old, dict) else entry
+        if old == merged:
             return None
-        servers[name] = entry
+        servers[name] = merged
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
@@ -160,34 +179,77 @@ def check_toml(text: str, path: Path) -> None:
         raise Refused(f"{path} is not valid TOML ({exc}); fix it by hand first, it was left untouched") from None
 
 
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{toml_string(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
+    return toml_string(str(value))
+
+
+TOML_KEY = re.compile(r'^\s*("?)([A-Za-z0-9_-]+)\1\s*=')
+
+
+def toml_statements(lines: list[str]) -> list[tuple[str | None, int, int]]:
+    """(key or None, first line, end line) of each line or key-value statement of a table's body; a value's
+    continuation lines (an array over several lines) belong to its statement."""
+    statements = []
+    i = 0
+    while i < len(lines):
+        match = TOML_KEY.match(lines[i])
+        end = i + 1
+        if match:
+            depth = 0
+            for j in range(i, len(lines)):
+                unquoted = re.sub(r'"(?:[^"\\]|\\.)*"|\'[^\']*\'|#.*', "", lines[j])
+                depth += unquoted.count("[") + unquoted.count("{") - unquoted.count("]") - unquoted.count("}")
+                end = j + 1
+                if depth <= 0:
+                    break
+        statements.append((match.group(2) if match else None, i, end))
+        i = end
+    return statements
+
+
 def edit_toml(text: str | None, path: Path, name: str, entry: dict[str, Any] | None) -> str | None:
-    """Codex's config.toml with [mcp_servers.<name>] replaced, added or removed; every other line kept."""
+    """Codex's config.toml with the keys this script writes set in [mcp_servers.<name>] (added when missing),
+    or the table and its sub-tables removed; every other line kept, the user's keys in the table too."""
     text = text or ""
     check_toml(text, path)
     lines = text.splitlines(keepends=True)
-    header = re.compile(r"^\s*\[\s*mcp_servers\.(\"?)" + re.escape(name) + r"\1\s*(\]|\.)")
-    start = next((i for i, line in enumerate(lines) if header.match(line)), None)
-    end = start
-    if start is not None:
-        end = start + 1
-        while end < len(lines) and not (lines[end].lstrip().startswith("[") and not header.match(lines[end])):
-            end += 1
-    block = ""
-    if entry is not None:
-        args = ", ".join(toml_string(a) for a in entry["args"])
-        block = f"[mcp_servers.{name}]\ncommand = {toml_string(entry['command'])}\nargs = [{args}]\n"
-    if start is None:
-        if entry is None:
-            return None
+    table = re.compile(r"^\s*\[\s*mcp_servers\.(\"?)" + re.escape(name) + r"\1\s*\]")
+    own_or_sub = re.compile(r"^\s*\[\s*mcp_servers\.(\"?)" + re.escape(name) + r"\1\s*(\]|\.)")
+    start = next((i for i, line in enumerate(lines) if table.match(line)), None)
+    if entry is None:
+        kept, dropping = [], False
+        for line in lines:
+            if line.lstrip().startswith("["):
+                dropping = bool(own_or_sub.match(line))
+            if not dropping:
+                kept.append(line)
+        new = "".join(kept)
+    elif start is None:
         prefix = text if not text or text.endswith("\n") else text + "\n"
-        new = prefix + ("\n" if prefix.strip() else "") + block
+        new = prefix + ("\n" if prefix.strip() else "") + f"[mcp_servers.{name}]\n" + "".join(
+            f"{key} = {toml_value(value)}\n" for key, value in entry.items())
     else:
-        old_block = "".join(lines[start:end])
-        core = old_block.rstrip("\n") + "\n"
-        if core == block:
-            return None
-        blank_lines_after = old_block[len(core):] if block else ""
-        new = "".join(lines[:start]) + block + blank_lines_after + "".join(lines[end:])
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
+        body = lines[start + 1:end]
+        missing = dict(entry)
+        new_body: list[str] = []
+        for key, first, last in toml_statements(body):
+            if key in missing:
+                new_body.append(f"{key} = {toml_value(missing.pop(key))}\n")
+            elif key not in entry:
+                new_body += body[first:last]
+        last_key = max((i for i, line in enumerate(new_body) if line.strip() and not line.lstrip().startswith("#")),
+                       default=-1)
+        new_body[last_key + 1:last_key + 1] = [f"{key} = {toml_value(value)}\n" for key, value in missing.items()]
+        new = "".join(lines[:start + 1] + new_body + lines[end:])
+    if new == text:
+        return None
     check_toml(new, path)
     return new
 
@@ -288,6 +350,9 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
                         help="Hermes' path, written into the entry (default for --uvx and macOS: hermes on PATH)")
     parser.add_argument("--allowed-roots", nargs="+", metavar="DIR",
                         help="pass the folders Hermes may work in as server options (else config.json's)")
+    parser.add_argument("--approve-tools", action="store_true",
+                        help="let Codex or Gemini CLI call the bridge's tools without asking each time (needed by "
+                             "`codex exec` and `gemini -p`, which have nobody to ask)")
     parser.add_argument("--platform", choices=("windows", "macos", "linux"), default=this_platform(),
                         help="which OS's config locations to use (default: this one)")
     return parser.parse_args(argv)
@@ -311,7 +376,7 @@ def apply(args: argparse.Namespace, host: str, path: Path, created: bool, entry:
     """One host's file: the entry written (with a backup), removed, or the change shown (--print)."""
     editor: Callable[..., str | None] = edit_toml if host == "codex" else edit_json
     old = path.read_text(encoding="utf-8") if path.exists() else None
-    new = editor(old, path, args.name, entry)
+    new = editor(old, path, args.name, entry and {**entry, **host_keys(host, args.approve_tools)})
     label = f"{host}: {path}"
     if new is None:
         state = "not registered" if args.remove else "already registered"

@@ -287,10 +287,16 @@ args = ["--flag"]
 
 [mcp_servers.hermes]
 command = "/old/python"
-args = ["/old/server.py"]
+args = [
+  "/old/server.py",  # a comment ]
+]
+startup_timeout_sec = 30  # the user's own
 
 [mcp_servers.hermes.env]
 OLD = "1"
+
+[mcp_servers.hermes.tools.hermes_land]
+approval_mode = "prompt"
 
 [profiles.fast]
 model = "o4-mini" # keep this comment
@@ -434,9 +440,21 @@ def test_a_failing_check_refuses_and_shows_why(tmp_path):
 
 
 @pytest.mark.posix("the fake homes are POSIX folders and the check starts the server with the fake hermes")
+def test_gemini_cli_gets_its_entry_in_its_settings_and_trust_only_when_asked(tmp_path):
+    settings = write_json(tmp_path / ".gemini/settings.json", {"theme": "Dracula", "mcpServers": {}})
+    done = register(tmp_path, "--host", "gemini", "--platform", "linux")
+    assert done.returncode == 0 and "Gemini CLI" in done.stdout, done.stdout
+    data = json.loads(settings.read_text())
+    assert data["mcpServers"]["hermes"] == ENTRY and data["theme"] == "Dracula"
+    assert register(tmp_path, "--host", "gemini", "--approve-tools").returncode == 0  # for `gemini -p`
+    assert json.loads(settings.read_text())["mcpServers"]["hermes"] == {**ENTRY, "trust": True}
+
+
+@pytest.mark.posix("the fake homes are POSIX folders and the check starts the server with the fake hermes")
 def test_claude_code_codex_and_cursor_keep_the_rest_of_their_files(tmp_path):
     claude_code = write_json(tmp_path / ".claude.json", {"numStartups": 3, "projects": {"/p": {"x": 1}},
-                                                          "mcpServers": {"other": {"command": "o"}}})
+                                                          "mcpServers": {"other": {"command": "o"},
+                                                                         "hermes": {"command": "old", "timeout": 9}}})
     codex = tmp_path / ".codex/config.toml"
     codex.parent.mkdir()
     codex.write_text(CODEX)
@@ -445,10 +463,12 @@ def test_claude_code_codex_and_cursor_keep_the_rest_of_their_files(tmp_path):
     assert done.returncode == 0, done.stdout
     assert "/mcp" in done.stdout and "new Codex session" in done.stdout
     code_data = json.loads(claude_code.read_text())
-    assert code_data["mcpServers"]["hermes"] == {"type": "stdio", **ENTRY}
+    assert code_data["mcpServers"]["hermes"] == {"type": "stdio", **ENTRY, "timeout": 9}  # the user's key kept
     assert code_data["numStartups"] == 3 and code_data["mcpServers"]["other"] == {"command": "o"}
     parsed = tomllib.loads(codex.read_text())
-    assert parsed["mcp_servers"]["hermes"] == ENTRY
+    assert parsed["mcp_servers"]["hermes"] == {**ENTRY, "required": True, "startup_timeout_sec": 30,
+                                               "env": {"OLD": "1"},
+                                               "tools": {"hermes_land": {"approval_mode": "prompt"}}}
     assert parsed["mcp_servers"]["other"] == {"command": "other-server", "args": ["--flag"]}
     assert parsed["profiles"]["fast"] == {"model": "o4-mini"} and parsed["model"] == "o4-mini"
     text = codex.read_text()
@@ -457,9 +477,14 @@ def test_claude_code_codex_and_cursor_keep_the_rest_of_their_files(tmp_path):
     assert not (tmp_path / ".config/Claude").exists()  # --host all touches only hosts it finds
 
     assert "nothing changed" in register(tmp_path, "--host", "codex").stdout
+    assert register(tmp_path, "--host", "codex", "--approve-tools").returncode == 0  # for `codex exec`
+    hermes = tomllib.loads(codex.read_text())["mcp_servers"]["hermes"]
+    assert hermes["default_tools_approval_mode"] == "approve" and hermes["startup_timeout_sec"] == 30
+    assert "nothing changed" in register(tmp_path, "--host", "codex").stdout  # the choice is kept
     assert register(tmp_path, "--host", "codex", "--remove").returncode == 0
     parsed = tomllib.loads(codex.read_text())
     assert "hermes" not in parsed["mcp_servers"] and parsed["mcp_servers"]["other"]["command"] == "other-server"
+    assert 'model = "o4-mini" # keep this comment' in codex.read_text()
 
     codex.write_text("[mcp_servers\nbroken")
     refused = register(tmp_path, "--host", "codex")
