@@ -38,7 +38,7 @@ from .launch import recover_worktrees
 from .preflight import PACKAGE_DIR, VERSION, dependency_version
 from .render import QUESTIONS_SHOWN, ToolResult, deadline_words, job_details, status_result
 from .review import view_patch
-from .safe_io import Refused, T, plural, shown
+from .safe_io import APP_ONLY_TOOL_NAMES, Refused, T, plural, shown
 from .skills import SkillIndex, capabilities
 from .tools import LaunchArguments, answer_approval, job_view, list_jobs, read_path, request_cancel
 
@@ -419,8 +419,10 @@ class ToolRegistry:
     async def respond(self, tool_name: str, body: ToolBody | Listing,
                       task: Any = None) -> "CallToolResult":
         """The text as the model reads it, whole; a job's facts and a one-time token for the job view in _meta.
-        Never structuredContent: a host that has it hands the model only that (Claude Code's print mode did,
-        and the STATUS/SESSION_ID lines and the running and approval guidance were lost)."""
+        Never structuredContent for the model's tools: a host that has it hands the model only that (Claude
+        Code's print mode did, and the STATUS/SESSION_ID lines and the running and approval guidance were
+        lost). The view's own tools carry the same in structuredContent too: Cursor strips _meta from what it
+        hands the view, and the view falls back on them."""
         from mcp.types import CallToolResult
 
         outcome = await run_tool_body(tool_name, body, task)
@@ -434,6 +436,8 @@ class ToolRegistry:
             meta[VIEW_PATCH] = outcome.patch
         if meta:
             result["_meta"] = meta
+            if tool_name in APP_ONLY_TOOL_NAMES:
+                result["structuredContent"] = meta
         return CallToolResult.model_validate(result)
 
 

@@ -81,11 +81,18 @@ class View:
     """The job view open in the test host, for one job's result."""
 
     def __init__(self, browser: Any, host_url: str, client: BridgeClient, result: dict[str, Any],
-                 arguments: dict[str, Any], server_tools: bool = True):
+                 arguments: dict[str, Any], server_tools: bool = True, strip_meta: bool = False):
+        """strip_meta: the host hands the view results without _meta, as Cursor does."""
         self.page = browser.new_page(viewport={"width": 800, "height": 700})
         self.console: list[str] = []
         self.page.on("console", lambda message: self.console.append(message.text))
-        self.page.expose_function("hostCallTool", lambda name, args: raw_call(client, name, **args))
+
+        def host_call(name: str, args: dict[str, Any]) -> dict[str, Any]:
+            called = raw_call(client, name, **args)
+            return {k: v for k, v in called.items() if k != "_meta"} if strip_meta else called
+        self.page.expose_function("hostCallTool", host_call)
+        if strip_meta:
+            result = {k: v for k, v in result.items() if k != "_meta"}
         self.page.goto(host_url)
         page_html = client.portal.call(client.session.read_resource, JOB_VIEW_URI).contents[0].text
         self.page.evaluate("([html, input, result, tools]) => window.openView(html, input, result, tools)",
@@ -233,6 +240,23 @@ def test_the_view_shows_the_question_and_a_click_reaches_hermes(bridge, browser,
     assert not [line for line in view.console if "Content Security Policy" in line], view.console
 
 
+def test_a_host_that_strips_meta_still_shows_the_job_and_the_persons_click_answers(bridge, browser, host_url):
+    """Issue 49: Cursor hands the view a tool result without _meta, where the facts and the token were."""
+    with asking_bridge(bridge) as client:
+        arguments = {"task": "!ask=touch+asked.txt", "wait_s": 0}
+        started = raw_call(client, "hermes_run", **arguments)
+        view = View(browser, host_url, client, started, arguments, strip_meta=True)
+        view.frame.locator(".question").wait_for(timeout=30000)
+        assert "run `touch asked.txt` (dangerous)" in view.text(".question")
+        view.click(".question button[data-decision=allow]")
+        view.wait_status("ok")
+        calls = view.page.evaluate("window.calls")
+    job_id = started["_meta"]["viewFacts"]["job_id"]
+    assert view.text("#job") == job_id and calls[0] == "hermes_view_job" and "hermes_view_answer" in calls
+    assert [(d["decision"], d["by"]) for d in bridge.record(job_id).decisions] == [("allow", "the user (job view)")]
+    assert (bridge.root / "asked.txt").exists()
+
+
 def test_a_running_job_shows_its_current_tool_and_cancel_stops_it_and_the_polling(bridge, browser, host_url):
     with bridge.client() as client:
         arguments = {"task": "!tool-sleep=60", "wait_s": 0}
@@ -291,13 +315,13 @@ def test_the_person_steers_a_running_job_from_the_view(bridge, browser, host_url
     assert "the user steered Hermes (now): keep <b>the</b> API" in context[0]["content"][0]["text"]
 
 
-@pytest.mark.parametrize("action", ["Merge", "Discard"])
-def test_a_finished_worktree_job_is_merged_or_discarded_from_the_view(bridge, browser, host_url, action):
+@pytest.mark.parametrize(("action", "strip_meta"), [("Merge", False), ("Discard", False), ("Merge", True)])
+def test_a_finished_worktree_job_is_merged_or_discarded_from_the_view(bridge, browser, host_url, action, strip_meta):
     repo = make_repo(bridge.root / "repo")
     with bridge.client() as client:
         arguments = {"task": "!write=b.txt:bee", "cwd": str(repo), "isolation": "worktree", "wait_s": 30}
         done = raw_call(client, "hermes_run", **arguments)
-        view = View(browser, host_url, client, done, arguments)
+        view = View(browser, host_url, client, done, arguments, strip_meta=strip_meta)  # Cursor strips _meta
         view.frame.locator("details.file[data-path='b.txt']").wait_for(timeout=15000)
         assert view.text("#review h1") == "The change: 1 file, +1 \u22120"
         view.click(f"#actions button[data-action={action.lower()}]")
