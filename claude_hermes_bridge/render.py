@@ -279,16 +279,20 @@ def steer_lines(record: JobRecord) -> list[str]:
     return [f"STEERED: {steer_words(steer)}" for steer in record.steers]
 
 
+USAGE_TOKENS = re.compile(r", tokens (?:in [\d,]+ / out [\d,]+|unavailable: Hermes reported none)$")
+
+
 def spend_line(record: JobRecord) -> list[str]:
     """The job's spend against its budgets, as Hermes' store counted it (a price Hermes does not know is said,
     never shown as zero)."""
     spend = record.spend
     if not spend:
         return []
-    tokens = int(spend.get("tokens_in", 0)) + int(spend.get("tokens_out", 0))
+    tokens_in, tokens_out = int(spend.get("tokens_in", 0)), int(spend.get("tokens_out", 0))
     parts = [f"{plural(int(spend.get('api_calls', 0)), 'API call')}"
              + (f" (max_turns {record.max_turns})" if record.max_turns else ""),
-             f"tokens {tokens:,}" + (f" of {record.max_tokens:,}" if record.max_tokens else "")]
+             f"tokens {tokens_in + tokens_out:,} (in {tokens_in:,} / out {tokens_out:,})"
+             + (f" of {record.max_tokens:,}" if record.max_tokens else "")]
     if spend.get("priced"):
         parts.append(f"cost ${float(spend.get('cost_usd', 0)):.4f}" + (f" of ${record.max_cost_usd:g}"
                                                                        if record.max_cost_usd else "")
@@ -509,9 +513,11 @@ def final_lines(view: JobView, cfg: Config, log: Path, details: JobDetails | Non
         after.append(f'Stop what is left with hermes_cancel(job_id="{record.id}").')
     if view.state in PART_DONE_STATES:
         after.append("Work may be part-done: inspect the files with hermes_read before re-running.")
-    if details:
-        after.append(f"USAGE: {shown(details.usage, 400)}")
-    after += spend_line(record)
+    spend = spend_line(record)
+    if details:  # one token count on a block: SPEND's (the budgets'), when the job has one
+        usage = details.usage or ""
+        after.append(f"USAGE: {shown(USAGE_TOKENS.sub('', usage) if spend else usage, 400)}")
+    after += spend
     after += start_line(record) + sandbox_lines(record) + changes_lines(record) + worktree_lines(record)
     if details:
         after += ["--- HERMES ANSWER ---", *quoted_answer(details.answer or "", cfg.max_output_chars)]

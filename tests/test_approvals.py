@@ -272,7 +272,8 @@ def test_activity_current_tool_usage_and_answer_come_from_the_events(acp):
         final = client.wait_final(job_id)
     assert running.field("ACTIVITY").startswith("1 tool call, context 1,234 / 256,000 tokens") or \
         running.field("ACTIVITY").startswith("1 tool call")
-    assert final.field("USAGE") == "1 tool call, context 1,234 / 256,000 tokens, tokens in 20 / out 10"
+    assert final.field("USAGE") == "1 tool call, context 1,234 / 256,000 tokens"  # the tokens: SPEND's alone
+    assert re.search(r"; tokens [\d,]+ \(in [\d,]+ / out [\d,]+\)", final.field("SPEND"))
     assert hermes_answer(final.text) == "FAKE ANSWER: !tool-sleep=6"
     log = (acp.jobs / f"{job_id}.log").read_text()
     assert "[hermes] execute: sleep 6" in log and "FAKE ANSWER" in log

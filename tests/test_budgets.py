@@ -68,7 +68,8 @@ def test_a_job_without_budgets_says_what_it_spent_and_hermes_jobs_lists_its_cost
         result = final(client, task="work !calls=2")
         listing = client.call("hermes_jobs").text
     assert result.field("STATUS") == "ok", result.text
-    assert result.field("SPEND") == "3 API calls; tokens 3,300; cost $0.0300 (Hermes' estimate)"  # 2 calls, the answer
+    assert result.field("SPEND") == (  # 2 calls, the answer
+        "3 API calls; tokens 3,300 (in 3,000 / out 300); cost $0.0300 (Hermes' estimate)")
     row = next(line for line in listing.splitlines() if line.startswith(result.field("JOB_ID")))
     assert "  cost $0.0" in row, listing
 
@@ -81,7 +82,8 @@ def test_an_unbudgeted_resumed_jobs_spend_is_its_own_not_the_whole_sessions(brid
         resumed = client.wait_final(started.field("JOB_ID"))
         listing = client.call("hermes_jobs").text
     assert resumed.field("STATUS") == "ok", resumed.text
-    assert resumed.field("SPEND") == "2 API calls; tokens 2,200; cost $0.0200 (Hermes' estimate)"  # 1 call, the answer
+    assert resumed.field("SPEND") == (  # 1 call, the answer
+        "2 API calls; tokens 2,200 (in 2,000 / out 200); cost $0.0200 (Hermes' estimate)")
     row = next(line for line in listing.splitlines() if line.startswith(resumed.field("JOB_ID")))
     assert "$0.0200" in row, row
 
@@ -92,7 +94,8 @@ def test_a_cost_budget_on_a_model_hermes_cannot_price_is_said_not_enforced_and_t
     assert result.field("STATUS") == "ok", result.text
     spend = result.field("SPEND")
     assert "cost not priced by Hermes (fake)" in spend and "max_cost_usd cannot be enforced" in spend, spend
-    assert "tokens 4,400 of 100,000" in spend or "tokens 5,500 of 100,000" in spend, spend  # the answer is a call
+    assert ("tokens 4,400 (in 4,000 / out 400) of 100,000" in spend  # the answer is a call
+            or "tokens 5,500 (in 5,000 / out 500) of 100,000" in spend), spend
 
 
 @pytest.mark.parametrize("driver", ["cli", "acp"])

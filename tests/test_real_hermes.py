@@ -214,7 +214,8 @@ def test_activity_changed_files_and_hermes_own_answer(real):
     assert re.match(r"\d+ API calls?, \d+ tool calls?, tokens in [\d,]+ / out [\d,]+$", running.field("ACTIVITY"))
     final = finish(client, client.call("hermes_status", job_id=job_id, wait_s=45))
     assert_turn_ended(final)
-    assert re.match(r"\d+ API calls?, [1-9]\d* tool calls?, tokens in [\d,]+ / out [\d,]+$", final.field("USAGE"))
+    assert re.match(r"\d+ API calls?, [1-9]\d* tool calls?$", final.field("USAGE"))  # the tokens: SPEND's
+    assert re.search(r"; tokens [\d,]+ \(in [\d,]+ / out [\d,]+\)", final.field("SPEND"))
     assert final.field("CHANGED_FILES") == "1 created, 1 modified, 1 deleted (under CWD, since the job started)"
     assert "+ created.txt (3 B)" in final.text and "~ existing.txt (11 B)" in final.text and "- gone.txt" in final.text
     answer = hermes_answer(final.text)

@@ -189,7 +189,8 @@ def test_running_block_names_the_tool_and_the_final_block_has_usage_changes_and_
         assert running.field("ACTIVITY") == "1 API call, 1 tool call, tokens in 1,000 / out 100"
         final = client.wait_final(job_id)
     assert final.field("STATUS") == "ok", final.text
-    assert final.field("USAGE") == "2 API calls, 1 tool call, tokens in 2,000 / out 200"
+    assert final.field("USAGE") == "2 API calls, 1 tool call"  # issue 49: one token count, SPEND's
+    assert "tokens 2,200 (in 2,000 / out 200)" in final.field("SPEND")
     assert final.field("CHANGED_FILES") == "0 created, 1 modified, 1 deleted (under CWD, since the job started)"
     assert "~ edit.txt (11 B)" in final.text and "- gone.txt" in final.text
     assert "keep.txt" not in final.text and "dep.js" not in final.text
