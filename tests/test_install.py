@@ -236,15 +236,17 @@ def test_register_writes_the_uvx_from_entry_with_the_roots(tmp_path):
     (home / ".config" / "Claude").mkdir(parents=True)
     root = tmp_path / "root"
     root.mkdir()
+    hermes = make_fake_hermes(tmp_path / "hermes-venv")
     done = subprocess.run([sys.executable, str(REPO / "register_with_claude.py"), "--platform", "linux", "--uvx-from",
-                           str(REPO), "--allowed-roots", str(root), "--print"], capture_output=True, text=True,
+                           str(REPO), "--allowed-roots", str(root), "--hermes-exe", str(hermes), "--print"],
+                          capture_output=True, text=True,
                           timeout=600, env=dict(os.environ, PATH=f"{uv.parent}:{os.environ['PATH']}", HOME=str(home),
                                                 UV_CACHE_DIR=str(tmp_path / "uv-cache"), UV_PYTHON_DOWNLOADS="never",
                                                 XDG_CONFIG_HOME=str(home / ".config")))
     assert done.returncode == 0, done.stdout + done.stderr
     assert '"command": "uvx"' in done.stdout
     assert (f'"--from",\n+        "{REPO}",\n+        "claude-hermes-bridge",\n+        "--allowed-roots",\n+'
-            f'        "{root}"') in done.stdout
+            f'        "{root}",\n+        "--hermes-exe",\n+        "{hermes}"') in done.stdout
 
 
 SCRIPT = REPO / "register_with_claude.py"
