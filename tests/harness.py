@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import queue
 import select
 import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from contextlib import asynccontextmanager, suppress
@@ -369,21 +371,24 @@ def raw_exchange(env: dict[str, str], calls: list[str], timeout: float = 20,
     proc = subprocess.Popen(command or [sys.executable, str(SERVER)], env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     responses: dict[int, dict[str, Any]] = {}
-    pending = b""
     assert proc.stdin is not None and proc.stdout is not None
+    replies: queue.Queue[bytes] = queue.Queue()
+    stdout = proc.stdout
+
+    def read_replies() -> None:  # in a thread: select() takes no pipe on Windows
+        for reply_line in stdout:
+            replies.put(reply_line)
+    threading.Thread(target=read_replies, daemon=True).start()
     try:
         for request_id, line in requests:
             proc.stdin.write(line.encode() + b"\n")
             proc.stdin.flush()
             deadline = time.time() + timeout
             while request_id is not None and request_id not in responses and time.time() < deadline:
-                if select.select([proc.stdout], [], [], 0.2)[0]:
-                    pending += os.read(proc.stdout.fileno(), 65536)
-                    *complete, pending = pending.split(b"\n")
-                    for raw in complete:
-                        reply = json.loads(raw)
-                        if "id" in reply:
-                            responses[reply["id"]] = reply
+                with suppress(queue.Empty):
+                    reply = json.loads(replies.get(timeout=0.2))
+                    if "id" in reply:
+                        responses[reply["id"]] = reply
     finally:
         proc.kill()
         proc.wait()
