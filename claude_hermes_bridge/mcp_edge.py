@@ -285,7 +285,8 @@ class McpEdge:
                 result = await entry.handler(ctx, params)
                 if renders_apps(ctx.session.client_capabilities):
                     return result
-                return result.model_copy(update={"tools": [t for t in result.tools if not app_only(t)]})
+                offered = [t for t in result.tools if t.name not in APP_ONLY_TOOL_NAMES]
+                return result.model_copy(update={"tools": offered})
             low.add_request_handler("tools/list", entry.params_type, listed)
             return
         every_tool = server.list_tools
@@ -294,7 +295,7 @@ class McpEdge:
             tools = await every_tool()
             params = low.request_context.session.client_params
             return tools if renders_apps(params.capabilities if params else None) else [
-                t for t in tools if not app_only(t)]
+                t for t in tools if t.name not in APP_ONLY_TOOL_NAMES]
         low.list_tools()(listed_1x)
 
     def lowlevel(self, server: Any) -> Any:
@@ -374,11 +375,6 @@ def renders_apps(capabilities: Any) -> bool:
     extensions = getattr(capabilities, "extensions", None) or (capabilities.model_extra or {}).get("extensions")
     return any(isinstance(declared, dict) and APPS_EXTENSION in declared
                for declared in (extensions, capabilities.experimental))
-
-
-def app_only(tool: Any) -> bool:
-    ui = (tool.meta or {}).get("ui") if isinstance(tool.meta, dict) else None
-    return isinstance(ui, dict) and ui.get("visibility") == ["app"]
 
 
 def hints(read_only: bool, destructive: bool, idempotent: bool, open_world: bool) -> Any:
