@@ -40,7 +40,11 @@ the MCP stack). A module imports only from modules above it in this list (tests/
   hermes_acp ......... [both] whether this Hermes speaks ACP (choose_driver); [supervisor] the conversation
   job_network ........ [supervisor] one job's network: its proxy started, its questions asked, its refusals said
   drivers ............ [both] the seam: HermesRun, CliRun, AcpRun, DRIVERS, and the launch plan (plan_launch)
-  supervisor ......... [supervisor] Supervisor (one detached process per job) and its program, main
+  supervised_job ..... [supervisor] SupervisedJob: the job as its supervisor holds it (record, saves, log notes)
+  job_planning ....... [supervisor] JobPlanner: what is checked and made before Hermes starts (folder, sandbox)
+  job_watching ....... [supervisor] JobWatch: the poll loop until Hermes exits (tree, log bound, stops, spend)
+  job_finishing ...... [supervisor] JobFinish: the outcome and what surrounds it (reports, restores, the queue)
+  supervisor ......... [supervisor] Supervisor (one detached process per job: the three phases) and main
   standby ............ [supervisor] a warm Hermes for the next job, and its program (--standby ID)
   launch ............. [server] JobRequest, launch_job (dedupe, limits, the record), start_job
   render ............. [server] the status block: job_details, render_status, ToolResult
@@ -50,20 +54,16 @@ the MCP stack). A module imports only from modules above it in this list (tests/
   skills ............. [server] Hermes' skills for hermes_capabilities
   health ............. [server] hermes_health and the server's instructions
   bodies ............. [server] async tool bodies (run_tool_body, ...), disk work off the event loop, no MCP
-  mcp_edge ........... [server] the only module that imports mcp: JobTasks, McpEdge (the two SDK lines),
-                       build_server, serve
+  mcp_edge ........... [server] the only module importing mcp: JobTasks, McpEdge (both SDK lines), build_server
   cli ................ [server] --check, --try, --init-config, serving
   entry .............. [both] console_main: guard stdio, then the supervisor or the server
 
 One hermes_run, end to end, as module hops: mcp_edge (build_server's hermes_run) → bodies (run_tool_body) →
-tools (run_tool, job_request: arguments, roots, Hermes, the launch plan from drivers) → bodies
-(launch_and_wait) → launch (launch_job writes the record through jobs; start_job spawns SUPERVISOR_BOOT) →
-supervisor (main → Supervisor.run: _plan, _start Hermes through drivers, _watch, _finish writes the outcome
-through jobs) ← bodies (wait_for_end polls the record: jobs.JobStore.read → observe) → tools (status_result) →
-render (render_status) → mcp_edge → the text the host reads.
-
-One supervisor start: job_queue.supervisor_argv → `python -c SUPERVISOR_BOOT` → preflight → supervisor (which
-imports processes, config, jobs, worktrees, hermes_*, drivers: nothing of launch and above).
+tools (run_tool, job_request: arguments, roots, Hermes, the launch plan from drivers) → bodies (launch_and_wait)
+→ launch (launch_job writes the record through jobs; start_job spawns `python -c SUPERVISOR_BOOT`) → supervisor
+(main → Supervisor.run: JobPlanner.plan, Hermes started through drivers, JobWatch.watch, JobFinish.finish writes
+the outcome through jobs) ← bodies (wait_for_end polls the record: JobStore.read → observe) → tools
+(status_result) → render (render_status) → mcp_edge → the text the host reads.
 """
 
 import os

@@ -313,7 +313,7 @@ def test_a_stop_asks_the_driver_first_and_stops_the_tree_only_after_its_grace(tm
     def recording_stop_tree(*args: Any, **kwargs: Any) -> StopReport:
         stopped.append(time.monotonic())
         return stop_tree(*args, **kwargs)
-    monkeypatch.setattr("claude_hermes_bridge.supervisor.stop_tree", recording_stop_tree)
+    monkeypatch.setattr("claude_hermes_bridge.job_watching.stop_tree", recording_stop_tree)
     Recorder.calls = []
 
     def cancel_once_started() -> None:

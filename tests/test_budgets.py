@@ -10,11 +10,11 @@ import pytest
 from claude_hermes_bridge.config import Config
 from claude_hermes_bridge.hermes_cli import hermes_env, retry_advice
 from claude_hermes_bridge.hermes_store import session_spend
+from claude_hermes_bridge.job_watching import SpendWatch, never_lower
 from claude_hermes_bridge.jobs import FINAL_STATES, PART_DONE_STATES, JobRecord, JobState, JobStore
 from claude_hermes_bridge.mcp_edge import TASK_FAILED_STATES
 from claude_hermes_bridge.processes import JOB_MARKER
 from claude_hermes_bridge.render import spend_line
-from claude_hermes_bridge.supervisor import SpendWatch, never_lower
 from harness import Bridge, BridgeClient, refused, wait_until
 
 pytestmark = pytest.mark.posix("the fake hermes is a shell script")

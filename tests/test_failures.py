@@ -210,7 +210,7 @@ def test_a_supervisor_whose_first_write_is_refused_starts_nothing_and_writes_its
             raise refusals.pop()
         return real_write(self, record)
     monkeypatch.setattr(JobStore, "write", full_then_fine)
-    monkeypatch.setattr("claude_hermes_bridge.supervisor.OUTCOME_RETRY_MAX_WAIT_S", 0.2)
+    monkeypatch.setattr("claude_hermes_bridge.job_finishing.OUTCOME_RETRY_MAX_WAIT_S", 0.2)
     Supervisor(job_id, cfg, store).run()
     final = store.read(job_id)
     assert final.state is JobState.ERROR and "Hermes was not started" in (final.reason or "")

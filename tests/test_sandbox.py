@@ -132,7 +132,7 @@ def test_off_runs_unconfined_and_says_so_where_every_escape_succeeds(bridge: Bri
 
 
 def test_required_refuses_a_job_where_no_sandbox_is_and_auto_runs_it_saying_why(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr("claude_hermes_bridge.supervisor.sandbox_mechanism",
+    monkeypatch.setattr("claude_hermes_bridge.job_planning.sandbox_mechanism",
                         lambda: Mechanism("", "no Landlock in this kernel", False))
     (tmp_path / "required").mkdir()
     (tmp_path / "auto").mkdir()

@@ -19,7 +19,9 @@ import psutil
 import pytest
 
 from claude_hermes_bridge.config import Config, load_config
+from claude_hermes_bridge.folder_changes import FolderWatch
 from claude_hermes_bridge.hermes_cli import describe_exit
+from claude_hermes_bridge.job_watching import JobWatch, ResumeBackstop
 from claude_hermes_bridge.jobs import FINAL_STATES, JobRecord, JobState, JobStore
 from claude_hermes_bridge.launch import JobRequest, launch_job
 from claude_hermes_bridge.preflight import SERVER_DIR
@@ -171,35 +173,34 @@ def announce(log: Path, text: str) -> None:
         out.write(text.encode())
 
 
-def resumed(tmp_path: Path) -> Supervisor:
+def resumed(tmp_path: Path) -> tuple[ResumeBackstop, Path]:
+    """The resume backstop of a supervised job, and the job's log."""
     supervisor, _ = supervised(tmp_path, "pass")
-    supervisor.record.session_requested = "20261201_100000_aaaaaa"  # the backstop watches resumes only
-    return supervisor
+    log = supervisor.store.log_path(supervisor.job_id)
+    return ResumeBackstop(log, supervisor.job.roots), log
 
 
 def test_the_resume_backstop_reads_a_move_line_split_across_two_polls(tmp_path):
-    supervisor = resumed(tmp_path)
+    backstop, log = resumed(tmp_path)
     outside = tmp_path / "outside"
     outside.mkdir()
-    log = supervisor.store.log_path(supervisor.job_id)
     line = f"↻ Working directory: {outside}\n"
     announce(log, line[:30])  # Hermes has written half the line when the supervisor polls
-    assert supervisor._moved_outside_roots() is None
+    assert backstop.moved_outside() is None
     announce(log, line[30:])
-    assert supervisor._moved_outside_roots() == str(outside)
+    assert backstop.moved_outside() == str(outside)
 
 
 def test_the_resume_backstop_resolves_a_symlink_from_inside_a_root_to_outside(tmp_path):
-    supervisor = resumed(tmp_path)
+    backstop, log = resumed(tmp_path)
     outside = tmp_path / "outside"
     outside.mkdir()
     inside = tmp_path / "root" / "looks-inside"
     inside.symlink_to(outside)
-    log = supervisor.store.log_path(supervisor.job_id)
     announce(log, f"↻ Working directory: {tmp_path / 'root'}\n")
-    assert supervisor._moved_outside_roots() is None  # a move inside the roots is no reason to stop
+    assert backstop.moved_outside() is None  # a move inside the roots is no reason to stop
     announce(log, f"↻ Working directory: {inside}\n")
-    assert supervisor._moved_outside_roots() == str(inside)
+    assert backstop.moved_outside() == str(inside)
 
 
 def test_a_failed_resume_on_a_hermes_that_prints_no_session_line_captures_nothing(tmp_path):
@@ -216,7 +217,7 @@ def test_a_job_that_already_has_an_outcome_when_its_supervisor_starts_never_star
     record = supervisor.store.read(supervisor.job_id)
     record.change_state(JobState.CANCELLED, "cancelled as an orphan")
     supervisor.store.write(record)
-    supervisor.record = supervisor.store.read(supervisor.job_id)
+    supervisor = Supervisor(supervisor.job_id, supervisor.cfg, supervisor.store, starter)
     assert supervisor.run() == 0
     assert starter.calls == []
     assert supervisor.store.read(supervisor.job_id).state is JobState.CANCELLED
@@ -587,9 +588,11 @@ def test_a_record_write_the_disk_refused_is_retried_at_the_next_poll_not_the_nex
             raise OSError(28, "No space left on device")
         return written(record)
     monkeypatch.setattr(store, "write", refused_once)
+    watch = JobWatch(supervisor.job, psutil.Process(), supervisor.owner, False, None,
+                     FolderWatch(str(tmp_path / "root"), [], 100, 1), supervisor.network)
     supervisor.record.reason = "what the disk refused"
-    supervisor.save()
-    supervisor.next_heartbeat = time.monotonic() + 3600  # the heartbeat is an hour away
-    supervisor._stamp(time.monotonic())
+    supervisor.job.save()
+    watch.next_heartbeat = time.monotonic() + 3600  # the heartbeat is an hour away
+    watch.stamp(time.monotonic())
     assert attempts == ["what the disk refused"] * 2
     assert store.read(supervisor.job_id).reason == "what the disk refused"

@@ -1,0 +1,144 @@
+"""[supervisor] A job's first phase: everything checked and made before Hermes starts (Hermes itself, the
+worktree, the repository's guard, the folder, the sandbox, the network) and what its blocks say about them."""
+import os
+from pathlib import Path
+from typing import Any, cast
+
+from .config import Config
+from .drivers import (
+    LaunchPlan,
+    WarmStart,
+    plan_launch,
+    private_tmp_of,
+    sandbox_extra,
+    sandbox_writable,
+    tool_cache,
+    usable_hermes,
+)
+from .git_calls import GitFailed
+from .home_guard import guard_home
+from .job_network import JobNetwork
+from .jobs import MAX_TASK_BYTES, JobState, Outcome
+from .repo_guard import guard_repository, repository_around
+from .safe_io import Refused, plural, read_capped, shown, within_any
+from .sandbox import mechanism as sandbox_mechanism
+from .sandbox import unreadable_paths
+from .supervised_job import SupervisedJob
+from .worktrees import add_worktree, own_objects
+
+
+class JobPlanner:
+    """Plans one job's start. What it decides stays here for the later phases: where the operating system will
+    let the job write (writable; empty: not sandboxed) and the job's private temporary folder."""
+
+    def __init__(self, job: SupervisedJob, network: JobNetwork, warm: WarmStart | None) -> None:
+        self.job, self.network, self.warm = job, network, warm
+        self.writable: list[str] = []
+        self.private_tmp: Path | None = None
+
+    def plan(self) -> LaunchPlan | Outcome:
+        """The launch plan, or the outcome that says why Hermes was not started."""
+        job = self.job
+        record, cfg = job.record, job.cfg
+        if job.cancel_requested():
+            return Outcome(JobState.CANCELLED, None, "cancelled before Hermes started")
+        try:
+            exe = usable_hermes(cfg)
+            if record.worktree and not os.path.isdir(record.worktree["path"]):
+                self.make_worktree(record.worktree)
+            if record.worktree:
+                own_objects(job.store, record)
+                guard_repository(job.store, record)
+            folder = self.confined_folder()
+            if folder is None:
+                return Outcome(JobState.ERROR, None, f"the job's folder {shown(record.cwd)} no longer resolves to "
+                               "itself inside the allowed roots (moved, removed or replaced by a symlink); Hermes "
+                               "was not started")
+            if not record.worktree and (top := repository_around(folder)):
+                record.guarded_repo = top
+                guard_repository(job.store, record)
+            task_path = job.store.task_path(job.job_id)
+            task = read_capped(task_path, MAX_TASK_BYTES).decode("utf-8")
+            if refusal := self.plan_sandbox(folder):
+                return refusal
+            if refused := self.network.start(sandboxed=bool(self.writable)):
+                return Outcome(JobState.ERROR, None, refused)
+            return cast(LaunchPlan, plan_launch(cfg, exe, record, task, folder, task_path))  # probe_cli never None
+        except Refused as exc:
+            return Outcome(JobState.ERROR, None, f"{exc}. Nothing was run")
+        except GitFailed as exc:
+            return Outcome(JobState.ERROR, None, f"the job's worktree could not be made ({exc}); nothing was left "
+                           "behind and Hermes was not started")
+        except OSError as exc:
+            return Outcome(JobState.ERROR, None, f"the job's repository could not be recorded before Hermes started "
+                           f"({exc.strerror or exc}), so what the job changes in it could not be put back; Hermes was "
+                           "not started")
+
+    def confined_folder(self) -> str | None:
+        """Check, then use the very thing checked: the folder is re-resolved and re-confined right before
+        Hermes starts, so a folder swapped for a symlink out after the launch check is not followed."""
+        folder = self.job.record.cwd
+        if not folder:
+            return None
+        real = os.path.realpath(folder)
+        if real != folder or not within_any(real, self.job.roots) or not os.path.isdir(real):
+            return None
+        return real
+
+    def make_worktree(self, worktree: dict[str, Any]) -> None:
+        """The job's worktree, made before Hermes starts (a fresh one on its branch, or a resumed job's again
+        from its branch), recorded with where git keeps it."""
+        for note in add_worktree(self.job.store, self.job.job_id, worktree):
+            self.job.note(note)
+        self.job.note(f"worktree {worktree['path']} on branch {worktree['branch']} at {worktree['base'][:12]}")
+        self.job.save()
+
+    def plan_sandbox(self, folder: str) -> Outcome | None:
+        """Where the operating system will let the job write (self.writable), and what its blocks say about it
+        (record.sandbox); an Outcome when the setting requires a sandbox this machine cannot give."""
+        job = self.job
+        cfg, record = job.cfg, job.record
+        if cfg.sandbox == "off":
+            record.sandbox = "off (setting sandbox: off): the job writes wherever your account can"
+            return None
+        found = sandbox_mechanism()
+        if not found.name:
+            if cfg.sandbox == "required":
+                return Outcome(JobState.ERROR, None, f"sandbox is required, and this machine cannot give one "
+                               f"({found.why_not}); Hermes was not started. Set sandbox to auto or off to run "
+                               "unconfined")
+            record.sandbox = f"not available here ({found.why_not}): the job writes wherever your account can"
+            return None
+        own = [record.worktree["path"]] if record.worktree else [folder]
+        self.private_tmp = self.warm.private_tmp if self.warm and self.warm.private_tmp else private_tmp_of(
+            job.store, job.job_id)
+        self.writable = sandbox_writable(cfg, own[0], self.private_tmp, record.worktree)
+        home = cfg.hermes_home_path
+        extra = sandbox_extra(cfg)
+        try:
+            guard_home(job.store, job.job_id, str(home))
+        except OSError as exc:
+            return Outcome(JobState.ERROR, None, f"Hermes' settings in {shown(str(home))} could not be recorded before "
+                           f"the job ({exc.strerror or exc}), so what it changed there could not be put back; Hermes "
+                           "was not started")
+        scoped = "; no signal to a process outside the job" if found.signals_scoped else ""
+        record.sandbox = (f"writes limited to {shown(own[0])}, {shown(str(self.private_tmp))} (TMPDIR), Hermes' home "
+                          f"{shown(str(home))} (its settings, skills, hooks and cron put back at the end), the tool "
+                          f"cache {shown(str(tool_cache(self.private_tmp)))} (npm, uv, pip, go, cargo, ...)"
+                          + (", the job's own git objects and branch" if record.worktree else "")
+                          + (f", {shown(', '.join(extra), 600)}" if extra else "") + f" ({found.name}{scoped}); "
+                          + reading_words(cfg, self.writable))
+        return None
+
+
+def reading_words(cfg: Config, writable: list[str]) -> str:
+    """What a sandboxed job cannot read, and which of it the job's own folders hold (and so it can)."""
+    unreadable = unreadable_paths(os.path.expanduser("~"), cfg.sandbox_unreadable)
+    present = [path for path in unreadable if os.path.lexists(path)]
+    exposed = [path for path in present if any(path == folder or path.startswith(folder.rstrip("/") + "/")
+                                                for folder in map(os.path.realpath, writable))]
+    words = (f"reading: your credentials unreadable ({plural(len(present), 'path')} here, as "
+             f"{shown(', '.join(present[:6]), 400)}{', ...' if len(present) > 6 else ''})" if present else
+             "reading: your credentials unreadable (none of ~/.ssh, ~/.aws, ... is here now; made later, still "
+             "unreadable)")
+    return words + (f"; EXCEPT {shown(', '.join(exposed), 400)}, inside what the job may write" if exposed else "")
