@@ -17,9 +17,8 @@ the MCP stack). A module imports only from modules above it in this list (tests/
 
   stdio_guard ........ [both] the client's pipes moved aside before anything can print (stdout is the protocol)
   preflight .......... [both] the dependencies checked, and named with their fix, before the rest is imported
-  safe_io ............ [both] names, escaping (shown, shown_whole, clean_text), path decisions (within_root), safe
-                       opening (open_regular, read_capped), atomic writes (write_atomic), a file lock (locked),
-                       process identity no clock step moves (ProcessId), the shared machine_clock
+  safe_io ............ [both] names and escaping (shown), paths (within_root), safe opening (open_regular), atomic
+                       writes, a file lock, process identity (ProcessId), machine_clock, disk_error
   processes .......... [both] creation flags, Ownership (the proof before any signal), stop_tree, WindowsJob
   sandbox ............ [both] writes limited by the operating system (Landlock): what this machine supports, and
                        the step that confines Hermes' process before it becomes Hermes
@@ -37,7 +36,8 @@ the MCP stack). A module imports only from modules above it in this list (tests/
   home_guard ......... [supervisor] a sandboxed job's Hermes settings (config.yaml, .env, skills, ...) put back
   hermes_cli ......... [both] locating Hermes, the options it declares, its command line, its exit codes in words
   hermes_store ....... [both] Hermes' state.db read with a deadline: activity, usage, current tool, answer
-  hermes_acp ......... [both] whether this Hermes speaks ACP (choose_driver); [supervisor] the conversation
+  hermes_acp ......... [both] whether this Hermes speaks ACP (choose_driver), its messages read, a warm Hermes
+  acp_conversation ... [supervisor] one job's ACP conversation, Hermes' questions and the user's steers relayed
   job_network ........ [supervisor] one job's network: its proxy started, its questions asked, its refusals said
   drivers ............ [both] the seam: HermesRun, CliRun, AcpRun, DRIVERS, and the launch plan (plan_launch)
   supervised_job ..... [supervisor] SupervisedJob: the job as its supervisor holds it (record, saves, log notes)

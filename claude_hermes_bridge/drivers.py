@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, cast
 
+from .acp_conversation import AcpConversation
 from .config import Config
 from .hermes_acp import (
     ACP_CANCEL_GRACE_S,
     ACP_EXIT_GRACE_S,
     COMMAND_SHOWN_CHARS,
-    AcpConversation,
     WarmHermes,
     approval_policy_dir,
 )

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
+from claude_hermes_bridge.acp_conversation import AcpConversation
 from claude_hermes_bridge.config import DRIVER_NAMES, Config
 from claude_hermes_bridge.drivers import DRIVERS, AcpRun, HermesRun, LaunchPlan
-from claude_hermes_bridge.hermes_acp import COMMAND_SHOWN_CHARS, AcpConversation
+from claude_hermes_bridge.hermes_acp import COMMAND_SHOWN_CHARS
 from claude_hermes_bridge.hermes_cli import exe_fingerprint, flags_cache_path
 from claude_hermes_bridge.jobs import DECISIONS_KEPT, RECORD_MAX_BYTES, JobRecord, JobState, JobStore, Outcome, observe
 from claude_hermes_bridge.processes import StopReport, stop_tree
@@ -556,7 +557,7 @@ def test_a_relative_edit_is_decided_only_until_a_command_may_have_moved_hermes_f
     talk.pump_until(lambda: talk.last_sent()["method"] == "session/prompt", "session/prompt")
     before = talk.permission(edit("notes/a.txt"), request_id=1)
     talk.proc.say({"method": "session/update", "params": {"update": {**replayed, "rawInput": {"command": "cd /tmp"}}}})
-    talk.pump_until(lambda: talk.talk.folder_may_have_moved, "the command seen")
+    talk.pump_until(lambda: talk.talk.questions.folder_may_have_moved, "the command seen")
     after = talk.permission(edit("notes/b.txt"), request_id=2)
     absolute = talk.permission(edit(str(talk.root / "notes" / "c.txt")), request_id=3)
     assert [r["result"]["outcome"]["optionId"] for r in (before, after, absolute)] == ["allow_once", "deny",
