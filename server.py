@@ -26,7 +26,7 @@ the MCP stack). A module imports only from modules above it in this list (tests/
   config ............. [both] Config (each setting in SETTINGS), where it is found; the roots (confine_cwd,
                        confine_read); the audit log
   jobs ............... [both] JobRecord (every field checked, every list bounded), JobStore (the jobs folder),
-                       JobView (observe: orphaned, frozen, waiting for the disk)
+                       ObservedJob (observe: orphaned, frozen, waiting for the disk)
   job_queue .......... [both] a job's supervisor started, and the queue past max_running_jobs, drained in order
   folder_changes ..... [both] what a job changed in its folder: listings compared (snapshot_folder), human_size
   git_calls .......... [both] the bridge's own git, which runs no program a repository's config or attributes name

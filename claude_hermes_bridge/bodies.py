@@ -9,7 +9,7 @@ from typing import Any, Awaitable, Callable
 from .config import Config, audit, first_words, load_config
 from .hermes_acp import ACP_EXTRA_FIX
 from .job_queue import start_queued
-from .jobs import JobState, JobStore, JobView, validate_job_id
+from .jobs import JobState, JobStore, ObservedJob, validate_job_id
 from .launch import JobRequest, launch_job
 from .render import ToolResult, elapsed_s, job_details, refused_result, status_result
 from .safe_io import Refused, T, disk_error, machine_clock, shown
@@ -21,8 +21,8 @@ from .tools import (
     applied_answer,
     clamp_number,
     job_request,
-    job_view,
     land_job,
+    observed_job,
     request_cancel,
     resolve_resume,
 )
@@ -52,21 +52,21 @@ TOLD_QUESTIONS: dict[tuple[str, str], None] = {}
 TOLD_KEPT = 10_000
 
 
-def told(views: list[JobView]) -> None:
-    for view in views:
-        for question in view.pending_questions:
-            TOLD_QUESTIONS[(view.record.id, question["id"])] = None
+def told(observed_jobs: list[ObservedJob]) -> None:
+    for observed in observed_jobs:
+        for question in observed.pending_questions:
+            TOLD_QUESTIONS[(observed.record.id, question["id"])] = None
     while len(TOLD_QUESTIONS) > TOLD_KEPT:
         del TOLD_QUESTIONS[next(iter(TOLD_QUESTIONS))]
 
 
-def untold(view: JobView, questions: list[dict[str, Any]] | None = None) -> bool:
-    return any((view.record.id, question["id"]) not in TOLD_QUESTIONS
-               for question in (view.pending_questions if questions is None else questions))
+def untold(observed: ObservedJob, questions: list[dict[str, Any]] | None = None) -> bool:
+    return any((observed.record.id, question["id"]) not in TOLD_QUESTIONS
+               for question in (observed.pending_questions if questions is None else questions))
 
 
 async def wait_for_end(cfg: Config, job_id: str, wait_s: float, progress: Progress | None,
-                       ask_user: AskUser | None = None, questions_end_wait: bool = True) -> JobView:
+                       ask_user: AskUser | None = None, questions_end_wait: bool = True) -> ObservedJob:
     """Poll the record on disk until the job ends, Hermes asks a question the caller was not shown yet (unless
     questions_end_wait is off, as for a cancel, which waits for the end), or wait_s passes; sends progress
     while it waits. A question
@@ -78,9 +78,9 @@ async def wait_for_end(cfg: Config, job_id: str, wait_s: float, progress: Progre
     next_progress = time.monotonic()  # the first notification at once, then every PROGRESS_EVERY_S
     asked: set[str] = set()  # put to the user (answered, or left to another channel)
     while True:
-        view = await off_loop(job_view, cfg, job_id)
+        observed = await off_loop(observed_job, cfg, job_id)
         now = time.monotonic()
-        unasked = [q for q in view.pending_questions if q["id"] not in asked]
+        unasked = [q for q in observed.pending_questions if q["id"] not in asked]
         if unasked and ask_user is not None:
             question = unasked[0]
             asked.add(question["id"])
@@ -90,13 +90,13 @@ async def wait_for_end(cfg: Config, job_id: str, wait_s: float, progress: Progre
                 with contextlib.suppress(Refused):  # answered meanwhile by someone else: theirs stands
                     await off_loop(answer_approval, cfg, job_id, question["id"], *answered)
                 continue
-        if not view.running or now >= deadline or (questions_end_wait and untold(view, unasked)):
-            told([view])
-            return view
+        if not observed.running or now >= deadline or (questions_end_wait and untold(observed, unasked)):
+            told([observed])
+            return observed
         if progress is not None and now >= next_progress:
             next_progress = now + PROGRESS_EVERY_S
             try:
-                details = await off_loop(job_details, cfg, view)
+                details = await off_loop(job_details, cfg, observed)
                 await progress(wait_s - (deadline - now), wait_s, details.progress_line(job_id))
             except Exception:  # progress is a courtesy; a closed stream must not fail the call
                 pass
@@ -111,8 +111,8 @@ async def launch_and_wait(cfg: Config, launch: Noted[JobRequest], wait_s: float 
     notes = [*launch.notes, *wait.notes, *([duplicate] if duplicate else [])]
     if request.driver == "cli" and request.approval_mode == "ask":
         notes.append(CLI_CANNOT_ASK)
-    view = await wait_for_end(cfg, record.id, wait.value, progress, ask_user)
-    return await off_loop(status_result, view, cfg, notes)
+    observed = await wait_for_end(cfg, record.id, wait.value, progress, ask_user)
+    return await off_loop(status_result, observed, cfg, notes)
 
 
 CLI_CANNOT_ASK = ("approvals is ask, but this Hermes runs with the CLI driver (no ACP extra), which cannot forward "
@@ -141,11 +141,11 @@ async def status_tool(cfg: Config, job_id: Any, wait_s: Any, progress: Progress 
                       ask_user: AskUser | None = None, job_ids: Any = None, until: Any = None) -> ToolResult:
     if job_ids is not None:
         return await status_of_many(cfg, job_ids, until, wait_s)
-    view = await off_loop(job_view, cfg, job_id)
-    if view.state is JobState.QUEUED:  # a slot that freed while nobody looked (its supervisor was killed)
+    observed = await off_loop(observed_job, cfg, job_id)
+    if observed.state is JobState.QUEUED:  # a slot that freed while nobody looked (its supervisor was killed)
         await off_loop(start_queued, cfg, JobStore.of(cfg), QUEUE_LOOK_S)
     wait = clamp_number("wait_s", wait_s, min(30.0, cfg.max_wait_s), 0, cfg.max_wait_s)
-    final = await wait_for_end(cfg, view.record.id, wait.value, progress, ask_user)
+    final = await wait_for_end(cfg, observed.record.id, wait.value, progress, ask_user)
     return await off_loop(status_result, final, cfg, list(wait.notes))
 
 
@@ -166,19 +166,20 @@ async def status_of_many(cfg: Config, job_ids: Any, until: Any, wait_s: Any) -> 
     wait = clamp_number("wait_s", wait_s, min(30.0, cfg.max_wait_s), 0, cfg.max_wait_s)
     deadline = time.monotonic() + wait.value
     while True:
-        views = [await off_loop(job_view, cfg, job_id) for job_id in ids]
-        ended = [view for view in views if not view.running]
-        enough = len(ended) == len(views) if until == "all" else bool(ended)
-        if enough or time.monotonic() >= deadline or any(untold(view) for view in views):
-            told(views)
+        observed_jobs = [await off_loop(observed_job, cfg, job_id) for job_id in ids]
+        ended = [observed for observed in observed_jobs if not observed.running]
+        enough = len(ended) == len(observed_jobs) if until == "all" else bool(ended)
+        if enough or time.monotonic() >= deadline or any(untold(observed) for observed in observed_jobs):
+            told(observed_jobs)
             break
         await anyio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-    lines = [f"JOBS: {len(ended)} of {len(views)} ended" + (f" (waited for {until})" if until else ""),
+    lines = [f"JOBS: {len(ended)} of {len(observed_jobs)} ended" + (f" (waited for {until})" if until else ""),
              *(f"NOTE: {note}" for note in wait.notes)]
-    lines += [f"- {view.record.id}: {view.shown_state}, {elapsed_s(view.record, True)} s; "
-              f'hermes_status(job_id="{view.record.id}") shows it' for view in views if view.running]
-    for view in ended:
-        lines.append(f"\n=== {view.record.id} ===\n{(await off_loop(status_result, view, cfg)).text}")
+    lines += [f"- {observed.record.id}: {observed.shown_state}, {elapsed_s(observed.record, True)} s; "
+              f'hermes_status(job_id="{observed.record.id}") shows it'
+              for observed in observed_jobs if observed.running]
+    for observed in ended:
+        lines.append(f"\n=== {observed.record.id} ===\n{(await off_loop(status_result, observed, cfg)).text}")
     return ToolResult("\n".join(lines), "ok" if ended else "running")
 
 
@@ -188,12 +189,13 @@ async def approve_tool(cfg: Config, job_id: Any, approval_id: Any, decision: Any
     seconds at most)."""
     import anyio
 
-    view = await off_loop(answer_approval, cfg, job_id, approval_id, decision, by)
+    observed = await off_loop(answer_approval, cfg, job_id, approval_id, decision, by)
     deadline = time.monotonic() + APPROVAL_RELAY_S
-    while view.running and any(q["id"] == approval_id for q in view.record.questions) and time.monotonic() < deadline:
+    while observed.running and any(q["id"] == approval_id for q in observed.record.questions) and (
+            time.monotonic() < deadline):
         await anyio.sleep(0.2)
-        view = await off_loop(job_view, cfg, view.record.id)
-    return await off_loop(status_result, view, cfg, [applied_answer(view, approval_id)])
+        observed = await off_loop(observed_job, cfg, observed.record.id)
+    return await off_loop(status_result, observed, cfg, [applied_answer(observed, approval_id)])
 
 
 STEER_RELAY_S = 8.0  # how long hermes_steer waits to hear what Hermes made of the guidance
@@ -205,18 +207,18 @@ async def steer_tool(cfg: Config, job_id: Any, guidance: Any, when: Any, by: str
     then; a steer that met the job's end is said as not delivered, never lost."""
     import anyio
 
-    view, steer = await off_loop(request_steer, cfg, job_id, guidance, when, by)
+    observed, steer = await off_loop(request_steer, cfg, job_id, guidance, when, by)
     deadline = time.monotonic() + STEER_RELAY_S
-    settled, words = steer_outcome(view, steer["id"])
+    settled, words = steer_outcome(observed, steer["id"])
     while not settled and time.monotonic() < deadline:
         await anyio.sleep(0.2)
-        view = await off_loop(job_view, cfg, view.record.id)
-        settled, words = steer_outcome(view, steer["id"])
-    if not view.running and not any(s["id"] == steer["id"] for s in view.record.steers):
-        await off_loop(note_undelivered, JobStore.of(cfg), view.record.id, steer)
-        view = await off_loop(job_view, cfg, view.record.id)
-    said = any(s["id"] == steer["id"] for s in view.record.steers)  # the block's STEERED line says it already
-    return await off_loop(status_result, view, cfg, [] if said else [words])
+        observed = await off_loop(observed_job, cfg, observed.record.id)
+        settled, words = steer_outcome(observed, steer["id"])
+    if not observed.running and not any(s["id"] == steer["id"] for s in observed.record.steers):
+        await off_loop(note_undelivered, JobStore.of(cfg), observed.record.id, steer)
+        observed = await off_loop(observed_job, cfg, observed.record.id)
+    said = any(s["id"] == steer["id"] for s in observed.record.steers)  # the block's STEERED line says it already
+    return await off_loop(status_result, observed, cfg, [] if said else [words])
 
 
 async def view_steer_tool(cfg: Config, tokens: "ViewTokens", job_id: Any, guidance: Any, when: Any,
@@ -229,16 +231,16 @@ async def view_steer_tool(cfg: Config, tokens: "ViewTokens", job_id: Any, guidan
 
 
 async def cancel_tool(cfg: Config, job_id: Any, progress: Progress | None = None) -> ToolResult:
-    view, note = await off_loop(request_cancel, cfg, job_id)
-    if view.running:
-        view = await wait_for_end(cfg, view.record.id, min(cfg.kill_grace_s + 5, cfg.max_wait_s), progress,
+    observed, note = await off_loop(request_cancel, cfg, job_id)
+    if observed.running:
+        observed = await wait_for_end(cfg, observed.record.id, min(cfg.kill_grace_s + 5, cfg.max_wait_s), progress,
                                   questions_end_wait=False)
-    return await off_loop(status_result, view, cfg, [note])
+    return await off_loop(status_result, observed, cfg, [note])
 
 
 async def view_job_tool(cfg: Config, job_id: Any) -> ToolResult:
     """The job view's poll: the block and its facts now, without waiting."""
-    return await off_loop(status_result, await off_loop(job_view, cfg, job_id), cfg)
+    return await off_loop(status_result, await off_loop(observed_job, cfg, job_id), cfg)
 
 
 async def view_answer_tool(cfg: Config, tokens: "ViewTokens", job_id: Any, approval_id: Any, decision: Any,
@@ -252,9 +254,9 @@ async def view_answer_tool(cfg: Config, tokens: "ViewTokens", job_id: Any, appro
 
 
 async def land_tool(cfg: Config, job_id: Any, action: Any) -> ToolResult:
-    view, how = await off_loop(land_job, cfg, job_id, action)
-    said = (view.record.landed or {}).get("how") == how  # the block's LANDED line says it already
-    return await off_loop(status_result, view, cfg, [] if said else [f"{action}: {how}"])
+    observed, how = await off_loop(land_job, cfg, job_id, action)
+    said = (observed.record.landed or {}).get("how") == how  # the block's LANDED line says it already
+    return await off_loop(status_result, observed, cfg, [] if said else [f"{action}: {how}"])
 
 
 @dataclasses.dataclass(frozen=True)

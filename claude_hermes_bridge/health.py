@@ -22,8 +22,8 @@ def job_counts(store: JobStore) -> str:
     active = store.active_ids()
     counted = dict.fromkeys(active + ids[-HEALTH_RECENT_JOBS:])
     counts: dict[str, int] = {}
-    for _, view, _ in store.views(counted):
-        state = view.shown_state if view else "damaged"
+    for _, observed, _ in store.observed_jobs(counted):
+        state = observed.shown_state if observed else "damaged"
         counts[state] = counts.get(state, 0) + 1
     by_state = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
     scope = "all" if len(counted) >= len(ids) else f"unfinished and newest {HEALTH_RECENT_JOBS}"

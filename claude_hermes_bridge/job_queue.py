@@ -96,10 +96,10 @@ def occupancy(store: JobStore) -> tuple[list[JobRecord], list[JobRecord]]:
     ids sort so, whatever the clock did: claim_id)."""
     running: list[JobRecord] = []
     queued: list[JobRecord] = []
-    for _, view, _ in store.views(store.active_ids()):
-        if view is None or not view.running:
+    for _, observed, _ in store.observed_jobs(store.active_ids()):
+        if observed is None or not observed.running:
             continue
-        (queued if view.state is JobState.QUEUED else running).append(view.record)
+        (queued if observed.state is JobState.QUEUED else running).append(observed.record)
     return running, sorted(queued, key=lambda record: record.id)
 
 

@@ -1,4 +1,4 @@
-"""[both] JobRecord (every field checked, every list bounded), JobStore (the jobs folder), JobView (observe)."""
+"""[both] JobRecord (every field checked, every list bounded), JobStore (the jobs folder), ObservedJob (observe)."""
 import dataclasses
 import enum
 import json
@@ -417,7 +417,7 @@ class JobStore:
         """The jobs folder a config names (a JobStore is only its paths: cheap to make)."""
         return cls(cfg.jobs_path)
 
-    def views(self, job_ids: Iterable[str]) -> Iterator[tuple[str, "JobView | None", str]]:
+    def observed_jobs(self, job_ids: Iterable[str]) -> Iterator[tuple[str, "ObservedJob | None", str]]:
         """Each job as observed now, in the order given; a record that cannot be trusted comes as None with
         the reason (a job can write the jobs folder: a listing shows it as damaged, never fails on it)."""
         for job_id in job_ids:
@@ -666,7 +666,7 @@ def disk_problem(folder: Path) -> str | None:
 
 
 @dataclasses.dataclass
-class JobView:
+class ObservedJob:
     """A record plus what the disk and the process table say about it now. condition says what a live
     supervisor's job is doing beyond running: frozen, silent, or over with its outcome not written yet."""
 
@@ -698,26 +698,26 @@ class JobView:
         return JobState.RUNNING.value if self.running else self.state.value
 
 
-def observe(record: JobRecord, jobs_folder: Path | None = None) -> JobView:
+def observe(record: JobRecord, jobs_folder: Path | None = None) -> ObservedJob:
     """The job's state as a reader should report it: a dead supervisor without an outcome is orphaned; a live
     one may be frozen, silent, or done with Hermes and waiting to write the outcome (jobs_folder: whose disk
     to ask why)."""
     if record.state in FINAL_STATES:
-        return JobView(record, record.state, record.reason)
+        return ObservedJob(record, record.state, record.reason)
     if record.state is JobState.QUEUED:  # no supervisor until a slot frees: waiting, not orphaned
-        return JobView(record, JobState.QUEUED)
+        return ObservedJob(record, JobState.QUEUED)
     live = JobState.RUNNING if record.state is JobState.RUNNING else JobState.STARTING
     if supervisor := running_process(record.supervisor):
         condition, frozen = supervisor_condition(record, supervisor, jobs_folder)
-        return JobView(record, live, condition=condition, frozen=frozen)
+        return ObservedJob(record, live, condition=condition, frozen=frozen)
     launched = record.dequeued_clock or record.created_clock
     age = machine_clock() - launched if launched is not None else time.time() - record.created_at
     if record.supervisor is None and age < START_GRACE_S:
-        return JobView(record, JobState.STARTING)
+        return ObservedJob(record, JobState.STARTING)
     hermes = running_process(record.hermes)
     hermes_note = (f"Hermes (pid {hermes.pid}) is still running; hermes_cancel stops it" if hermes
                    else "Hermes is not running")
-    return JobView(record, JobState.ORPHANED, f"the job's supervisor is gone and wrote no outcome; {hermes_note}. "
+    return ObservedJob(record, JobState.ORPHANED, f"the job's supervisor is gone and wrote no outcome; {hermes_note}. "
                    "Inspect the log and the files before re-running.")
 
 

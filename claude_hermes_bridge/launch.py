@@ -312,12 +312,12 @@ def recover_worktrees(cfg: Config) -> int:
     saved = 0
     for job_id in job_ids:
         try:
-            view = observe(store.read(job_id), store.root)
+            observed = observe(store.read(job_id), store.root)
         except (Refused, DamagedRecord):
             continue
-        record = view.record
+        record = observed.record
         worktree = worktree_of(store, record)
-        if not worktree or "work" in worktree or view.running or running_process(record.hermes) is not None:
+        if not worktree or "work" in worktree or observed.running or running_process(record.hermes) is not None:
             continue
         try:
             restored = check_repository(store, record, refs_too=True)
@@ -346,8 +346,9 @@ def prune_jobs(store: JobStore, cfg: Config) -> int:
     Runs under the launch lock, where every unfinished job has its active marker, so only their records are
     read."""
     active = set(store.active_ids())
-    dead = {job_id for job_id, view, _ in store.views(sorted(active, key=job_sort_key))
-            if view is not None and view.state is JobState.ORPHANED and running_process(view.record.hermes) is None}
+    dead = {job_id for job_id, observed, _ in store.observed_jobs(sorted(active, key=job_sort_key))
+            if observed is not None and observed.state is JobState.ORPHANED
+            and running_process(observed.record.hermes) is None}
     finished = [job_id for job_id in store.list_ids() if job_id not in active or job_id in dead]
 
     def stamp(seconds_ago: float) -> str:

@@ -40,7 +40,7 @@ from .render import QUESTIONS_SHOWN, ToolResult, deadline_words, job_details, st
 from .review import view_patch
 from .safe_io import APP_ONLY_TOOL_NAMES, Refused, T, plural, shown
 from .skills import SkillIndex, capabilities
-from .tools import LaunchArguments, answer_approval, job_view, list_jobs, read_path, request_cancel
+from .tools import LaunchArguments, answer_approval, list_jobs, observed_job, read_path, request_cancel
 
 if TYPE_CHECKING:
     from mcp.types import CallToolResult
@@ -120,35 +120,35 @@ class JobTasks:
         """tasks/get: the job's state as a task. Refused (an unknown or damaged job) becomes a protocol error."""
         if isinstance(job_id, str) and job_id in self.terminal:
             return self.terminal[job_id]
-        view = job_view(cfg, job_id)
-        record = view.record
+        observed = observed_job(cfg, job_id)
+        record = observed.record
         task: dict[str, Any] = {
             "taskId": record.id, "createdAt": iso_time(record.created_at),
             "lastUpdatedAt": iso_time(record.ended_at or record.started_at or record.created_at),
             "ttlMs": int(max(cfg.retention_days * 86400, 60) * 1000), "pollIntervalMs": TASK_POLL_MS}
-        if pending := view.pending_questions[:QUESTIONS_SHOWN]:
+        if pending := observed.pending_questions[:QUESTIONS_SHOWN]:
             first = approval_question(record.id, pending[0])
-            more = f" (and {len(view.pending_questions) - 1} more)" if len(view.pending_questions) > 1 else ""
+            more = f" (and {len(observed.pending_questions) - 1} more)" if len(observed.pending_questions) > 1 else ""
             return {**task, "status": "input_required", "statusMessage": shown(first, TASK_MESSAGE_CHARS - 20) + more,
                     "inputRequests": {question["id"]: {"method": "elicitation/create", "params": {
                         "mode": "form", "message": shown(approval_question(record.id, question), 2700),
                         "requestedSchema": APPROVAL_FORM}} for question in pending}}
-        if view.state is JobState.QUEUED:
+        if observed.state is JobState.QUEUED:
             place = queue_words(JobStore.of(cfg), record, cfg).split(";")[0]
             return {**task, "status": "working", "statusMessage": f"queued: {place} (JOB_ID {record.id})"}
-        if view.running:
-            details = job_details(cfg, view)
+        if observed.running:
+            details = job_details(cfg, observed)
             doing = details.current_tool if details.current_tool not in (None, "none yet") else details.activity
-            message = f"Hermes: {doing}" if view.state is JobState.RUNNING and doing else "Hermes is starting"
+            message = f"Hermes: {doing}" if observed.state is JobState.RUNNING and doing else "Hermes is starting"
             job = f" (JOB_ID {record.id})"
             return {**task, "status": "working",
-                    "statusMessage": shown(view.condition or message, TASK_MESSAGE_CHARS - len(job)) + job}
-        if view.state is JobState.CANCELLED:
-            task |= {"status": "cancelled", "statusMessage": shown(view.reason or "cancelled", TASK_MESSAGE_CHARS)}
+                    "statusMessage": shown(observed.condition or message, TASK_MESSAGE_CHARS - len(job)) + job}
+        if observed.state is JobState.CANCELLED:
+            task |= {"status": "cancelled", "statusMessage": shown(observed.reason or "cancelled", TASK_MESSAGE_CHARS)}
         else:
-            final = status_result(view, cfg)
+            final = status_result(observed, cfg)
             task |= {"status": "completed", "result": {"content": [{"type": "text", "text": final.text}],
-                                                       "isError": view.state in TASK_FAILED_STATES}}
+                                                       "isError": observed.state in TASK_FAILED_STATES}}
         if len(self.terminal) >= TERMINAL_TASKS_KEPT:
             self.terminal.pop(next(iter(self.terminal)))
         self.terminal[record.id] = task
@@ -158,10 +158,10 @@ class JobTasks:
         """tasks/update: each answer to a question of the job is relayed as hermes_approve relays it; one to
         a question answered already (or expired) is refused naming what decided it, after the others are
         relayed; keys that name no question of the job are ignored, as the extension says."""
-        view = job_view(cfg, job_id)
+        observed = observed_job(cfg, job_id)
         if not isinstance(responses, dict):
             return
-        record = view.record
+        record = observed.record
         known = {q["id"] for q in record.questions} | {d["id"] for d in record.decisions} | set(
             JobStore.of(cfg).answers_file(record.id)[0])
         refusals = []
@@ -178,9 +178,9 @@ class JobTasks:
 
     def cancel(self, cfg: Config, job_id: Any) -> None:
         """tasks/cancel: as hermes_cancel, without waiting; a task already terminal is left as it is."""
-        view = job_view(cfg, job_id)
-        if view.record.id not in self.terminal and view.state not in FINAL_STATES:
-            request_cancel(cfg, view.record.id)
+        observed = observed_job(cfg, job_id)
+        if observed.record.id not in self.terminal and observed.state not in FINAL_STATES:
+            request_cancel(cfg, observed.record.id)
 
 
 class McpEdge:

@@ -19,7 +19,7 @@ from .hermes_store import (
     session_usage,
 )
 from .job_queue import queue_words
-from .jobs import CHANGED_LINES, FINAL_STATES, PART_DONE_STATES, JobRecord, JobState, JobStore, JobView
+from .jobs import CHANGED_LINES, FINAL_STATES, PART_DONE_STATES, JobRecord, JobState, JobStore, ObservedJob
 from .safe_io import clean_str, clean_text, clock_words, is_number, machine_clock, plural, shown
 
 RUNNING_TAIL_CHARS = 2000
@@ -88,41 +88,42 @@ class JobDetails:
         return f"job {job_id} is running: {self.activity}{tool}"
 
 
-def job_details(cfg: Config, view: JobView) -> JobDetails:
+def job_details(cfg: Config, observed: ObservedJob) -> JobDetails:
     """One short read of the session store: live counters and the current tool while the job runs; the
     usage and Hermes' own answer when it has ended. Never raises: an unreadable store is 'unavailable'."""
-    record = view.record
+    record = observed.record
     started = record.started_at
     if started is None:
-        reason = ("unavailable: the job waits in the queue" if view.state is JobState.QUEUED else
-                  "unavailable: Hermes has not started yet" if view.running else "unavailable: Hermes never started")
+        reason = ("unavailable: the job waits in the queue" if observed.state is JobState.QUEUED else
+                  "unavailable: Hermes has not started yet" if observed.running else
+                  "unavailable: Hermes never started")
         return JobDetails(activity=reason, usage=reason, answer=reason)
     if record.acp is not None:
-        return acp_details(record, view.running)
+        return acp_details(record, observed.running)
     kept_usage = None
-    if not view.running and record.usage:
+    if not observed.running and record.usage:
         with contextlib.suppress(TypeError):
             kept_usage = Usage(**record.usage).line()
     try:
-        return read_store(cfg, lambda db: store_details(db, view, started, kept_usage))
+        return read_store(cfg, lambda db: store_details(db, observed, started, kept_usage))
     except StoreUnavailable as exc:
         unavailable = f"unavailable: {exc}"
         return JobDetails(activity=unavailable, usage=kept_usage or unavailable, answer=unavailable)
 
 
-def store_details(db: Any, view: JobView, started: float, kept_usage: str | None) -> JobDetails:
+def store_details(db: Any, observed: ObservedJob, started: float, kept_usage: str | None) -> JobDetails:
     """The session store's part of job_details: live counters and the current tool of a running job, or the
     usage (the record's own copy first) and Hermes' answer of an ended one."""
-    record = view.record
+    record = observed.record
     session = record.session_id or record.session_requested
-    if not session and view.running and record.cwd:
+    if not session and observed.running and record.cwd:
         session, why = matched_session(db, record.cwd, started)
         if not session:
             raise StoreUnavailable(why)
     if not session:
         raise StoreUnavailable(record.session_source or "no session was captured")
     usage = session_usage(db, session)
-    if view.running:
+    if observed.running:
         return JobDetails(activity=usage.line() if usage else f"unavailable: no session {session} in the store yet",
                           current_tool=current_tool(db, session, started, time.time()) or "none yet")
     return JobDetails(usage=kept_usage or (usage.line() if usage else f"unavailable: no session {session}"),
@@ -185,11 +186,11 @@ def deadline_words(question: dict[str, Any]) -> str:
             "nobody answers")
 
 
-def approval_lines(view: JobView) -> list[str]:
+def approval_lines(observed: ObservedJob) -> list[str]:
     """The questions Hermes waits on, oldest first, each with its id, how long Hermes still waits, and how to
     answer it (at most QUESTIONS_SHOWN; the rest are counted and come next)."""
-    pending = view.pending_questions
-    job_id = view.record.id
+    pending = observed.pending_questions
+    job_id = observed.record.id
     lines = [f"QUESTIONS_WAITING: {len(pending)} (answer each by its APPROVAL_ID)"] if len(pending) > 1 else []
     for question in pending[:QUESTIONS_SHOWN]:
         approval_id = shown(question["id"], 40)
@@ -410,18 +411,19 @@ def containment_facts(record: "JobRecord") -> list[list[str]]:
     return rows
 
 
-def render_status(view: JobView, cfg: Config, notes: list[str] | None = None,
+def render_status(observed: ObservedJob, cfg: Config, notes: list[str] | None = None,
                   details: JobDetails | None = None) -> str:
     """The status block. The log shown is always the job's own <id>.log in the store, never a path taken
     from the record, and every value that came from disk is shown escaped."""
-    record = view.record
+    record = observed.record
     notes = list(notes or [])
     if record.cwd_note:
         notes.insert(0, record.cwd_note)
     log = JobStore.of(cfg).log_path(record.id)
-    head = [f"STATUS: {view.shown_state}", f"JOB_ID: {record.id}"]
-    body = (queued_lines(view, cfg, log) if view.state is JobState.QUEUED else running_lines(view, log, details)
-            if view.running else final_lines(view, cfg, log, details))
+    head = [f"STATUS: {observed.shown_state}", f"JOB_ID: {record.id}"]
+    body = (queued_lines(observed, cfg, log) if observed.state is JobState.QUEUED
+            else running_lines(observed, log, details) if observed.running
+            else final_lines(observed, cfg, log, details))
     note_lines = [f"NOTE: {shown(note, 1000)}" for note in notes]
     return "\n".join(head + body[0] + note_lines + body[1])
 
@@ -444,9 +446,9 @@ def model_condition(log: Path) -> str | None:
             "that the model (a local server, the provider, its key) is up" if said else None)
 
 
-def queued_lines(view: JobView, cfg: Config, log: Path) -> tuple[list[str], list[str]]:
+def queued_lines(observed: ObservedJob, cfg: Config, log: Path) -> tuple[list[str], list[str]]:
     """A queued job's lines: its place in the queue, what it will run with, and that it is not a failure."""
-    record = view.record
+    record = observed.record
     lines = [f"QUEUE: {queue_words(JobStore.of(cfg), record, cfg)}", f"CWD: {shown(record.cwd, 1000)}",
              f"TIMEOUT_S: {record.timeout_s:g} (hard cap we enforce, counted from its start)",
              f"FULL_LOG: {shown(str(log))}"]
@@ -455,13 +457,13 @@ def queued_lines(view: JobView, cfg: Config, log: Path) -> tuple[list[str], list
                    "starts.", "Do not re-run the task -- it is already accepted."]
 
 
-def running_lines(view: JobView, log: Path, details: JobDetails | None) -> tuple[list[str], list[str]]:
+def running_lines(observed: ObservedJob, log: Path, details: JobDetails | None) -> tuple[list[str], list[str]]:
     """A running job's lines before the notes, and after them."""
-    record = view.record
-    lines = [f"CWD: {shown(record.cwd, 1000)}", f"ELAPSED_S: {elapsed_s(record, view.running)}",
+    record = observed.record
+    lines = [f"CWD: {shown(record.cwd, 1000)}", f"ELAPSED_S: {elapsed_s(record, observed.running)}",
              f"TIMEOUT_S: {record.timeout_s:g} (hard cap we enforce)", f"FULL_LOG: {shown(str(log))}"]
-    if view.condition:
-        lines.append(f"CONDITION: {shown(view.condition, 600)}")
+    if observed.condition:
+        lines.append(f"CONDITION: {shown(observed.condition, 600)}")
     if trouble := model_condition(log):
         lines.append(f"CONDITION: {trouble}")
     lines += start_line(record) + sandbox_lines(record) + spend_line(record) + worktree_lines(record)
@@ -469,8 +471,8 @@ def running_lines(view: JobView, log: Path, details: JobDetails | None) -> tuple
         lines.append(f"ACTIVITY: {shown(details.activity, 400)}")
         if details.current_tool:
             lines.append(f"CURRENT_TOOL: {shown(details.current_tool, 400)}")
-    lines += approval_lines(view) + decision_lines(record) + steer_lines(record)
-    over = record.hermes is not None and view.condition is not None and view.condition.startswith("Hermes has exited")
+    lines += approval_lines(observed) + decision_lines(record) + steer_lines(record)
+    over = record.hermes is not None and (observed.condition or "").startswith("Hermes has exited")
     first = ("Hermes has ended; the job's outcome is not written yet. This is NOT a failure." if over
              else "Still running. This is NOT a failure and NOT a timeout.")
     return lines, [first, f'Collect the result with hermes_status(job_id="{record.id}").',
@@ -479,9 +481,10 @@ def running_lines(view: JobView, log: Path, details: JobDetails | None) -> tuple
                    "--- OUTPUT SO FAR (tail) ---", log_excerpt(log, RUNNING_TAIL_CHARS)]
 
 
-def final_lines(view: JobView, cfg: Config, log: Path, details: JobDetails | None) -> tuple[list[str], list[str]]:
+def final_lines(observed: ObservedJob, cfg: Config, log: Path, details: JobDetails | None
+                ) -> tuple[list[str], list[str]]:
     """An ended job's lines before the notes, and after them: advice, usage, changes, answer, output."""
-    record = view.record
+    record = observed.record
     exit_code, session = record.exit_code, record.session_id
     denied = (record.decided or {}).get("deny", 0)
     asked = "request" if any(d["id"].startswith("net-") for d in record.decisions) else "command"
@@ -491,13 +494,13 @@ def final_lines(view: JobView, cfg: Config, log: Path, details: JobDetails | Non
     lines += [f"EXIT_CODE: {'none' if exit_code is None else exit_code}",
              f"SESSION_ID: {shown(session) if session else 'none captured'}",
              f"CWD: {shown(record.cwd, 1000)}{removed_worktree(record)}",
-             f"ELAPSED_S: {elapsed_s(record, view.running)}",
+             f"ELAPSED_S: {elapsed_s(record, observed.running)}",
              f"FULL_LOG: {shown(str(log))}"]
-    if view.reason and view.state is not JobState.OK:
-        lines.append(f"REASON: {shown(view.reason, 2000)}")
-    elif view.state is JobState.OK:
+    if observed.reason and observed.state is not JobState.OK:
+        lines.append(f"REASON: {shown(observed.reason, 2000)}")
+    elif observed.state is JobState.OK:
         lines.append("REASON: Hermes finished its turn" + (f" (exit {exit_code})" if exit_code is not None else ""))
-    if advice := retry_advice(view.state, view.reason or ""):
+    if advice := retry_advice(observed.state, observed.reason or ""):
         lines.append(f"RETRY: {advice}")
     if not session and record.session_source:
         lines.append(f"SESSION_NOTE: none captured: {shown(record.session_source, 1000)}")
@@ -509,9 +512,9 @@ def final_lines(view: JobView, cfg: Config, log: Path, details: JobDetails | Non
         lines.append(f"OUTCOME_NOTE: {shown(record.outcome_note, 600)}")
     lines += decision_lines(record) + late_answer_lines(record) + steer_lines(record)
     after: list[str] = []
-    if view.state is JobState.ORPHANED:
+    if observed.state is JobState.ORPHANED:
         after.append(f'Stop what is left with hermes_cancel(job_id="{record.id}").')
-    if view.state in PART_DONE_STATES:
+    if observed.state in PART_DONE_STATES:
         after.append("Work may be part-done: inspect the files with hermes_read before re-running.")
     spend = spend_line(record)
     if details:  # one token count on a block: SPEND's (the budgets'), when the job has one
@@ -542,30 +545,30 @@ class ToolResult:
         return self.status in ("refused", "error")
 
 
-def status_result(view: JobView, cfg: Config, notes: list[str] | None = None) -> ToolResult:
+def status_result(observed: ObservedJob, cfg: Config, notes: list[str] | None = None) -> ToolResult:
     """The status block with what the session store adds; reads the disk, so it runs off the event loop."""
-    record = view.record
-    details = job_details(cfg, view)
-    text = render_status(view, cfg, notes, details)
-    return ToolResult(text, view.shown_state, record.id, record.cwd, None if view.running else view.reason,
-                      job_facts(cfg, view, details, notes or []))
+    record = observed.record
+    details = job_details(cfg, observed)
+    text = render_status(observed, cfg, notes, details)
+    return ToolResult(text, observed.shown_state, record.id, record.cwd, None if observed.running else observed.reason,
+                      job_facts(cfg, observed, details, notes or []))
 
 
-def job_facts(cfg: Config, view: JobView, details: JobDetails, notes: list[str]) -> dict[str, Any]:
+def job_facts(cfg: Config, observed: ObservedJob, details: JobDetails, notes: list[str]) -> dict[str, Any]:
     """What the status block says, as fields (what a job view renders, from the result's _meta); every text that came
     from disk or from Hermes escaped as in the block."""
-    record = view.record
+    record = observed.record
     questions = [{"id": shown(q["id"], 40), "what": shown(q["what"], 2400), "expires_at": q["expires_at"],
                   "seconds_left": seconds_left(q)}
-                 for q in view.pending_questions[:QUESTIONS_SHOWN]]
+                 for q in observed.pending_questions[:QUESTIONS_SHOWN]]
     changes = record.changes or {}
-    return {"job_id": record.id, "status": view.shown_state, "running": view.running,
-            "cwd": shown(record.cwd, 1000), "elapsed_s": elapsed_s(record, view.running),
+    return {"job_id": record.id, "status": observed.shown_state, "running": observed.running,
+            "cwd": shown(record.cwd, 1000), "elapsed_s": elapsed_s(record, observed.running),
             "timeout_s": record.timeout_s,
-            "deadline_at": (record.started_at or record.created_at) + record.timeout_s if view.running else None,
-            "reason": shown(view.reason, 2000) if view.reason and not view.running else None,
-            "condition": (model_condition(JobStore.of(cfg).log_path(record.id)) or view.condition) if view.running
-            else None,
+            "deadline_at": (record.started_at or record.created_at) + record.timeout_s if observed.running else None,
+            "reason": shown(observed.reason, 2000) if observed.reason and not observed.running else None,
+            "condition": (model_condition(JobStore.of(cfg).log_path(record.id)) or observed.condition)
+            if observed.running else None,
             "activity": shown(details.activity, 400) if details.activity else None,
             "current_tool": shown(details.current_tool, 400) if details.current_tool else None,
             "spend": (spend_line(record) or [""])[0].removeprefix("SPEND: ") or None,
@@ -573,18 +576,18 @@ def job_facts(cfg: Config, view: JobView, details: JobDetails, notes: list[str])
                         "deleted": changes.get("deleted", 0),
                         "lines": [shown(line, 400) for line in changes.get("lines", [])[:CHANGED_LINES]],
                         "note": shown(changes["note"]) if "note" in changes else None},
-            "answer": clean_str(details.answer[:20000]) if details.answer and not view.running else None,
+            "answer": clean_str(details.answer[:20000]) if details.answer and not observed.running else None,
             "questions": questions, "worktree": worktree_facts(record), "containment": containment_facts(record),
             "diff": {key: record.diff[key] for key in ("files", "insertions", "deletions", "patch_bytes")}
             if record.diff else None,
             "landed": {"action": shown(str(record.landed["action"]), 20), "how": shown(str(record.landed["how"]), 600),
                        "at": record.landed.get("at")} if record.landed else None,
             "budgets": budget_facts(record),
-            "steerable": view.running and record.driver == "acp",
+            "steerable": observed.running and record.driver == "acp",
             "steers": [{"at": steer["at"], "by": shown(steer["by"], 60), "when": steer["when"],
                         "text": shown(steer["text"], 300), "outcome": STEER_OUTCOMES[steer["state"]],
                         "hermes": shown(steer.get("hermes", ""), 300)} for steer in record.steers],
-            "landable": bool(record.worktree and record.diff and not record.landed and not view.running),
+            "landable": bool(record.worktree and record.diff and not record.landed and not observed.running),
             "landing_target": {"repo": shown(record.worktree["repo"], 1000), "branch": shown(record.worktree["branch"])}
             if record.worktree else None,
             "decisions": [{"what": shown(d["what"], 600), "decision": d["decision"], "by": shown(d["by"], 200),

@@ -10,7 +10,7 @@ from .folder_changes import human_size
 from .jobs import JobStore
 from .render import ToolResult
 from .safe_io import Refused, escape_hiding, open_regular, plural, shown
-from .tools import job_view
+from .tools import observed_job
 
 PAGE_BYTES = 256 * 1024  # of the patch read for one page
 PAGE_LINES = 1500  # diff lines shown on one page (its first file is shown whatever its size)
@@ -200,7 +200,7 @@ def next_file_start(handle: Any, position: int, size: int) -> int | None:
 
 def view_patch(cfg: Config, job_id: Any, offset: Any) -> ToolResult:
     """The job view's page of a worktree job's patch (app-only: the model reads the patch with hermes_read)."""
-    record = job_view(cfg, job_id).record
+    record = observed_job(cfg, job_id).record
     if offset is None:
         offset = 0
     if isinstance(offset, bool) or not isinstance(offset, int):

@@ -16,11 +16,11 @@ from .jobs import (
     STEERS_KEPT,
     JobRecord,
     JobStore,
-    JobView,
+    ObservedJob,
 )
 from .render import steer_words
 from .safe_io import DamagedRecord, LockTimeout, Refused, count_hiding, disk_error, shown, write_atomic
-from .tools import job_view
+from .tools import observed_job
 
 STEER_BY = {"planner": "the planner (hermes_steer)", "view": ANSWERERS["view"]}
 
@@ -41,40 +41,40 @@ def check_guidance(guidance: Any, when: Any) -> tuple[str, str]:
     return guidance.strip(), when
 
 
-def request_steer(cfg: Config, job_id: Any, guidance: Any, when: Any, by: str) -> tuple[JobView, dict[str, Any]]:
+def request_steer(cfg: Config, job_id: Any, guidance: Any, when: Any, by: str) -> tuple[ObservedJob, dict[str, Any]]:
     """The steer claimed under the record's lock and written where the job's supervisor reads it: refused for a
     job that cannot take one now (ended, run by the CLI, waiting on a question). Returns the job and the steer."""
     text, when = check_guidance(guidance, when)
-    view = job_view(cfg, job_id)
-    record, store = view.record, JobStore.of(cfg)
+    observed = observed_job(cfg, job_id)
+    record, store = observed.record, JobStore.of(cfg)
     steer_id = f"s{len(record.steers) + 1}-{secrets.token_hex(3)}"
     try:
         with store.record_lock(record.id):
-            view = job_view(cfg, record.id)
-            check_steerable(view)
+            observed = observed_job(cfg, record.id)
+            check_steerable(observed)
             steer = {"id": steer_id, "text": text, "when": when, "by": STEER_BY[by], "at": time.time()}
-            add_steer(store, view.record, steer)
+            add_steer(store, observed.record, steer)
     except LockTimeout:
         raise Refused(f"job {record.id}'s record is held by another process; steer again in a moment") from None
     except OSError as exc:
         raise Refused(f"the guidance could not be written: the jobs folder refuses writes ({disk_error(exc)})"
                       ) from None
     audit(cfg, event="steer", job_id=record.id, steer_id=steer_id, when=when, by=STEER_BY[by], guidance=text)
-    return view, steer
+    return observed, steer
 
 
-def check_steerable(view: JobView) -> None:
-    record = view.record
-    if not view.running:
-        raise Refused(f"job {record.id} has ended ({view.shown_state}): there is no turn to steer. Continue its "
+def check_steerable(observed: ObservedJob) -> None:
+    record = observed.record
+    if not observed.running:
+        raise Refused(f"job {record.id} has ended ({observed.shown_state}): there is no turn to steer. Continue its "
                       f"session with hermes_resume(session_id=\"{record.session_id or 'latest'}\", task=<the "
                       "guidance>)")
     if record.driver != "acp":
         raise Refused(f"job {record.id} runs with the CLI driver, which has no channel to Hermes while it runs. "
                       "Cancel it (hermes_cancel) and continue its session with hermes_resume(session_id, task=<the "
                       "guidance>), or set hermes_driver to acp for later jobs")
-    if view.pending_questions:
-        raise Refused(f"job {record.id} waits on Hermes' question (APPROVAL_ID {view.pending_questions[0]['id']}): "
+    if observed.pending_questions:
+        raise Refused(f"job {record.id} waits on Hermes' question (APPROVAL_ID {observed.pending_questions[0]['id']}): "
                       "answer it first (hermes_approve), then steer")
     if len(record.steers) >= STEERS_KEPT:
         raise Refused(f"job {record.id} was steered {STEERS_KEPT} times already; cancel it and start afresh")
@@ -91,11 +91,11 @@ def add_steer(store: JobStore, record: JobRecord, steer: dict[str, Any]) -> None
     write_atomic(path, json.dumps([*waiting, steer]).encode())
 
 
-def steer_outcome(view: JobView, steer_id: str) -> tuple[bool, str]:
+def steer_outcome(observed: ObservedJob, steer_id: str) -> tuple[bool, str]:
     """Whether the supervisor has settled the steer (sent and answered, or not delivered), and it in words."""
-    steer = next((s for s in view.record.steers if s["id"] == steer_id), None)
+    steer = next((s for s in observed.record.steers if s["id"] == steer_id), None)
     if steer is None:
-        if view.running:
+        if observed.running:
             return False, f"steer {steer_id}: relayed; the job's supervisor has not taken it yet"
         return True, f"steer {steer_id}: NOT delivered: the job ended as it was relayed"
     return steer["state"] != "sent", steer_words(steer)

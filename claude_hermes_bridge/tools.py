@@ -31,7 +31,7 @@ from .jobs import (
     JobRecord,
     JobState,
     JobStore,
-    JobView,
+    ObservedJob,
     observe,
     validate_job_id,
 )
@@ -325,7 +325,7 @@ def resumed_worktree(cfg: Config, store: JobStore, folder: str) -> dict[str, Any
 JOBS_SCAN_LIMIT = 5000
 
 
-def job_view(cfg: Config, job_id: Any) -> JobView:
+def observed_job(cfg: Config, job_id: Any) -> ObservedJob:
     job_id = validate_job_id(job_id)
     try:
         store = JobStore.of(cfg)
@@ -338,7 +338,7 @@ def job_view(cfg: Config, job_id: Any) -> JobView:
 APPROVAL_ID_RE = re.compile(r"(net-)?\d{1,7}-[0-9a-f]{6}")  # Hermes' questions, and the network's (job_network)
 
 
-def answer_approval(cfg: Config, job_id: Any, approval_id: Any, decision: Any, by: str) -> JobView:
+def answer_approval(cfg: Config, job_id: Any, approval_id: Any, decision: Any, by: str) -> ObservedJob:
     """Relay an answer to a question a job waits on: claimed exclusively under the record's lock (the
     question must be pending, unexpired and not answered by anyone yet: a second answer is refused naming
     the first), then written where the job's supervisor reads it (any server process may answer)."""
@@ -351,41 +351,41 @@ def answer_approval(cfg: Config, job_id: Any, approval_id: Any, decision: Any, b
     store = JobStore.of(cfg)
     try:
         with store.record_lock(job_id):
-            view = job_view(cfg, job_id)
-            claim_answer(store, view, approval_id, decision, by)
+            observed = observed_job(cfg, job_id)
+            claim_answer(store, observed, approval_id, decision, by)
     except LockTimeout:
         raise Refused(f"job {job_id}'s record is held by another process; answer again in a moment") from None
     except OSError as exc:
         raise Refused(f"the answer could not be written: the jobs folder refuses writes ({disk_error(exc)}); "
                       "the question still waits for an answer") from None
     audit(cfg, event="approval", job_id=job_id, approval_id=approval_id, decision=decision, by=by)
-    return view
+    return observed
 
 
-def claim_answer(store: JobStore, view: JobView, approval_id: str, decision: str, by: str) -> None:
+def claim_answer(store: JobStore, observed: ObservedJob, approval_id: str, decision: str, by: str) -> None:
     """The claim itself, under the record's lock: refused (naming what decided the question, when and by whom)
     unless this question waits and nobody answered it; an answer to a question already decided is kept as a
     late answer, which the final block lists. A planted non-file at the answers' name is moved aside, so the
     question stays answerable."""
-    record = view.record
+    record = observed.record
     decided = next((d for d in reversed(record.decisions) if d["id"] == approval_id), None)
     claims, late = store.answers_file(record.id)
     first = claims.get(approval_id)
     if decided or first:
         earlier = decided or {**cast(dict[str, Any], first), "by": ANSWERERS.get(cast(dict[str, Any], first)["by"],
                                                                                    "someone")}
-        note_late_answer(store, view, {"id": approval_id, "decision": decision, "by": ANSWERERS.get(by, by),
+        note_late_answer(store, observed, {"id": approval_id, "decision": decision, "by": ANSWERERS.get(by, by),
                                        "at": time.time()})
         raise Refused(f"approval {approval_id} of job {record.id} was decided already: {earlier['decision']} by "
                       f"{earlier['by']}{clock_words(earlier.get('at'))}; this answer ({decision}) was not relayed")
-    if not view.running:
-        raise Refused(f"job {record.id} has ended ({view.shown_state}); there is no question to answer")
+    if not observed.running:
+        raise Refused(f"job {record.id} has ended ({observed.shown_state}); there is no question to answer")
     question = next((q for q in record.questions if q["id"] == approval_id), None)
     if question is None:
         raise Refused(f"approval {approval_id} of job {record.id} is not waiting for an answer: no such question "
                       "was asked")
     if machine_clock() >= question["expires_clock"]:
-        note_late_answer(store, view, {"id": approval_id, "decision": decision, "by": ANSWERERS.get(by, by),
+        note_late_answer(store, observed, {"id": approval_id, "decision": decision, "by": ANSWERERS.get(by, by),
                                        "at": time.time()})
         raise Refused(f"approval {approval_id} came too late: Hermes stopped waiting "
                       f"{int(machine_clock() - question['expires_clock'])} s ago and denied it itself")
@@ -396,11 +396,11 @@ def claim_answer(store: JobStore, view: JobView, approval_id: str, decision: str
     write_atomic(path, json.dumps({**claims, LATE_KEY: late}).encode())
 
 
-def note_late_answer(store: JobStore, view: JobView, answer: dict[str, Any]) -> None:
+def note_late_answer(store: JobStore, observed: ObservedJob, answer: dict[str, Any]) -> None:
     """Keep an answer that came after its question was decided (under the record's lock): in the answers file
     while the job runs (its supervisor copies them into the record at the end), in the record once it ended."""
-    record = view.record
-    if view.running:
+    record = observed.record
+    if observed.running:
         claims, late = store.answers_file(record.id)
         with contextlib.suppress(OSError):
             write_atomic(store.answers_path(record.id), json.dumps(
@@ -411,12 +411,12 @@ def note_late_answer(store: JobStore, view: JobView, answer: dict[str, Any]) -> 
         write_atomic(store.record_path(record.id), record.encoded())  # an outcome's note: the outcome stays
 
 
-def applied_answer(view: JobView, approval_id: str) -> str:
+def applied_answer(observed: ObservedJob, approval_id: str) -> str:
     """What became of a question once answered: the decision the job applied and who took it."""
-    decided = next((d for d in reversed(view.record.decisions) if d["id"] == approval_id), None)
+    decided = next((d for d in reversed(observed.record.decisions) if d["id"] == approval_id), None)
     if decided:
         return f"approval {approval_id}: {decided['decision']} by {decided['by']}, applied"
-    if any(q["id"] == approval_id for q in view.pending_questions):
+    if any(q["id"] == approval_id for q in observed.pending_questions):
         return f"approval {approval_id}: relayed; the job's supervisor has not taken it yet"
     return f"approval {approval_id}: relayed; the job ended before it was applied"
 
@@ -428,7 +428,7 @@ def owned_supervisor(record: JobRecord) -> "psutil.Process | None":
     return supervisor if supervisor is not None and carries_marker(supervisor, record.marker) else None
 
 
-def cancel_queued(store: JobStore, job_id: str) -> JobView | None:
+def cancel_queued(store: JobStore, job_id: str) -> ObservedJob | None:
     """A queued job ended cancelled under its record's lock; None when a slot freed meanwhile and it is
     starting (then its supervisor takes the cancel)."""
     def cancel(record: JobRecord) -> None:
@@ -441,16 +441,16 @@ def cancel_queued(store: JobStore, job_id: str) -> JobView | None:
     return observe(record, store.root)
 
 
-def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
+def cancel_orphan(store: JobStore, cfg: Config, observed: ObservedJob) -> str:
     """Stop what is left of a job whose supervisor died (or froze), and write the outcome it could not. The
     pids come from the record, so only processes that prove to be this job's are signalled: its Hermes, when
     it still runs and carries the job's exact marker, anchors the rest, and the tools the supervisor recorded
     (same pid and start, the exact marker) are the job's even with Hermes gone. `cancelled` is written only
     once the supervisor and Hermes are proven gone."""
-    record = view.record
+    record = observed.record
     job_id = record.id
     supervisor = owned_supervisor(record)
-    if supervisor is not None and view.frozen:
+    if supervisor is not None and observed.frozen:
         with contextlib.suppress(psutil.Error):
             supervisor.kill()
         still_running([supervisor], 3)
@@ -478,29 +478,29 @@ def cancel_orphan(store: JobStore, cfg: Config, view: JobView) -> str:
     return reason
 
 
-def request_cancel(cfg: Config, job_id: Any) -> tuple[JobView, str]:
+def request_cancel(cfg: Config, job_id: Any) -> tuple[ObservedJob, str]:
     """Ask a job's supervisor to stop it, or stop an orphan directly; returns the view and a note."""
-    view = job_view(cfg, job_id)
+    observed = observed_job(cfg, job_id)
     store = JobStore.of(cfg)
-    if view.state in FINAL_STATES:
-        return view, f"the job had already ended as {view.state.value}; nothing to cancel"
+    if observed.state in FINAL_STATES:
+        return observed, f"the job had already ended as {observed.state.value}; nothing to cancel"
     try:
-        if view.state is JobState.QUEUED and (ended := cancel_queued(store, view.record.id)):
+        if observed.state is JobState.QUEUED and (ended := cancel_queued(store, observed.record.id)):
             return ended, "cancelled while queued; Hermes was never started"
-        if view.state is JobState.ORPHANED or view.frozen:
-            note = cancel_orphan(store, cfg, view)
-            return observe(store.read(view.record.id), store.root), note
-        write_atomic(store.cancel_path(view.record.id), str(time.time()).encode())
+        if observed.state is JobState.ORPHANED or observed.frozen:
+            note = cancel_orphan(store, cfg, observed)
+            return observe(store.read(observed.record.id), store.root), note
+        write_atomic(store.cancel_path(observed.record.id), str(time.time()).encode())
     except (OSError, LockTimeout) as exc:
         raise Refused(f"the cancel could not be written: the jobs folder refuses writes ({disk_error(exc)}). The job "
                       "goes on; free space on its disk or make it writable, then cancel again") from None
-    return view, "cancel requested; the supervisor stops the whole process tree"
+    return observed, "cancel requested; the supervisor stops the whole process tree"
 
 
 LAND_ACTIONS = ("merge", "discard", "keep")
 
 
-def land_job(cfg: Config, job_id: Any, action: Any) -> tuple[JobView, str]:
+def land_job(cfg: Config, job_id: Any, action: Any) -> tuple[ObservedJob, str]:
     """hermes_land: what becomes of a finished worktree job's work. merge applies it to the repository's main
     tree (a merge of its work when that tree is clean and on the base's branch, else its patch applied
     three-way to the working tree), refusing on a conflict with the tree left as it was; discard drops the
@@ -508,8 +508,8 @@ def land_job(cfg: Config, job_id: Any, action: Any) -> tuple[JobView, str]:
     another after merge or discard is refused. Returns the job and what was done."""
     if action not in LAND_ACTIONS:
         raise Refused(f'action must be "merge", "discard" or "keep", got {shown(action, 40)}')
-    view = job_view(cfg, job_id)
-    record, store = view.record, JobStore.of(cfg)
+    observed = observed_job(cfg, job_id)
+    record, store = observed.record, JobStore.of(cfg)
     worktree = record.worktree
     if worktree and (worktree_of(store, record) is None or not within_any(os.path.realpath(worktree["repo"]),
                                                                           cfg.roots)):
@@ -518,12 +518,12 @@ def land_job(cfg: Config, job_id: Any, action: Any) -> tuple[JobView, str]:
     if not worktree:
         raise Refused(f"job {record.id} ran in its folder (isolation \"none\"): its changes are already there, "
                       "there is nothing to land")
-    if view.running or (view.state is JobState.ORPHANED and running_process(record.hermes) is not None):
+    if observed.running or (observed.state is JobState.ORPHANED and running_process(record.hermes) is not None):
         raise Refused(f"job {record.id} is still running: wait for it (hermes_status) or cancel it (hermes_cancel), "
                       "then land it")
     if record.landed:
         if record.landed["action"] == action:
-            return view, f"already done{clock_words(record.landed.get('at'))}: {record.landed['how']}"
+            return observed, f"already done{clock_words(record.landed.get('at'))}: {record.landed['how']}"
         if record.landed["action"] != "keep":
             raise Refused(f"job {record.id}'s work was already {record.landed['action']}d"
                           f"{clock_words(record.landed.get('at'))} ({record.landed['how']}); nothing was changed")
@@ -554,24 +554,24 @@ def list_jobs(cfg: Config, limit: int | None, state: str | None) -> str:
     ids = store.list_ids()
     rows: list[str] = []
     scanned = 0
-    for job_id, view, damage in store.views(reversed(ids)):
+    for job_id, observed, damage in store.observed_jobs(reversed(ids)):
         if len(rows) >= shown_limit or scanned >= JOBS_SCAN_LIMIT:
             break
         scanned += 1
-        if view is None:
+        if observed is None:
             if state in (None, "", "damaged"):
                 rows.append(f"{job_id}  damaged            -  record {damage}")
             continue
-        if state not in (None, "") and view.shown_state != state:
+        if state not in (None, "") and observed.shown_state != state:
             continue
-        record = view.record
+        record = observed.record
         usage = record.usage
         tokens = (f"  tokens {usage.get('tokens_in', 0):,}/{usage.get('tokens_out', 0):,}"
-                  if usage and not view.running else "")
+                  if usage and not observed.running else "")
         spent = record.spend or {}
         tokens += f"  cost ${float(spent.get('cost_usd', 0)):.4f}" if spent.get("priced") else ""
-        rows.append(f"{job_id}  {view.shown_state:17} {elapsed_s(record, view.running):>5}s  {shown(record.cwd)}  "
-                    f"\"{shown(record.task_preview, 60)}\"{tokens}")
+        rows.append(f"{job_id}  {observed.shown_state:17} {elapsed_s(record, observed.running):>5}s  "
+                    f"{shown(record.cwd)}  \"{shown(record.task_preview, 60)}\"{tokens}")
     header = [f"JOBS: {len(ids)} on disk; showing {len(rows)}, newest first"
               + (f", state={shown(state, 40)}" if state else "")]
     if scanned >= JOBS_SCAN_LIMIT and len(rows) < shown_limit:

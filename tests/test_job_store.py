@@ -14,7 +14,7 @@ from claude_hermes_bridge.config import Config
 from claude_hermes_bridge.jobs import JOB_ID_RE, RECORD_ALWAYS_WRITTEN, JobRecord, JobState, JobStore, validate_job_id
 from claude_hermes_bridge.launch import JobRequest, prune_jobs
 from claude_hermes_bridge.safe_io import DamagedRecord, ProcessId, Refused
-from claude_hermes_bridge.tools import job_view, list_jobs
+from claude_hermes_bridge.tools import list_jobs, observed_job
 from harness import (
     SERVER,
     BridgeClient,
@@ -116,7 +116,7 @@ def test_damaged_records_are_reported_not_raised(tmp_path):
     listing = list_jobs(cfg, None, None)
     assert listing.count("damaged") == 4
     with pytest.raises(Refused, match="damaged"):
-        job_view(cfg, "20261130-000000-1")
+        observed_job(cfg, "20261130-000000-1")
 
 
 def test_records_are_written_whole_while_a_reader_races_and_no_temp_file_is_left(tmp_path):

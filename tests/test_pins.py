@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from claude_hermes_bridge.git_calls import GitFailed, git, git_text
-from claude_hermes_bridge.jobs import STEERS_KEPT, JobRecord, JobState, JobStore, JobView
+from claude_hermes_bridge.jobs import STEERS_KEPT, JobRecord, JobState, JobStore, ObservedJob
 from claude_hermes_bridge.render import render_status
 from claude_hermes_bridge.review import visible
 from claude_hermes_bridge.safe_io import Refused, clean_str, shown
@@ -68,7 +68,7 @@ def test_a_running_jobs_block_says_its_sandbox(tmp_path: Path) -> None:
     cfg = config_for(tmp_path)
     record = JobRecord(id="20261130-000000-1", state=JobState.RUNNING, created_at=time.time(),
                        sandbox="writes limited to /x (Landlock ABI 7)", sandbox_refused=["/home/u/.npm"])
-    text = render_status(JobView(record, JobState.RUNNING), cfg)
+    text = render_status(ObservedJob(record, JobState.RUNNING), cfg)
     assert "SANDBOX: writes limited to /x (Landlock ABI 7)" in text
     assert "SANDBOX_DENIED: the sandbox refused writes to 1 path outside the job's folders" in text
 

@@ -26,7 +26,7 @@ from claude_hermes_bridge.hermes_store import (
     matched_session,
     read_store,
 )
-from claude_hermes_bridge.jobs import CHANGED_LINES, JobRecord, JobState, JobStore, JobView, observe
+from claude_hermes_bridge.jobs import CHANGED_LINES, JobRecord, JobState, JobStore, ObservedJob, observe
 from claude_hermes_bridge.render import (
     ANSWER_PREFIX,
     changes_lines,
@@ -85,7 +85,7 @@ def store_config(tmp_path: Path) -> Config:
     return Config(path=tmp_path / "config.json", hermes_home=str(tmp_path / "home"))
 
 
-def finished_view(tmp_path: Path, session: str = "s1") -> JobView:
+def finished_view(tmp_path: Path, session: str = "s1") -> ObservedJob:
     now = time.time()
     record = JobRecord(id="20261201-000000-1", state=JobState.OK, created_at=now - 10,
                               started_at=now - 10, ended_at=now, cwd=str(tmp_path), session_id=session, exit_code=0)
@@ -429,7 +429,7 @@ def test_an_orphaned_job_is_rendered_with_the_part_done_advice(tmp_path):
     cfg = config_for(tmp_path)
     record = JobRecord(id="20261130-000000-1", state=JobState.ORPHANED, created_at=time.time() - 60,
                               ended_at=time.time(), reason="the supervisor died")
-    text = render_status(JobView(record, JobState.ORPHANED), cfg)
+    text = render_status(ObservedJob(record, JobState.ORPHANED), cfg)
     assert "STATUS: orphaned" in text and "Work may be part-done" in text
 
 
@@ -582,7 +582,7 @@ def test_a_bad_row_of_the_store_is_shown_as_unavailable_never_raised(tmp_path, b
             BAD_ROWS[bad]]
     make_store(tmp_path / "home", rows)
     cfg = store_config(tmp_path)
-    running = JobView(finished_view(tmp_path).record, JobState.RUNNING)
+    running = ObservedJob(finished_view(tmp_path).record, JobState.RUNNING)
     details = job_details(cfg, running)
     assert details.activity and details.activity.startswith("unavailable: "), details
     assert "not what Hermes writes" in details.activity or "session store" in details.activity
@@ -820,7 +820,7 @@ def test_a_running_job_whose_model_is_down_says_so_not_just_running(bridge: Any,
     store.ensure()
     log = store.log_path(record.id)
     log.write_text("[INFO] starting\n" + said + "\n\n", encoding="utf-8")
-    view = JobView(record, JobState.RUNNING)
+    view = ObservedJob(record, JobState.RUNNING)
     result = status_result(view, cfg)
     condition = [line for line in result.text.splitlines() if line.startswith("CONDITION: ")]
     assert condition == [f"CONDITION: Hermes cannot reach its model endpoint right now and is retrying; it said: "
