@@ -24,7 +24,7 @@ from .hermes_acp import (
     send_message,
 )
 from .hermes_cli import describe_exit
-from .hermes_store import ANSWER_MAX_CHARS, COUNTER_LIMIT, TOOL_ARGUMENT_CHARS
+from .hermes_store import COUNTER_LIMIT, FINAL_TEXT_MAX_CHARS, TOOL_ARGUMENT_CHARS
 from .jobs import (
     ANSWERERS,
     QUESTIONS_KEPT,
@@ -293,7 +293,7 @@ class AcpConversation:
         self.session_id: str | None = None
         self.result: dict[str, Any] | None = None
         self.failure: str | None = None
-        self.answer_chunks: list[str] = []
+        self.text_chunks: list[str] = []
         self.questions = AcpQuestions(record, cfg, store, self._send, log)
         self.steers = AcpSteers(record, store, self._send, log, self._new_id)
         self.noted: set[str] = set()
@@ -481,9 +481,9 @@ class AcpConversation:
             self.log(f"[hermes] {update['status']}:\n{cut}\n")
         elif kind == "agent_message_chunk":
             text = content_text(update.get("content"))  # an empty one is upstream's keep-alive: nothing
-            if text and not self.steers.took_reply(text) and sum(map(len, self.answer_chunks)) < ANSWER_MAX_CHARS:
-                self.answer_chunks.append(text)
-                self._set(answer="".join(self.answer_chunks))
+            if text and not self.steers.took_reply(text) and sum(map(len, self.text_chunks)) < FINAL_TEXT_MAX_CHARS:
+                self.text_chunks.append(text)
+                self._set(answer="".join(self.text_chunks))  # the record's key (a format): Hermes' final text
                 self.log(text)
         elif kind == "usage_update":
             self._set(context_used=update.get("used"), context_size=update.get("size"))

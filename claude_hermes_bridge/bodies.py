@@ -299,8 +299,8 @@ def listed(tool: str, listing: Listing) -> ToolResult:
     cfg: Config | None = None
     try:
         cfg = load_config()
-        answer = listing.fn(cfg, *listing.args)
-        outcome = answer if isinstance(answer, ToolResult) else ToolResult(answer)
+        result = listing.fn(cfg, *listing.args)
+        outcome = result if isinstance(result, ToolResult) else ToolResult(result)
     except Exception as exc:  # noqa: BLE001 - every failure becomes the model's answer
         outcome = failure_result(tool, exc)
     if cfg is not None:

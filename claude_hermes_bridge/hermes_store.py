@@ -1,4 +1,4 @@
-"""[both] Hermes' state.db read with a deadline: activity, usage, current tool, answer."""
+"""[both] Hermes' state.db read with a deadline: activity, usage, current tool, final text."""
 import dataclasses
 import json
 import os
@@ -14,7 +14,7 @@ from .safe_io import T, case_normalised, is_number, is_whole_number, plural, sho
 
 
 # Hermes' own SQLite store (state.db in HERMES_HOME), read-only, with a deadline, every value checked: a job can
-# write it. It gives the activity lines, usage, the current tool, Hermes' answer and where a session ran.
+# write it. It gives the activity lines, usage, the current tool, Hermes' final text and where a session ran.
 class StoreUnavailable(Exception):
     """Hermes' session store could not answer: missing, locked, another schema, or no such session."""
 
@@ -172,7 +172,7 @@ class Usage:
 COUNTER_LIMIT = 1 << 53
 JSON_CELL_MAX_CHARS = 65536
 JSON_CELL_MAX_DEPTH = 16
-ANSWER_MAX_CHARS = 1 << 20
+FINAL_TEXT_MAX_CHARS = 1 << 20
 JSON_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
@@ -321,12 +321,12 @@ def current_tool(db: Any, session_id: str, since: float, now: float) -> str | No
     return f"{described} (running {max(0, int(now - called_at))} s)"
 
 
-def final_answer(db: Any, session_id: str, since: float) -> str | None:
+def final_text(db: Any, session_id: str, since: float) -> str | None:
     """Hermes' own last reply in this job: the last assistant message with text written since the job
     started (stdout also holds diff previews, and the log holds warnings)."""
     row = db.execute("SELECT substr(content, 1, ?) FROM messages WHERE session_id = ? AND timestamp >= ? AND "
                      "role = 'assistant' AND content IS NOT NULL AND content != '' ORDER BY timestamp DESC, id DESC "
-                     "LIMIT 1", (ANSWER_MAX_CHARS, session_id, since)).fetchone()
+                     "LIMIT 1", (FINAL_TEXT_MAX_CHARS, session_id, since)).fetchone()
     return row[0] if row and isinstance(row[0], str) else None
 
 

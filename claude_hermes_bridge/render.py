@@ -13,7 +13,7 @@ from .hermes_store import (
     StoreUnavailable,
     Usage,
     current_tool,
-    final_answer,
+    final_text,
     matched_session,
     read_store,
     session_usage,
@@ -81,7 +81,7 @@ class JobDetails:
     activity: str | None = None
     current_tool: str | None = None
     usage: str | None = None
-    answer: str | None = None
+    final_text: str | None = None  # Hermes' last message to the user: the block's HERMES ANSWER
 
     def progress_line(self, job_id: str) -> str:
         tool = f"; {self.current_tool}" if self.current_tool and self.current_tool != "none yet" else ""
@@ -90,14 +90,14 @@ class JobDetails:
 
 def job_details(cfg: Config, observed: ObservedJob) -> JobDetails:
     """One short read of the session store: live counters and the current tool while the job runs; the
-    usage and Hermes' own answer when it has ended. Never raises: an unreadable store is 'unavailable'."""
+    usage and Hermes' final text when it has ended. Never raises: an unreadable store is 'unavailable'."""
     record = observed.record
     started = record.started_at
     if started is None:
         reason = ("unavailable: the job waits in the queue" if observed.state is JobState.QUEUED else
                   "unavailable: Hermes has not started yet" if observed.running else
                   "unavailable: Hermes never started")
-        return JobDetails(activity=reason, usage=reason, answer=reason)
+        return JobDetails(activity=reason, usage=reason, final_text=reason)
     if record.acp is not None:
         return acp_details(record, observed.running)
     kept_usage = None
@@ -108,12 +108,12 @@ def job_details(cfg: Config, observed: ObservedJob) -> JobDetails:
         return read_store(cfg, lambda db: store_details(db, observed, started, kept_usage))
     except StoreUnavailable as exc:
         unavailable = f"unavailable: {exc}"
-        return JobDetails(activity=unavailable, usage=kept_usage or unavailable, answer=unavailable)
+        return JobDetails(activity=unavailable, usage=kept_usage or unavailable, final_text=unavailable)
 
 
 def store_details(db: Any, observed: ObservedJob, started: float, kept_usage: str | None) -> JobDetails:
     """The session store's part of job_details: live counters and the current tool of a running job, or the
-    usage (the record's own copy first) and Hermes' answer of an ended one."""
+    usage (the record's own copy first) and Hermes' final text of an ended one."""
     record = observed.record
     session = record.session_id or record.session_requested
     if not session and observed.running and record.cwd:
@@ -127,7 +127,7 @@ def store_details(db: Any, observed: ObservedJob, started: float, kept_usage: st
         return JobDetails(activity=usage.line() if usage else f"unavailable: no session {session} in the store yet",
                           current_tool=current_tool(db, session, started, time.time()) or "none yet")
     return JobDetails(usage=kept_usage or (usage.line() if usage else f"unavailable: no session {session}"),
-                      answer=final_answer(db, session, started) or "unavailable: Hermes wrote no reply")
+                      final_text=final_text(db, session, started) or "unavailable: Hermes wrote no reply")
 
 
 def acp_details(record: JobRecord, running: bool) -> JobDetails:
@@ -146,10 +146,10 @@ def acp_details(record: JobRecord, running: bool) -> JobDetails:
         usage = f"{activity}, tokens in {int(acp['tokens_in']):,} / out {int(acp['tokens_out']):,}"
     else:
         usage = f"{activity}, tokens unavailable: Hermes reported none"
-    answer = acp.get("answer") if isinstance(acp.get("answer"), str) else None
+    text = acp.get("answer") if isinstance(acp.get("answer"), str) else None  # the record's key (a format)
     if running:
         return JobDetails(activity=activity, current_tool=tool or "none yet")
-    return JobDetails(usage=usage, answer=answer or "unavailable: Hermes wrote no reply")
+    return JobDetails(usage=usage, final_text=text or "unavailable: Hermes wrote no reply")
 
 
 def changes_lines(record: JobRecord) -> list[str]:
@@ -331,7 +331,7 @@ def late_answer_lines(record: JobRecord) -> list[str]:
 ANSWER_PREFIX = "| "
 
 
-def quoted_answer(answer: str, max_chars: int) -> list[str]:
+def quoted_final_text(answer: str, max_chars: int) -> list[str]:
     """Hermes' reply as lines of its section: escapes and control characters removed as in the log tail,
     every line (U+2028 and U+2029 break lines too) behind ANSWER_PREFIX, so no text of Hermes can pass for a
     field line such as STATUS: or JOB_ID:. Cut at max_chars, saying how much."""
@@ -483,7 +483,7 @@ def running_lines(observed: ObservedJob, log: Path, details: JobDetails | None) 
 
 def final_lines(observed: ObservedJob, cfg: Config, log: Path, details: JobDetails | None
                 ) -> tuple[list[str], list[str]]:
-    """An ended job's lines before the notes, and after them: advice, usage, changes, answer, output."""
+    """An ended job's lines before the notes, and after them: advice, usage, changes, final text, output."""
     record = observed.record
     exit_code, session = record.exit_code, record.session_id
     denied = (record.decided or {}).get("deny", 0)
@@ -523,7 +523,7 @@ def final_lines(observed: ObservedJob, cfg: Config, log: Path, details: JobDetai
     after += spend
     after += start_line(record) + sandbox_lines(record) + changes_lines(record) + worktree_lines(record)
     if details:
-        after += ["--- HERMES ANSWER ---", *quoted_answer(details.answer or "", cfg.max_output_chars)]
+        after += ["--- HERMES ANSWER ---", *quoted_final_text(details.final_text or "", cfg.max_output_chars)]
     return lines, after + ["--- HERMES OUTPUT ---", log_excerpt(log, cfg.max_output_chars)]
 
 
@@ -576,7 +576,8 @@ def job_facts(cfg: Config, observed: ObservedJob, details: JobDetails, notes: li
                         "deleted": changes.get("deleted", 0),
                         "lines": [shown(line, 400) for line in changes.get("lines", [])[:CHANGED_LINES]],
                         "note": shown(changes["note"]) if "note" in changes else None},
-            "answer": clean_str(details.answer[:20000]) if details.answer and not observed.running else None,
+            "final_text": clean_str(details.final_text[:20000]) if details.final_text and not observed.running
+            else None,
             "questions": questions, "worktree": worktree_facts(record), "containment": containment_facts(record),
             "diff": {key: record.diff[key] for key in ("files", "insertions", "deletions", "patch_bytes")}
             if record.diff else None,

@@ -563,3 +563,68 @@ def test_a_relative_edit_is_decided_only_until_a_command_may_have_moved_hermes_f
     assert [r["result"]["outcome"]["optionId"] for r in (before, after, absolute)] == ["allow_once", "deny",
                                                                                         "allow_once"]
     assert "is relative, and a command Hermes ran may have changed its folder" in talk.record.decisions[1]["by"]
+
+
+# ------------------------------------------------------------------ steers (issue 50's pins)
+def write_steer(talk: Talk, steer_id: str, text: str = "use tabs") -> None:
+    """A steer as the server relays it (steer.add_steer): appended to the job's steer file."""
+    waiting = talk.store.steers_file(talk.record.id)
+    write_atomic(talk.store.steers_path(talk.record.id), json.dumps(
+        [*waiting, {"id": steer_id, "text": text, "when": "now", "by": "planner", "at": time.time()}]).encode())
+
+
+def steer_prompts(talk: Talk) -> list[dict[str, Any]]:
+    return [message for message in talk.proc.sent() if message.get("method") == "session/prompt"
+            and message["params"]["prompt"][0]["text"].startswith("/steer ")]
+
+
+def test_a_steer_waits_until_hermes_has_claimed_the_turn_then_is_sent_once(tmp_path):
+    talk = Talk(tmp_path)
+    session = talk.handshake()
+    write_steer(talk, "steer-1")
+    for _ in range(5):  # the prompt is just sent and Hermes has said nothing of its turn yet
+        talk.talk.pump()
+        time.sleep(0.02)
+    assert steer_prompts(talk) == []
+    talk.proc.say({"method": "session/update", "params": {"sessionId": session, "update": {
+        "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "working"}}}})
+    [sent] = talk.pump_until(lambda: steer_prompts(talk) or None, "the steer sent")
+    assert sent["params"] == {"sessionId": session, "prompt": [{"type": "text", "text": "/steer use tabs"}]}
+    for _ in range(3):
+        talk.talk.pump()
+    assert len(steer_prompts(talk)) == 1
+    assert [(steer["id"], steer["state"]) for steer in talk.store.read(talk.record.id).steers] == [("steer-1", "sent")]
+
+
+def test_a_steer_hermes_refused_is_recorded_refused_and_one_it_took_acknowledged(tmp_path):
+    talk = Talk(tmp_path)
+    session = talk.handshake()
+    chunk = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "working"}}
+    talk.proc.say({"method": "session/update", "params": {"sessionId": session, "update": chunk}})
+    for steer_id, reply in (("steer-1", "\u26a0 Steer failed: no active tool batch"),
+                            ("steer-2", "\u23e9 Redirected the active turn")):
+        write_steer(talk, steer_id)
+        sent = talk.pump_until(lambda: steer_prompts(talk)[-1] if len(steer_prompts(talk)) == int(steer_id[-1])
+                               else None, f"{steer_id} sent")
+        talk.proc.say({"method": "session/update", "params": {"sessionId": session, "update": {
+            **chunk, "content": {"type": "text", "text": reply}}}})
+        talk.proc.say({"id": sent["id"], "result": {"stopReason": "end_turn"}})
+        talk.pump_until(lambda: next((s for s in talk.record.steers if s["id"] == steer_id
+                                      and s["state"] != "sent"), None), f"{steer_id} settled")
+    assert [(s["id"], s["state"], s["hermes"]) for s in talk.store.read(talk.record.id).steers] == [
+        ("steer-1", "refused", "\u26a0 Steer failed: no active tool batch"),
+        ("steer-2", "acknowledged", "\u23e9 Redirected the active turn")]
+    assert "Redirected" not in (talk.record.acp or {}).get("answer", "")  # a steer's reply is not Hermes' final text
+
+
+def test_a_steer_relayed_after_the_last_look_is_in_the_record_as_not_delivered(tmp_path):
+    talk = Talk(tmp_path)
+    session = talk.handshake()
+    talk.proc.say({"id": talk.last_sent()["id"], "result": {"stopReason": "end_turn"}})
+    talk.pump_until(lambda: talk.talk.finished, "the turn's end")
+    write_steer(talk, "steer-late")  # the server relayed it as the turn ended: nothing sends it now
+    talk.proc.hermes.close()
+    talk.talk.drain()
+    [late] = talk.store.read(talk.record.id).steers
+    assert (late["id"], late["state"]) == ("steer-late", "not delivered")
+    assert steer_prompts(talk) == [] and session

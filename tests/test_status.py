@@ -22,7 +22,7 @@ from claude_hermes_bridge.hermes_store import (
     StoreUnavailable,
     blocked_commands,
     current_tool,
-    final_answer,
+    final_text,
     matched_session,
     read_store,
 )
@@ -32,7 +32,7 @@ from claude_hermes_bridge.render import (
     changes_lines,
     job_details,
     log_excerpt,
-    quoted_answer,
+    quoted_final_text,
     render_status,
 )
 from claude_hermes_bridge.safe_io import ProcessId, Refused, clean_str, shown
@@ -420,9 +420,9 @@ def test_unicode_line_separators_are_escaped_in_quoted_values(separator):
 
 
 def test_an_answer_longer_than_max_output_chars_is_cut_and_says_how_much():
-    lines = quoted_answer("a" * 120 + "\n" + "b" * 30, 100)
+    lines = quoted_final_text("a" * 120 + "\n" + "b" * 30, 100)
     assert lines == [ANSWER_PREFIX + "a" * 100, "[cut: 51 more characters]"]
-    assert quoted_answer("short", 100) == [ANSWER_PREFIX + "short"]
+    assert quoted_final_text("short", 100) == [ANSWER_PREFIX + "short"]
 
 
 def test_an_orphaned_job_is_rendered_with_the_part_done_advice(tmp_path):
@@ -486,10 +486,10 @@ def test_two_sessions_started_in_the_jobs_folder_during_one_job_capture_none(tmp
 def test_an_older_reply_of_a_resumed_session_is_never_its_answer():
     session = "20261201_100000_aaaaaa"
     db = session_db([(session, "/w", 10.0)], [(session, "assistant", "the earlier job's reply", 50.0)])
-    assert final_answer(db, session, since=100.0) is None
+    assert final_text(db, session, since=100.0) is None
     db.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, 'assistant', 'this job', 120)",
                (session,))
-    assert final_answer(db, session, since=100.0) == "this job"
+    assert final_text(db, session, since=100.0) == "this job"
 
 
 def test_capabilities_checks_its_arguments_before_walking_the_skills_tree(tmp_path, monkeypatch):
@@ -779,7 +779,7 @@ def test_text_that_reorders_or_hides_is_escaped_wherever_hermes_text_is_shown():
     assert shown(hiding) == "a\\u202eb\\u2066c\\u200bd\\ufeffe\\x85f\\x0bg\\u2028h"
     cleaned = clean_str("answer \u202eevil\u200f")
     assert cleaned == "answer \\u202eevil\\u200f"
-    assert all(char not in "".join(quoted_answer("x\u202ey\u2069", 100)) for char in "\u202e\u2069")
+    assert all(char not in "".join(quoted_final_text("x\u202ey\u2069", 100)) for char in "\u202e\u2069")
 
 
 def test_the_commands_hermes_blocked_are_read_with_the_command_of_their_call(tmp_path):
@@ -801,7 +801,7 @@ def test_the_commands_hermes_blocked_are_read_with_the_command_of_their_call(tmp
 
 def test_hermes_answer_starts_at_its_text_not_at_blank_lines():
     """Issue 28: under the ACP driver the answer opened with two empty `| ` lines."""
-    assert quoted_answer("\n\nhello\nworld\n\n", 100) == ["| hello", "| world"]
+    assert quoted_final_text("\n\nhello\nworld\n\n", 100) == ["| hello", "| world"]
 
 
 @pytest.mark.parametrize("said", [
