@@ -29,6 +29,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 import psutil  # noqa: E402
 from test_real_hermes import write_hermes_home  # noqa: E402
 
+import harness  # noqa: E402
 from claude_hermes_bridge.folder_changes import snapshot_folder  # noqa: E402
 from claude_hermes_bridge.job_queue import supervisor_argv  # noqa: E402
 from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore  # noqa: E402
@@ -38,6 +39,8 @@ from claude_hermes_bridge.processes import JOB_MARKER  # noqa: E402
 from claude_hermes_bridge.sandbox import mechanism, step_argv  # noqa: E402
 from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, BridgeClient, wait_until  # noqa: E402
 from scripted_model import ScriptedModel  # noqa: E402
+
+harness.SERVERS_FORKED = False  # every server here starts as a host starts it: its start is measured
 
 MINIMAL = [sys.executable, str(Path(__file__).resolve().parent / "minimal_server.py")]
 MB = 2**20
@@ -534,15 +537,15 @@ def main(argv: list[str]) -> int:
                 rows.append(spend_reading(bridge, ours, 4 if args.tiny else 40))
                 rows.append(status_of_big_log(bridge, ours, floor, log_mb, calls))
                 rows += activity_rows(bridge, ours, files, messages, runs, calls)
-            rows.append(capabilities(bridge, skills, max(3, runs)))
+            rows.append(capabilities(bridge, skills, runs + 1))
             rows += supervisor_start(bridge, runs)
             if mechanism().name:
-                rows.append(sandbox_step(bridge.root, max(5, runs * 3)))
-                rows += proxy_rows(bridge.root, max(5, runs * 3), calls * 5)
+                rows.append(sandbox_step(bridge.root, runs * 3))
+                rows += proxy_rows(bridge.root, runs * 3, calls * 5)
         finally:
             bridge.kill_leftovers()
     rows += jobs_listing(sizes, runs)
-    rows += warm_start_rows(max(2, runs) if args.tiny else max(5, runs))
+    rows += warm_start_rows(max(5, runs) if not args.tiny else runs)
     print(f"machine: {machine()}")
     print(f"runs: {runs} per figure ({calls} for single calls); total {time.time() - started:.0f} s\n")
     header = ["figure", "bridge: median (min-max)", "floor: median (min-max)", "result", "target"]

@@ -43,6 +43,9 @@ def require_sandbox() -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "posix(reason): needs a POSIX system; on Windows it is skipped, with "
                                        "the reason shown")
+    config.addinivalue_line("markers", "sdk_lines: goes through what differs between the MCP SDK's two lines "
+                                       "(McpEdge: the tools as listed, questions and elicitation, the job view's "
+                                       "resources and _meta, --check and --try); .ci/run runs these again on 1.x")
     config.addinivalue_line("markers", "uv_environment: the server runs in an environment uv builds from the "
                                        "project's pins, whatever MCP SDK this interpreter has")
     config.addinivalue_line("markers", "wine_lacks(reason): Windows behaviour Wine does not reproduce; under Wine "

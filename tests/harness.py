@@ -7,6 +7,7 @@ import json
 import os
 import queue
 import select
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -292,11 +293,39 @@ async def open_session(params: StdioServerParameters, errlog: Any, **session_opt
         yield session, init
 
 
+ZYGOTE = Path(__file__).resolve().parent / "server_zygote.py"
+# The default server is forked from a zygote that imported the server's modules and the MCP stack once (see
+# server_zygote.py: half of the suite's CPU went to those imports). bench/ turns this off: it times real starts.
+SERVERS_FORKED = os.name != "nt"
+_zygote: tuple[subprocess.Popen[bytes], str] | None = None
+
+
+def zygote_socket() -> str:
+    """This test process's zygote (started on first use, stopped with this process), by its socket."""
+    global _zygote
+    if _zygote is None or _zygote[0].poll() is not None:
+        folder = tempfile.mkdtemp(prefix="chb-zygote-")
+        path = os.path.join(folder, "socket")
+        with open(os.path.join(folder, "zygote.log"), "wb") as log:
+            process = subprocess.Popen([sys.executable, str(ZYGOTE), "serve", path], stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.DEVNULL, stderr=log, cwd=folder)
+        wait_until(lambda: os.path.exists(path) or process.poll() is not None, 60, "the server zygote")
+        if process.poll() is not None:
+            raise RuntimeError(f"the server zygote exited: {Path(folder, 'zygote.log').read_text()}")
+        _zygote = (process, path)
+    return _zygote[1]
+
+
 class BridgeClient:
-    """The official MCP client driving a real `server.py` process over stdio, callable from sync tests."""
+    """The official MCP client driving a real server over stdio, callable from sync tests: forked from the
+    zygote by default (the same code and stdio, without the interpreter's start), `command` started fresh."""
 
     def __init__(self, env: dict[str, str], command: list[str] | None = None, **session_options: Any):
         """session_options go to ClientSession, e.g. elicitation_callback for a client that can elicit."""
+        self.pidfile: str | None = None
+        if command is None and SERVERS_FORKED:
+            self.pidfile = os.path.join(tempfile.mkdtemp(prefix="chb-server-"), "pid")
+            command = [sys.executable, "-S", str(ZYGOTE), "launch", zygote_socket(), self.pidfile]
         command = command or [sys.executable, str(SERVER)]
         self.params = StdioServerParameters(command=command[0], args=command[1:], env=env)
         self.session_options = session_options
@@ -310,14 +339,21 @@ class BridgeClient:
         self._session_cm = self.portal.wrap_async_context_manager(open_session(self.params, self.errlog,
                                                                                **self.session_options))
         self.session, self.init = self._session_cm.__enter__()
-        new = [p for p in psutil.Process().children() if p.pid not in before]
-        self.server_pid = new[0].pid if len(new) == 1 else None
+        if self.pidfile:
+            pidfile = Path(self.pidfile)
+            self.server_pid = int(wait_until(lambda: pidfile.read_text() if pidfile.exists() else None, 10,
+                                             "the forked server's pid"))
+        else:
+            new = [p for p in psutil.Process().children() if p.pid not in before]
+            self.server_pid = new[0].pid if len(new) == 1 else None
         return self
 
     def __exit__(self, *exc: Any) -> None:
         with suppress(Exception):  # the server may have been killed on purpose
             self._session_cm.__exit__(None, None, None)
         self._portal_cm.__exit__(None, None, None)
+        if self.pidfile:
+            shutil.rmtree(os.path.dirname(self.pidfile), ignore_errors=True)
 
     def stderr(self) -> str:
         self.errlog.seek(0)

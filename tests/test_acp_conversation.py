@@ -604,13 +604,14 @@ def test_a_steer_hermes_refused_is_recorded_refused_and_one_it_took_acknowledged
     for steer_id, reply in (("steer-1", "\u26a0 Steer failed: no active tool batch"),
                             ("steer-2", "\u23e9 Redirected the active turn")):
         write_steer(talk, steer_id)
-        sent = talk.pump_until(lambda: steer_prompts(talk)[-1] if len(steer_prompts(talk)) == int(steer_id[-1])
+        count = int(steer_id[-1])
+        sent = talk.pump_until(lambda count=count: steer_prompts(talk)[-1] if len(steer_prompts(talk)) == count
                                else None, f"{steer_id} sent")
         talk.proc.say({"method": "session/update", "params": {"sessionId": session, "update": {
             **chunk, "content": {"type": "text", "text": reply}}}})
         talk.proc.say({"id": sent["id"], "result": {"stopReason": "end_turn"}})
-        talk.pump_until(lambda: next((s for s in talk.record.steers if s["id"] == steer_id
-                                      and s["state"] != "sent"), None), f"{steer_id} settled")
+        talk.pump_until(lambda steer_id=steer_id: next((s for s in talk.record.steers if s["id"] == steer_id
+                                                        and s["state"] != "sent"), None), f"{steer_id} settled")
     assert [(s["id"], s["state"], s["hermes"]) for s in talk.store.read(talk.record.id).steers] == [
         ("steer-1", "refused", "\u26a0 Steer failed: no active tool batch"),
         ("steer-2", "acknowledged", "\u23e9 Redirected the active turn")]

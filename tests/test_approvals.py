@@ -132,6 +132,7 @@ def test_a_file_edit_inside_the_roots_is_allowed_and_one_outside_denied_in_every
 
 # ------------------------------------------------------------------ 3. questions relayed
 @pytest.mark.parametrize("decision", ["allow", "deny"])
+@pytest.mark.sdk_lines
 def test_ask_relays_the_question_and_hermes_approve_answers_it(acp, decision):
     acp.configure(approvals="ask", approval_timeout_s=60)
     with client_of(acp) as client:
@@ -190,6 +191,7 @@ def test_a_late_answer_while_the_job_runs_is_kept_for_its_final_block(acp):
     assert not (acp.root / "late.txt").exists()
 
 
+@pytest.mark.sdk_lines
 def test_waiting_on_several_jobs_returns_when_one_asks_and_counts_a_repeated_id_once(acp):
     acp.configure(approvals="ask", approval_timeout_s=60)
     with client_of(acp) as client:
@@ -226,6 +228,7 @@ def test_the_question_carries_its_deadline_wherever_it_is_shown(acp):
                                       asked[0]), asked
 
 
+@pytest.mark.sdk_lines
 def test_a_client_that_can_elicit_is_asked_directly_and_the_result_says_the_user_answered(acp):
     acp.configure(approvals="ask", approval_timeout_s=60)
     asked: list[str] = []
@@ -242,6 +245,7 @@ def test_a_client_that_can_elicit_is_asked_directly_and_the_result_says_the_user
 
 
 @pytest.mark.parametrize("delay_s", [0.0, 1.5], ids=["at-once", "after-reading"])
+@pytest.mark.sdk_lines
 def test_a_decline_no_person_could_have_given_is_the_hosts_not_the_users(acp, delay_s):
     """Issue 49: `codex exec` declines every elicitation at once, with nobody asked; that is recorded as the host's
     decline, never as the user's (the audit log is the user's record). A decline that took a person's time is
@@ -337,10 +341,12 @@ def test_every_relayed_answer_leaves_one_audit_line(bridge):
     ({"action": "accept", "content": {}}, None),
     ("accept", None),
 ], ids=["allow", "accepted-unchecked-denies", "declined", "cancelled-decides-nothing", "no-choice", "not-a-form"])
+@pytest.mark.sdk_lines
 def test_an_elicited_answer_is_allow_deny_or_nothing(response, decision):
     assert elicited_decision(response) == decision
 
 
+@pytest.mark.sdk_lines
 def test_a_question_already_shown_makes_the_next_wait_wait_for_its_answer_not_return_at_once(acp):
     """Issue 49: while a person decides, a planner polling hermes_status is not answered at once every time (4
     calls in 80 ms under Gemini CLI): the question it was shown is waited through, for the answer or wait_s."""
@@ -494,6 +500,7 @@ def test_allow_for_job_allows_only_that_exact_command_and_a_multi_line_command_i
     assert "chose=allow_session,deny" in final.text
 
 
+@pytest.mark.sdk_lines
 def test_an_elicited_answer_can_allow_for_the_rest_of_the_job():
     assert elicited_decision({"action": "accept", "content": {"allow": True, "for_this_job": True}}) == (
         "allow_for_job")

@@ -113,6 +113,7 @@ def test_a_clone_with_jobs_beside_server_py_keeps_answering_for_them(bridge):
         assert client.call("hermes_status", job_id=job_id).field("STATUS") == "ok"
 
 
+@pytest.mark.sdk_lines
 def test_try_runs_one_task_as_a_host_would_and_exits_0_only_on_ok(bridge):
     done = subprocess.run([sys.executable, str(SERVER), "--try", "first run !sleep=14"], env=bridge.env,
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
@@ -125,6 +126,7 @@ def test_try_runs_one_task_as_a_host_would_and_exits_0_only_on_ok(bridge):
 
 
 @pytest.mark.uv_environment
+@pytest.mark.sdk_lines
 def test_the_bundle_validates_packs_and_runs_as_claude_desktop_starts_it_with_fields_left_empty(bridge):
     mcpb = require_component(MCPB, "the MCP Bundle CLI")
     uv = require_component(UV, "uv")
@@ -495,6 +497,7 @@ def test_claude_code_codex_and_cursor_keep_the_rest_of_their_files(tmp_path):
 
 
 @pytest.mark.posix("the fake homes are POSIX folders and the check starts the server with the fake hermes")
+@pytest.mark.sdk_lines
 def test_the_server_starts_from_the_entry_the_script_wrote(tmp_path, bridge):
     assert register(tmp_path, "--platform", "linux").returncode == 0
     entry = json.loads((tmp_path / ".config/Claude/claude_desktop_config.json").read_text())["mcpServers"]["hermes"]
@@ -504,6 +507,7 @@ def test_the_server_starts_from_the_entry_the_script_wrote(tmp_path, bridge):
 
 
 @pytest.mark.posix("the fake homes are POSIX folders and the check starts the server with the fake hermes")
+@pytest.mark.sdk_lines
 def test_the_posix_launcher_serves_mcp(bridge):
     with BridgeClient(bridge.env, command=[str(REPO / "run_server.sh")]) as client:
         assert client.call("hermes_health").field("BRIDGE").startswith("claude-hermes-bridge")
@@ -708,6 +712,7 @@ def test_uvx_from_a_folder_with_no_hermes_is_refused_and_with_hermes_exe_registe
 
 
 @pytest.mark.posix("the fake hermes is a shell script")
+@pytest.mark.sdk_lines
 def test_check_passes_on_a_good_install(bridge):
     done = subprocess.run([sys.executable, str(SERVER), "--check"], env=bridge.env, capture_output=True,
                           text=True, timeout=120)
@@ -717,6 +722,7 @@ def test_check_passes_on_a_good_install(bridge):
 
 
 @pytest.mark.posix("the fake hermes is a shell script")
+@pytest.mark.sdk_lines
 def test_check_fails_when_the_tools_differ_or_the_server_cannot_start(bridge, tmp_path):
     import anyio
 
@@ -733,6 +739,7 @@ def test_check_fails_when_the_tools_differ_or_the_server_cannot_start(bridge, tm
 
 @pytest.mark.posix("the fake hermes is a shell script")
 @pytest.mark.parametrize("found", ["3.0.0", "1.20.0"])
+@pytest.mark.sdk_lines
 def test_wrong_mcp_sdk_is_one_line_with_the_fix_and_exit_2(bridge, tmp_path, found):
     shadow = tmp_path / "shadow"
     (shadow / f"mcp-{found}.dist-info").mkdir(parents=True)
@@ -844,6 +851,7 @@ def require_tmux() -> str:
     pytest.skip(message)
 
 
+@pytest.mark.sdk_lines
 def test_try_on_a_terminal_asks_the_question_itself_and_relays_the_answer(bridge):
     tmux = require_tmux()
     bridge.configure(approvals="ask", approval_timeout_s=120)
@@ -868,6 +876,7 @@ def test_try_on_a_terminal_asks_the_question_itself_and_relays_the_answer(bridge
     assert (bridge.root / "tried.txt").exists()
 
 
+@pytest.mark.sdk_lines
 def test_try_without_a_terminal_says_how_to_answer_and_still_waits_for_the_end(bridge):
     bridge.configure(approvals="ask", approval_timeout_s=5)
     done = subprocess.run([sys.executable, str(SERVER), "--try", "!ask=touch+untried.txt"],

@@ -122,6 +122,7 @@ def asking_bridge(bridge: Bridge) -> BridgeClient:
 
 
 # ------------------------------------------------------------------ what a host lists (no browser)
+@pytest.mark.sdk_lines
 def test_the_page_and_the_links_are_what_an_apps_host_reads_and_app_only_tools_say_so(bridge):
     with bridge.client() as client:
         resources = client.portal.call(client.session.list_resources).resources
@@ -146,6 +147,7 @@ def test_the_page_and_the_links_are_what_an_apps_host_reads_and_app_only_tools_s
 
 
 @pytest.mark.parametrize("declared", ["extensions", "experimental"])
+@pytest.mark.sdk_lines
 def test_app_only_tools_are_offered_only_to_a_client_that_declared_mcp_apps(bridge, declared):
     """Issue 49: Gemini CLI offered its model the view's tools, whatever their visibility."""
     apps = APPS_CAPABILITIES.replace('"extensions"', f'"{declared}"')
@@ -159,6 +161,7 @@ def test_app_only_tools_are_offered_only_to_a_client_that_declared_mcp_apps(brid
         assert raw_call(client, "hermes_view_job", job_id=job_id)["_meta"]["viewFacts"]["status"] == "ok"
 
 
+@pytest.mark.sdk_lines
 def test_an_answer_without_the_views_token_is_refused_and_the_question_still_waits(bridge):
     with asking_bridge(bridge) as client:
         job_id = client.call("hermes_run", task="!ask=touch+asked.txt", wait_s=0).field("JOB_ID")
@@ -180,6 +183,7 @@ def test_an_answer_without_the_views_token_is_refused_and_the_question_still_wai
     assert final.field("STATUS") == "ok" and not (bridge.root / "asked.txt").exists()
 
 
+@pytest.mark.sdk_lines
 def test_a_views_token_answers_only_the_job_and_the_question_it_was_shown_with(bridge):
     """Issue 37: a token issued with job A's result must not answer job B's question as "the user"."""
     with asking_bridge(bridge) as client:
@@ -213,6 +217,7 @@ def test_a_views_token_expires_and_is_good_only_for_the_questions_it_was_issued_
 
 # ------------------------------------------------------------------ in a real browser
 @pytest.mark.parametrize("decision", ["allow", "deny"])
+@pytest.mark.sdk_lines
 def test_the_view_shows_the_question_and_a_click_reaches_hermes(bridge, browser, host_url, decision):
     with asking_bridge(bridge) as client:
         arguments = {"task": "!ask=touch+asked.txt", "wait_s": 0}
@@ -240,6 +245,7 @@ def test_the_view_shows_the_question_and_a_click_reaches_hermes(bridge, browser,
     assert not [line for line in view.console if "Content Security Policy" in line], view.console
 
 
+@pytest.mark.sdk_lines
 def test_a_host_that_strips_meta_still_shows_the_job_and_the_persons_click_answers(bridge, browser, host_url):
     """Issue 49: Cursor hands the view a tool result without _meta, where the facts and the token were."""
     with asking_bridge(bridge) as client:
@@ -290,6 +296,7 @@ def test_a_running_job_shows_its_changed_files_so_far_and_its_spend_against_its_
     assert width == "3%"
 
 
+@pytest.mark.sdk_lines
 def test_the_person_steers_a_running_job_from_the_view(bridge, browser, host_url):
     bridge.configure(hermes_driver="acp")
     client = bridge.client()
@@ -316,6 +323,7 @@ def test_the_person_steers_a_running_job_from_the_view(bridge, browser, host_url
 
 
 @pytest.mark.parametrize(("action", "strip_meta"), [("Merge", False), ("Discard", False), ("Merge", True)])
+@pytest.mark.sdk_lines
 def test_a_finished_worktree_job_is_merged_or_discarded_from_the_view(bridge, browser, host_url, action, strip_meta):
     repo = make_repo(bridge.root / "repo")
     with bridge.client() as client:

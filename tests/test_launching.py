@@ -66,6 +66,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+@pytest.mark.sdk_lines
 def test_tools_list_exactly_the_tools_with_arguments_annotations_and_instructions(bridge):
     with bridge.client() as client:
         tools = {tool.name: tool for tool in client.portal.call(client.session.list_tools).tools}
@@ -90,6 +91,7 @@ def test_tools_list_exactly_the_tools_with_arguments_annotations_and_instruction
         assert "gives you the JOB_ID as that task id" in instructions  # issue 49: the task is the job
 
 
+@pytest.mark.sdk_lines
 def test_run_returns_running_fast_then_status_collects_ok_output_and_session(bridge):
     with bridge.client() as client:
         started = time.monotonic()
@@ -272,6 +274,7 @@ def test_task_tricks_are_refused(playground, monkeypatch, task, word):
 
 
 @pytest.mark.posix("FIFOs and sockets")
+@pytest.mark.sdk_lines
 def test_a_host_gets_each_refusal_over_stdio(playground):
     """The tables above run the tool bodies in this process; one case of each, as a host sends it."""
     bridge, client = playground
@@ -300,6 +303,7 @@ def test_shell_syntax_in_a_task_reaches_hermes_byte_for_byte(bridge):
 
 
 @pytest.mark.posix("FIFOs and sockets")
+@pytest.mark.sdk_lines
 def test_lone_surrogates_and_nan_never_hang_the_server(bridge):
     """The official client cannot send these; a raw JSON-RPC peer can. A lone surrogate used to get no
     answer at all (the SDK could not parse the request), so the host waited for its timeout."""
@@ -331,6 +335,7 @@ def test_lone_surrogates_and_nan_never_hang_the_server(bridge):
     (dict(max_turns=1.5), "max_turns"), (dict(timeout_s=[1]), "timeout_s"),
 ], ids=["negative-timeout", "zero-timeout", "negative-turns", "huge-turns", "text-wait", "text-turns",
         "fraction-turns", "list-timeout"])
+@pytest.mark.sdk_lines
 def test_numbers_out_of_range_or_of_the_wrong_type_are_errors_naming_the_argument(playground, arguments, word):
     bridge, client = playground
     result = client.call("hermes_run", task="n", **arguments)
@@ -339,6 +344,7 @@ def test_numbers_out_of_range_or_of_the_wrong_type_are_errors_naming_the_argumen
 
 
 @pytest.mark.posix("FIFOs and sockets")
+@pytest.mark.sdk_lines
 def test_numbers_too_large_are_clamped_and_said_so(bridge):
     with bridge.client() as client:
         assert client.call("hermes_jobs", limit="all").is_error
