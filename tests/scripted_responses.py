@@ -83,7 +83,7 @@ class Handler(BaseHTTPRequestHandler):
         self.server.record(request)
         item = next_item(request)
         number = len(self.server.requests())
-        events = [("response.created", {"response": {"id": f"resp_{number}"}}),
+        events: list[tuple[str, dict[str, Any]]] = [("response.created", {"response": {"id": f"resp_{number}"}}),
                   ("response.output_item.added", {"output_index": 0, "item": item})]
         if item["type"] == "message":
             events.append(("response.output_text.delta", {"output_index": 0, "content_index": 0, "item_id": "msg_0",
