@@ -10,6 +10,7 @@
 #   .e2e/mcpb             the MCP Bundle CLI from npm, pinned (validate, pack)
 #   .e2e/uv-venv          uv from PyPI: what Claude Desktop runs a bundle with, and uvx
 #   .e2e/codex            OpenAI's Codex CLI from npm, pinned (codex exec, driven by a scripted Responses endpoint)
+#   .e2e/gemini           Google's Gemini CLI from npm, pinned (gemini -p, driven by a scripted Gemini endpoint)
 #   .e2e/claude-code      Claude Code from npm, pinned (driven interactively in tmux, which Debian's package
 #                         provides when it is missing)
 #   .e2e/view-host        the MCP Apps SDK's AppBridge and esbuild from npm, pinned: the job view's test host,
@@ -26,6 +27,7 @@ MCPB_VERSION="2.1.2"
 UV_VERSION="0.13.9"
 CLAUDE_CODE_VERSION="2.1.328"
 CODEX_VERSION="0.171.0"
+GEMINI_VERSION="0.61.0"
 VIEW_HOST_PACKAGES="@modelcontextprotocol/ext-apps@2.0.4 @modelcontextprotocol/client@2.4.0 @modelcontextprotocol/core@2.4.0 zod@4.6.7 esbuild@0.28.2"
 PYTHON="${PYTHON:-python3}"
 
@@ -74,6 +76,9 @@ claude_code() {
 codex() {
   npm_package .e2e/codex "@openai/codex@$CODEX_VERSION" .e2e/codex/node_modules/.bin/codex
 }
+gemini() {
+  npm_package .e2e/gemini "@google/gemini-cli@$GEMINI_VERSION" .e2e/gemini/node_modules/.bin/gemini
+}
 view_host() {
   if [ ! -x .e2e/view-host/node_modules/.bin/esbuild ] || [ ! -e .e2e/view-host/node_modules/@modelcontextprotocol/ext-apps ]; then
     echo "installing $VIEW_HOST_PACKAGES into .e2e/view-host"
@@ -98,7 +103,7 @@ uv_tool() {
 
 mkdir -p .e2e/install-logs
 declare -A installing
-for component in hermes019 hermes022 hermes020 inspector mcpb claude_code codex uv_tool view_host chromium_browser; do
+for component in hermes019 hermes022 hermes020 inspector mcpb claude_code codex gemini uv_tool view_host chromium_browser; do
   "$component" > ".e2e/install-logs/$component.log" 2>&1 &
   installing[$component]=$!
 done
@@ -123,6 +128,7 @@ echo "mcpb: $(.e2e/mcpb/node_modules/.bin/mcpb --version)"
 echo "uv: $(.e2e/uv-venv/bin/uv --version)"
 echo "claude code: $(.e2e/claude-code/node_modules/.bin/claude --version)"
 echo "codex: $(.e2e/codex/node_modules/.bin/codex --version)"
+echo "gemini cli: $(.e2e/gemini/node_modules/.bin/gemini --version)"
 echo "view host: $(cd .e2e/view-host && npm ls --depth=0 2>/dev/null | grep -c @) packages; $(chromium --version 2>/dev/null)"
 
 if ! command -v tmux >/dev/null; then
