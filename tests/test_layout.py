@@ -18,6 +18,7 @@ from harness import SERVER
 MAP_LINE_RE = re.compile(r"^  (\w+) \.+ \[(server|supervisor|both)\]")
 PROGRAM_RE = re.compile(r"^\[(server|supervisor|both)\] ")
 MAX_LINES = 800
+MAX_CLASS_LINES = 250
 
 
 @dataclass
@@ -94,6 +95,15 @@ def test_the_supervisors_modules_import_nothing_of_the_servers():
 
 def test_no_module_is_longer_than_the_limit():
     assert [(m.name, m.source.count("\n")) for m in modules() if m.source.count("\n") > MAX_LINES] == []
+
+
+def test_no_class_is_longer_than_the_limit():
+    """A class past MAX_CLASS_LINES holds more than one thing (the supervisor's phases, the ACP conversation's
+    questions and steers were split out of two such)."""
+    long = [(m.name, node.name, (node.end_lineno or node.lineno) - node.lineno + 1) for m in modules()
+            for node in ast.walk(ast.parse(m.source)) if isinstance(node, ast.ClassDef)
+            and (node.end_lineno or node.lineno) - node.lineno + 1 > MAX_CLASS_LINES]
+    assert long == []
 
 
 def test_only_the_mcp_edge_and_the_command_lines_client_import_mcp():
