@@ -12,7 +12,7 @@ from test_real_hermes import assert_turn_ended, finish, write_hermes_home
 from test_standby import gone, hermes_of, ready
 
 from conftest import require_component
-from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, live_standbys, wait_until
+from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, live_standbys, wait_gone, wait_until
 from scripted_model import ScriptedModel
 
 pytestmark = pytest.mark.posix("the real Hermes installs here are Linux ones; the Windows lane has its own")
@@ -91,6 +91,7 @@ def test_a_killed_a_stale_and_a_serverless_standby_lose_no_job_and_leave_no_proc
         killed = ready(bridge, timeout=120)
         killed_hermes = hermes_of(killed)
         psutil.Process(killed["pid"]).kill()
+        assert wait_gone([killed["pid"]]) == []  # a SIGKILL lands a little later: a launch before would wait on it
         after_kill = finish(client, client.call("hermes_run", task="After.\nRUN: pwd", wait_s=45), timeout=180)
         assert_turn_ended(after_kill)
         assert after_kill.field("START").endswith("the warm Hermes waiting had exited)"), after_kill.text
