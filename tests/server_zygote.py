@@ -60,7 +60,12 @@ def receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
 def serve(path: str) -> dict[str, Any]:
     """Fork a server per connection; in the parent, tell each launcher its server's pid and then its exit code.
     Returns only in a forked child, with what it must become."""
-    from claude_hermes_bridge import cli, mcp_edge  # noqa: F401  (imported once, here: the point of the zygote)
+    import anyio  # noqa: F401  (imported once, here: the point of the zygote)
+    import mcp.server.stdio  # noqa: F401
+
+    from claude_hermes_bridge import cli, mcp_edge  # noqa: F401
+
+    mcp_edge.McpEdge()  # imports the installed SDK line's server, which mcp_edge itself imports only when it serves
 
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
