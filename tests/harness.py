@@ -160,6 +160,8 @@ class Bridge:
     def configure(self, **changes: Any) -> None:
         self.settings.update(changes)
         self.config.write_text(json.dumps(self.settings, indent=1))
+        if "hermes_exe" in changes and Path(changes["hermes_exe"]) in REAL_HERMES_VERSIONS.values():
+            seed_probes(self.config, str(changes["hermes_exe"]))
 
     def client(self, **kwargs: Any) -> "BridgeClient":
         return BridgeClient(self.env, **kwargs)
@@ -390,6 +392,31 @@ CLAUDE_CODE_VERSION = "2.1.328"
 CLAUDE_CODE = E2E / "claude-code" / "node_modules" / ".bin" / "claude"
 INSPECTOR = (E2E / "inspector" / "node_modules" / "@modelcontextprotocol" / "inspector" / "clients" / "launcher"
              / "build" / "index.js")
+
+
+def seed_probes(config: Path, exe: str) -> None:
+    """A real Hermes' answers to the bridge's two probes (`hermes chat --help`, `hermes acp --check`), asked once a
+    run by the bridge's own code (probe_cli, acp_available) and copied into this bridge's cache: a real Hermes
+    start costs a few CPU-seconds, and every test's first job would otherwise make two of them."""
+    from claude_hermes_bridge.hermes_acp import acp_available
+    from claude_hermes_bridge.hermes_cli import exe_fingerprint, flags_cache_path, probe_cli
+    from claude_hermes_bridge.safe_io import locked
+
+    cfg = load_config(config)
+    keys = (exe_fingerprint(exe), exe_fingerprint(exe) + "|acp")
+    shared = SHARED_CACHE / "real-hermes-probes.json"
+    with locked(SHARED_CACHE / "real-hermes-probes.lock", 300):
+        known = json.loads(shared.read_text()) if shared.exists() else {}
+        if not all(key in known for key in keys):
+            probe_cli(cfg, exe)
+            acp_available(cfg, exe)
+            known.update({key: value for key, value in json.loads(flags_cache_path(cfg).read_text()).items()
+                          if key in keys})
+            shared.write_text(json.dumps(known))
+    cache_path = flags_cache_path(cfg)
+    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    cache_path.write_text(json.dumps({**cache, **{key: known[key] for key in keys if key in known}}))
 
 
 def raw_exchange(env: dict[str, str], calls: list[str], timeout: float = 20,
