@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -107,6 +108,7 @@ def serve(path: str) -> dict[str, Any]:
             with contextlib.suppress(OSError):
                 conn.sendall(with_code)
             conn.close()
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)  # its socket and log: the run leaves nothing behind
     return {}
 
 
