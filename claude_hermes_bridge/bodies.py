@@ -8,6 +8,7 @@ from typing import Any, Awaitable, Callable
 
 from .config import Config, audit, first_words, load_config
 from .hermes_acp import ACP_EXTRA_FIX
+from .hermes_cli import running_probe
 from .job_queue import start_queued
 from .jobs import JobState, JobStore, ObservedJob, validate_job_id
 from .launch import JobRequest, launch_job
@@ -276,6 +277,11 @@ def failure_result(tool: str, exc: Exception) -> ToolResult:
     """A refusal, a deadline, a disk that refuses or a bug as the result the model reads, never a crash."""
     if isinstance(exc, Refused):
         return refused_result(str(exc))
+    if isinstance(exc, TimeoutError) and (probe := running_probe()):
+        return ToolResult(f"STATUS: error\nREASON: {tool} gave up after {DISK_DEADLINE_S:g} s waiting for Hermes to "
+                          f"answer `{probe}` (its first start after an install or an upgrade can be this slow). "
+                          "The question goes on and its answer is kept: call it again in a minute.", "error",
+                          reason="hermes probe deadline")
     if isinstance(exc, TimeoutError):
         return ToolResult(f"STATUS: error\nREASON: {tool} gave up after {DISK_DEADLINE_S:g} s waiting for the disk "
                           "(a slow disk, or a file that never ends?). The server keeps running; hermes_health may "

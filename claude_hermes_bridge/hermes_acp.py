@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from .config import Config
-from .hermes_cli import exe_fingerprint, flags_cache_path, hermes_env
+from .hermes_cli import exe_fingerprint, flags_cache_path, run_probe
 from .safe_io import (
     IS_WINDOWS,
     Refused,
@@ -60,8 +60,7 @@ def acp_available(cfg: Config, exe: str) -> bool:
     cache = read_json(path)
     cache = cache if isinstance(cache, dict) else {}
     try:
-        done = subprocess.run([exe, "acp", "--check"], stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
-                              env=hermes_env(cfg))
+        done = run_probe(cfg, exe, "acp", "--check")
     except (OSError, subprocess.SubprocessError):
         return False  # not cached: asked again next time
     cache[key] = {"acp": done.returncode == 0, "at": time.time()}

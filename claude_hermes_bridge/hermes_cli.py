@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 from .config import SETTINGS_ENV, Config
@@ -149,10 +150,28 @@ def known_cli(cfg: Config, exe: str | None) -> HermesCli | None:
     return None
 
 
+PROBES_RUNNING: dict[int, str] = {}  # thread id -> the probe it waits on
+
+
+def run_probe(cfg: Config, exe: str, *args: str) -> "subprocess.CompletedProcess[bytes]":
+    """Start Hermes to ask it something (its options, whether it speaks ACP), marked running meanwhile: the
+    first start after an install can outlast a tool's deadline, and that deadline's message says why."""
+    PROBES_RUNNING[threading.get_ident()] = " ".join(("hermes",) + args)
+    try:
+        return subprocess.run([exe, *args], stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+                              env=hermes_env(cfg))
+    finally:
+        PROBES_RUNNING.pop(threading.get_ident(), None)
+
+
+def running_probe() -> str | None:
+    """The command of a probe running now in this process, or None."""
+    return next(iter(PROBES_RUNNING.values()), None)
+
+
 def probe_cli(cfg: Config, exe: str) -> HermesCli:
     """Ask `hermes chat --help` once per executable (about 0.5 s) and cache the options it declares."""
-    result = subprocess.run([exe, "chat", "--help"], stdin=subprocess.DEVNULL, capture_output=True,
-                            timeout=60, env=hermes_env(cfg))
+    result = run_probe(cfg, exe, "chat", "--help")
     flags = sorted({flag.decode() for flag in LONG_FLAG_RE.findall(result.stdout + result.stderr)})
     path = flags_cache_path(cfg)
     cache = read_json(path)

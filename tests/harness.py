@@ -160,7 +160,7 @@ class Bridge:
     def configure(self, **changes: Any) -> None:
         self.settings.update(changes)
         self.config.write_text(json.dumps(self.settings, indent=1))
-        if "hermes_exe" in changes and Path(changes["hermes_exe"]) in REAL_HERMES_VERSIONS.values():
+        if "hermes_exe" in changes and Path(changes["hermes_exe"]) in (*REAL_HERMES_VERSIONS.values(), WINDOWS_HERMES):
             seed_probes(self.config, str(changes["hermes_exe"]))
 
     def client(self, **kwargs: Any) -> "BridgeClient":
@@ -381,6 +381,8 @@ REAL_HERMES_VERSIONS = {
     "0.20.1": E2E / "hermes020-venv" / "bin" / "hermesx",
     "0.22.2": E2E / "hermes022-venv" / "bin" / "hermes",
 }
+# The real Hermes 0.19.0 from Windows wheels, with its acp extra, for the Windows lane (tests/windows_lane.sh).
+WINDOWS_HERMES = E2E / "windows" / "hermes0.19.0" / "Scripts" / "hermes.exe"
 # The real Hermes versions installed with their acp extra, for the ACP driver.
 REAL_ACP_VERSIONS = ("0.19.0", "0.22.2")
 MCPB = E2E / "mcpb" / "node_modules" / ".bin" / "mcpb"
@@ -400,19 +402,19 @@ def seed_probes(config: Path, exe: str) -> None:
     start costs a few CPU-seconds, and every test's first job would otherwise make two of them."""
     from claude_hermes_bridge.hermes_acp import acp_available
     from claude_hermes_bridge.hermes_cli import exe_fingerprint, flags_cache_path, probe_cli
-    from claude_hermes_bridge.safe_io import locked
+    from claude_hermes_bridge.safe_io import locked, read_json, write_atomic
 
     cfg = load_config(config)
     keys = (exe_fingerprint(exe), exe_fingerprint(exe) + "|acp")
     shared = SHARED_CACHE / "real-hermes-probes.json"
     with locked(SHARED_CACHE / "real-hermes-probes.lock", 300):
-        known = json.loads(shared.read_text()) if shared.exists() else {}
+        known = read_json(shared) or {}  # the Windows lane shares it, and Wine's locks may not meet Linux's
         if not all(key in known for key in keys):
             probe_cli(cfg, exe)
             acp_available(cfg, exe)
             known.update({key: value for key, value in json.loads(flags_cache_path(cfg).read_text()).items()
                           if key in keys})
-            shared.write_text(json.dumps(known))
+            write_atomic(shared, json.dumps(known).encode())
     cache_path = flags_cache_path(cfg)
     cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
     cache_path.parent.mkdir(parents=True, exist_ok=True)

@@ -273,6 +273,32 @@ def test_task_tricks_are_refused(playground, monkeypatch, task, word):
     nothing_started(bridge, settle_s=0)
 
 
+@pytest.mark.posix("a shell wrapper")
+def test_a_probe_past_the_deadline_says_it_waited_on_hermes_and_its_answer_is_kept(bridge, monkeypatch):
+    """A Hermes whose first start outlasts the tool's deadline (the Windows lane's under load took over 20 s):
+    the result names the probe, not the disk, no job starts, and the next launch finds the answer kept."""
+    import claude_hermes_bridge.bodies as bodies
+
+    fake = make_fake_hermes(bridge.tmp / "slow-venv")
+    slow = fake.parent / "hermes-slow"
+    asked = bridge.tmp / "asked"
+    slow.write_text(f'#!/bin/sh\n[ "$1 $2" = "chat --help" ] && echo >> "{asked}" && sleep 1.5\nexec "{fake}" "$@"\n')
+    slow.chmod(0o755)
+    bridge.configure(hermes_exe=str(slow), hermes_driver="cli")
+    monkeypatch.setattr(bodies, "DISK_DEADLINE_S", 0.3)
+    waited = bridge.call_body(monkeypatch, "hermes_run", lambda cfg: run_tool(cfg, LaunchArguments("a task"), 0))
+    assert waited.field("STATUS") == "error", waited.text
+    assert "waiting for Hermes to answer `hermes chat --help`" in waited.text and "disk" not in waited.text
+    assert list(bridge.jobs.glob("2*.json")) == []
+    monkeypatch.setattr(bodies, "DISK_DEADLINE_S", 20.0)
+    deadline = time.monotonic() + 10
+    while not (bridge.jobs / "cli_flags_cache.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the probe goes on in its thread, and keeps its answer
+    started = bridge.call_body(monkeypatch, "hermes_run", lambda cfg: run_tool(cfg, LaunchArguments("a task"), 0))
+    assert started.field("STATUS") in ("running", "ok"), started.text
+    assert asked.read_text() == "\n"  # asked once: the second launch used the kept answer
+
+
 @pytest.mark.posix("FIFOs and sockets")
 @pytest.mark.sdk_lines
 def test_a_host_gets_each_refusal_over_stdio(playground):

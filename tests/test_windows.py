@@ -25,7 +25,7 @@ from claude_hermes_bridge.processes import (
 from claude_hermes_bridge.safe_io import Refused
 from claude_hermes_bridge.tools import check_launch
 from conftest import require_component
-from harness import REPO, wait_gone, wait_until
+from harness import REPO, WINDOWS_HERMES, wait_gone, wait_until
 from scripted_model import ScriptedModel
 
 pytestmark = pytest.mark.skipif(os.name != "nt", reason="Windows only: job objects, junctions, subst drives, batch "
@@ -202,9 +202,6 @@ def test_jobs_logs_and_the_bytecode_cache_go_to_the_per_user_folders_under_local
     finally:
         for leftover in app_folder.rglob(f"{job_id}*"):
             leftover.unlink()
-
-
-WINDOWS_HERMES = REPO / ".e2e" / "windows" / "hermes0.19.0" / "Scripts" / "hermes.exe"
 
 
 def test_a_real_hermes_job_on_windows_answers_and_its_session_resumes(bridge):
