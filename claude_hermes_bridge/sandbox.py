@@ -23,6 +23,13 @@ WRITE_FILE, REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR, MAKE_REG = 1 << 1, 1 <
 MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM, REFER, TRUNCATE = 1 << 9, 1 << 10, 1 << 11, 1 << 12, 1 << 13, 1 << 14
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
 FILE_RIGHTS = WRITE_FILE | TRUNCATE | READ_FILE  # the rights a rule on a file (not a folder) may carry
+# Root's capabilities a sandboxed job keeps: file work in folders it owns (tar and npm as root set owners and modes).
+# The bounding set loses the rest before Hermes is started, so they are gone after its exec: those that reach past
+# Landlock (modules, raw I/O, mounts, raw sockets, the firewall) and CAP_SYS_ADMIN with CAP_PERFMON, either of which
+# lets root read another process's /proc/<pid>/environ, which Landlock's ptrace scope refuses everyone else (Linux
+# 6.18, measured).
+PR_CAPBSET_DROP, LAST_CAPABILITY = 24, 63
+ROOT_KEEPS = frozenset(range(0, 8)) | {10}  # CHOWN .. SETUID, NET_BIND_SERVICE
 # What a shell, a pty of the job's own and Python's multiprocessing write to. /dev/pts holds the user's terminals
 # too, and Landlock cannot grant a new pty without them (the peer of /dev/ptmx is opened under its path's rules, so
 # Hermes' pty mode needs the folder); typing into another terminal (TIOCSTI, TIOCLINUX) is refused by seccomp.
@@ -106,7 +113,8 @@ def confine(writable: list[str], readable: list[str] | None = None, connect_port
     single files), may not signal a process outside them, nor reach an abstract Unix socket outside (ABI 6);
     given `readable`, it may read files only beneath those and `writable` (listing folders stays allowed); given
     `connect_port`, it may open TCP connections to that port only, bind none (ABI 4), and make no socket but Unix
-    and TCP ones (seccomp). Returns the ABI enforced; OSError when Landlock refuses."""
+    and TCP ones (seccomp); run as root, the program it becomes keeps only ROOT_KEEPS of root's capabilities.
+    Returns the ABI enforced; OSError when Landlock refuses."""
     abi, why_not = landlock_abi()
     if not abi:
         raise OSError(why_not)
@@ -150,7 +158,20 @@ def confine(writable: list[str], readable: list[str] | None = None, connect_port
     finally:
         os.close(ruleset)
     install_seccomp(limit_network=connect_port is not None)
+    drop_root_capabilities()
     return abi
+
+
+def drop_root_capabilities() -> None:
+    """Root's capabilities but ROOT_KEEPS out of the bounding set, so the program this process becomes has none
+    of them. Nothing to do for a user, whose capabilities end at exec."""
+    if os.geteuid() != 0:
+        return
+    for capability in range(LAST_CAPABILITY + 1):
+        if capability not in ROOT_KEEPS and libc().prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
+            if ctypes.get_errno() == 22:  # EINVAL: past this kernel's last capability
+                return
+            raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {capability}) failed")
 
 
 # A seccomp filter (classic BPF, the kernel's stable ABI; no maintained binding is in the standard library): the

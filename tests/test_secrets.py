@@ -3,12 +3,14 @@ credentials (~/.ssh, ~/.aws, ~/.netrc, ...; Landlock grants reading everything e
 leaves out the user's credentials (cloud, git hosting, registries) but its model provider's key, unless
 pass_credentials passes one. The fake Hermes' `!shell=SCRIPT` is the job's shell."""
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 from test_worktrees import final
 
-from claude_hermes_bridge.sandbox import read_grants, seatbelt_profile, unreadable_paths
+from claude_hermes_bridge.sandbox import read_grants, seatbelt_profile, step_argv, unreadable_paths
 from conftest import require_sandbox
 from harness import Bridge
 
@@ -33,16 +35,24 @@ def test_a_sandboxed_job_cannot_read_the_users_keys_and_reads_everything_else(br
     plant_secrets(home)
     script = bridge.tmp / "read.sh"
     checks = [*SECRETS, "notes.txt", ".config/tool.toml"]
+    outsider = subprocess.Popen(["sleep", "120"], env={"OUTSIDER_TOKEN": "secret"})  # another program of the user's
     script.write_text("\n".join(f'if cat "{home}/{name}" > /dev/null 2>&1; then echo "READ {name}"; else echo '
                                 f'"DENIED {name}"; fi >> tried.txt' for name in checks)
+                      + f"\nif grep -a OUTSIDER /proc/{outsider.pid}/environ; then echo 'READ environ'; else echo "
+                        "'DENIED environ'; fi >> tried.txt"
                       + "\nls " + str(home / ".ssh") + " > listing.txt\npython3 -c 'import json, sqlite3' && echo "
                         "'python works' >> tried.txt\ngit --version > /dev/null && echo 'git works' >> tried.txt\n")
     from test_worktrees import client_of
 
-    with client_of(bridge, driver) as client:
-        job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
+    try:
+        with client_of(bridge, driver) as client:
+            job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
+    finally:
+        outsider.kill()
+        outsider.wait()
     assert job.field("STATUS") == "ok", job.text
     tried = (bridge.root / "tried.txt").read_text()
+    assert "DENIED environ" in tried, tried  # run as root here, it holds by the capabilities the step drops
     for name in SECRETS:
         assert f"DENIED {name}" in tried, (name, tried)
     assert "READ notes.txt" in tried and "READ .config/tool.toml" in tried, tried
@@ -114,3 +124,25 @@ def test_the_users_credentials_are_left_out_of_hermes_environment_and_named(brid
     for name in ("AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "MY_SERVICE_PASSWORD"):
         assert name in health, health
     assert "NPM_TOKEN" not in health and "OPENROUTER_API_KEY" not in health and "secret" not in health
+
+
+@pytest.mark.parametrize("user", ["this user", "nobody"])
+def test_another_processs_environment_is_unreadable_inside_the_sandbox_and_readable_outside(user: str) -> None:
+    """Landlock scopes ptrace-class reads to the sandbox's own processes; root, whose CAP_SYS_ADMIN or CAP_PERFMON
+    pass that scope, loses them at the step (CI runs as root, users do not: both are run)."""
+    require_sandbox()
+    if user == "nobody" and os.geteuid() != 0:
+        pytest.skip("setpriv to another user needs root (CI runs as root)")
+    as_user = [] if user == "this user" else [shutil.which("setpriv") or "setpriv", "--reuid=65534", "--regid=65534",
+                                         "--clear-groups"]
+    outsider = subprocess.Popen([*as_user, "sleep", "120"], env={"OUTSIDER_TOKEN": "secret"})
+    try:
+        read = [shutil.which("cat") or "/bin/cat", f"/proc/{outsider.pid}/environ"]
+        outside = subprocess.run([*as_user, *read], capture_output=True, timeout=30)
+        inside = subprocess.run([*as_user, *step_argv(["/dev/null"], read)], capture_output=True, timeout=30)
+    finally:
+        outsider.kill()
+        outsider.wait()
+    assert b"OUTSIDER_TOKEN=secret" in outside.stdout, outside
+    assert inside.returncode != 0 and b"OUTSIDER" not in inside.stdout, inside
+    assert b"Permission denied" in inside.stderr, inside
