@@ -1,7 +1,8 @@
-"""Issue 48 part 3 with the real Hermes 0.19.0 and 0.22.2, over both drivers, `approvals: yolo`, the scripted
+"""Issue 48 with the real Hermes 0.19.0 and 0.22.2, over both drivers, `approvals: yolo`, the scripted
 model on 127.0.0.1 as Hermes' configured endpoint (so reached through the job's proxy): under `network:
 allow-list`, every way out but the proxy is refused by the system (another port with curl, Python and bash's
-/dev/tcp, a UDP datagram, a name lookup, listening) and the proxy refuses a host not listed and the metadata
+/dev/tcp, a UDP datagram, a name lookup, listening; the user's ~/.ssh and ~/.aws keys, another process's
+environment, GITHUB_TOKEN in Hermes' environment) and the proxy refuses a host not listed and the metadata
 address, each named in NETWORK, while a package installed from an allow-listed index and a clone over HTTP from
 an allowed host work, and Hermes' model answers. Under `network: ask` the question reaches the user
 (hermes_approve) and the answer decides."""
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from test_real_hermes import assert_turn_ended, finish, write_hermes_home
 from test_real_sandbox import tiny_wheel
+from test_secrets import plant_secrets
 from test_worktrees import make_repo
 
 from conftest import require_component, require_sandbox
@@ -23,7 +25,8 @@ from scripted_model import ScriptedModel
 
 pytestmark = pytest.mark.posix("Landlock is Linux's")
 
-WAYS_OUT = ("curl", "python", "devtcp", "udp", "lookup", "listen", "unlisted", "metadata")
+WAYS_OUT = ("curl", "python", "devtcp", "udp", "lookup", "listen", "unlisted", "metadata", "ssh", "aws", "environ",
+            "token")
 WORK = ("pip", "clone")
 
 
@@ -48,8 +51,9 @@ def package_index_and_repository(folder: Path) -> None:
     subprocess.run(["git", "update-server-info"], cwd=folder / "repo.git", check=True)
 
 
-def ways_out_script(bridge: Bridge, index: int, other: int) -> Path:
-    """`sh net.sh NAME`: one way out or one piece of work, its result appended to net.txt as DONE or DENIED."""
+def ways_out_script(bridge: Bridge, index: int, other: int, outsider: int = 0) -> Path:
+    """`sh net.sh NAME`: one way out (the network, the user's keys, another process's environment, a credential
+    in Hermes' own) or one piece of work, its result appended to net.txt as DONE or DENIED."""
     script = bridge.tmp / "net.sh"
     python = ("python3 -c 'import socket,sys; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
               f"s.sendto(b\"x\", (\"127.0.0.1\", {other}))'")
@@ -68,6 +72,10 @@ case $1 in
   pip) try pip sh -c 'python3 -m venv v && v/bin/pip install -q --index-url http://127.0.0.1:{index}/simple tiny \
     && v/bin/python -c "import tiny"';;
   clone) try clone git clone -q http://127.0.0.1:{index}/repo.git cloned;;
+  ssh) try ssh cat {bridge.tmp}/home/.ssh/id_ed25519;;
+  aws) try aws cat {bridge.tmp}/home/.aws/credentials;;
+  environ) try environ grep -aq OUTSIDER_TOKEN /proc/{outsider}/environ;;
+  token) try token sh -c 'test -n "$GITHUB_TOKEN"';;
 esac
 tail -n 1 net.txt
 """)
@@ -84,6 +92,9 @@ def limited(bridge: Bridge, request: pytest.FixtureRequest) -> Any:
     (home / "skills").mkdir(parents=True)
     package_index_and_repository(bridge.tmp / "served")
     index, other = served(bridge.tmp / "served"), served(bridge.tmp / "served")
+    plant_secrets(bridge.tmp / "home")
+    bridge.extra_env["GITHUB_TOKEN"] = "ghp_in_the_servers_environment"
+    outsider = subprocess.Popen(["sleep", "600"], env={"OUTSIDER_TOKEN": "secret"})  # another program of the user's
     try:
         with ScriptedModel(bridge.tmp) as model:
             write_hermes_home(home, model.base_url)
@@ -91,16 +102,18 @@ def limited(bridge: Bridge, request: pytest.FixtureRequest) -> Any:
                              approvals="yolo", network="allow-list",
                              network_allow=[f"127.0.0.1:{index.server_address[1]}"])
             with bridge.client() as client:
-                yield bridge, client, model, index.server_address[1], other.server_address[1]
+                yield bridge, client, model, index.server_address[1], other.server_address[1], outsider.pid
     finally:
+        outsider.kill()
+        outsider.wait()
         index.shutdown()
         other.shutdown()
 
 
 def test_every_way_out_but_the_proxy_is_refused_and_allowed_work_goes_through_it(
-        limited: tuple[Bridge, BridgeClient, ScriptedModel, int, int]) -> None:
-    bridge, client, model, index, other = limited
-    script = ways_out_script(bridge, index, other)
+        limited: tuple[Bridge, BridgeClient, ScriptedModel, int, int, int]) -> None:
+    bridge, client, model, index, other, outsider = limited
+    script = ways_out_script(bridge, index, other, outsider)
     steps = "\n".join(f"RUN: sh {script} {name}" for name in (*WAYS_OUT, *WORK))
     result = finish(client, client.call("hermes_run", task=f"Try each.\n{steps}", wait_s=45), timeout=300)
     assert_turn_ended(result)
@@ -122,8 +135,8 @@ def test_every_way_out_but_the_proxy_is_refused_and_allowed_work_goes_through_it
 
 
 def test_under_ask_an_unlisted_host_is_the_users_question(
-        limited: tuple[Bridge, BridgeClient, ScriptedModel, int, int]) -> None:
-    bridge, client, _, index, other = limited
+        limited: tuple[Bridge, BridgeClient, ScriptedModel, int, int, int]) -> None:
+    bridge, client, _, index, other, _ = limited
     bridge.configure(network="ask", network_allow=[])
     script = ways_out_script(bridge, index, other)
     started = client.call("hermes_run", task=f"Fetch.\nRUN: sh {script} unlisted\nRUN: sh {script} clone", wait_s=1)
