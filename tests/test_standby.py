@@ -13,6 +13,7 @@ import pytest
 from test_approvals import audit_lines
 from test_worktrees import final
 
+from conftest import require_sandbox
 from harness import Bridge, BridgeClient, live_standbys, wait_until
 
 pytestmark = pytest.mark.posix("the faults are shown on Linux; tests/test_windows.py takes a warm Hermes on Windows")
@@ -78,6 +79,25 @@ def test_the_next_job_in_the_folder_takes_the_warm_hermes_and_runs_as_a_cold_one
         wanted = {"event": "standby", "warm_up_session": warm_up, "deleted": True}
         assert wait_until(lambda: wanted in [{key: line.get(key) for key in wanted} for line in audit_lines(bridge)]
                           or None, 20, "the deletion's audit line")  # written just after the deletion it describes
+
+
+def test_a_warm_started_job_is_held_by_the_sandbox_its_block_names(bridge: Bridge) -> None:
+    """Issue 50 (standby.py:119): the standby's Hermes was started through the sandbox's step, so a warm job
+    writes outside its folder no more than a cold one, as its SANDBOX line says."""
+    require_sandbox()
+    outside = bridge.tmp / "outside.txt"
+    script = bridge.tmp / "escape.sh"
+    script.write_text(f'echo escaped > "{outside}" 2>/dev/null; echo inside > inside.txt\n')
+    bridge.configure(hermes_driver="acp", warm_start=True)
+    with acp_client(bridge) as client:
+        final(client, task="first !write=one.txt:1", cwd=str(bridge.root))
+        ready(bridge)
+        job = final(client, task=f"warm !shell={script}", cwd=str(bridge.root))
+    assert job.field("STATUS") == "ok" and job.field("START").startswith("warm"), job.text
+    assert job.field("SANDBOX").startswith("writes limited to"), job.text
+    assert str(outside) in job.field("SANDBOX_DENIED")
+    assert (bridge.root / "inside.txt").read_text() == "inside\n"
+    assert not outside.exists()
 
 
 def test_cli_jobs_and_warm_start_off_start_cold_and_write_nothing(bridge: Bridge) -> None:
