@@ -165,8 +165,11 @@ def test_a_warm_job_refused_before_hermes_got_its_task_leaves_no_hermes_running(
     the standby's Hermes is stopped with it, not left waiting forever."""
     with Waiting(tmp_path, monkeypatch) as waiting:
         dismissed: list[str] = []
-        monkeypatch.setattr(standby, "dismiss", lambda _cfg, warm, marker: (dismissed.append(marker),
-                                                                           warm.hermes.proc.kill()))
+
+        def dismiss(_cfg: Any, warm: Any, marker: str) -> None:
+            dismissed.append(marker)
+            warm.hermes.proc.kill()
+        monkeypatch.setattr(standby, "dismiss", dismiss)
         monkeypatch.setattr(standby, "Supervisor", lambda *_args, **_kwargs: SimpleNamespace(
             on_sigterm=lambda *_args: None, run=lambda: 1))
         monkeypatch.setattr(standby.signal, "signal", lambda *_args: None)
