@@ -95,9 +95,9 @@ def parse_header(lines: list[bytes]) -> tuple[dict[str, Any], int]:
             new_path = git_path(text[len("rename to "):])
         elif line.startswith(b"new mode "):
             entry["mode"] = text[len("new mode "):]
-        elif line.startswith((b"--- ", b"+++ ")) and text[4:] != "/dev/null":
-            old_path, new_path = (git_path(text[4:])[2:], new_path) if text[0] == "-" else (old_path,
-                                                                                            git_path(text[4:])[2:])
+        elif line.startswith((b"--- ", b"+++ ")) and (name := text[4:].removesuffix("\t")) != "/dev/null":
+            # git ends the name with a TAB when it holds a space; a name's own TAB is quoted ("\t")
+            old_path, new_path = (git_path(name)[2:], new_path) if text[0] == "-" else (old_path, git_path(name)[2:])
         elif line.startswith((b"GIT binary patch", b"Binary files ")):
             entry["binary"] = True
         elif entry["binary"] and (sized := LITERAL_RE.fullmatch(line)):

@@ -49,6 +49,18 @@ def test_each_kind_of_change_is_named_with_its_lines_and_both_sides_numbers(tmp_
     assert files["caf\u00e9.txt"]["kind"] == "added"  # git quotes it in the patch; shown as the name it is
 
 
+@pytest.mark.parametrize("name", ["a\nSTATUS: ok.txt", "with space.txt", "tab\tin it.txt"],
+                         ids=["quoted-with-space", "space", "tab-and-space"])
+def test_a_name_git_ends_with_a_tab_is_shown_as_the_name_it_is(tmp_path, name):
+    """Issue 50: git puts a TAB after a ---/+++ name that holds a space (`+++ "b/a\\nSTATUS: ok.txt"<TAB>`); the
+    view shows the file's name, its newline escaped, not the quoted text with the TAB."""
+    repo = make_repo(tmp_path / "repo")
+    (repo / name).write_text("content\n")
+    [entry] = patch_page(saved_patch(repo, tmp_path), 0)["files"]
+    assert entry["path"] == review.visible(name.encode()), entry["path"]
+    assert entry["kind"] == "added" and entry["added"] == 1
+
+
 def test_what_the_patch_holds_is_text_and_invisible_characters_are_shown(tmp_path):
     repo = make_repo(tmp_path / "repo")
     hostile = "<script>alert(1)</script> <img src=x onerror=alert(2)> \u202eevil\u202c zero\u200bwidth \x1b[31mred\tok"
@@ -95,6 +107,22 @@ def test_a_file_larger_than_a_page_shows_its_start_and_the_next_page_starts_at_t
     assert "larger than a page" in first["note"]
     second = patch_page(patch, first["next_offset"])
     assert [entry["path"] for entry in second["files"]] == ["b-small.txt"] and second["next_offset"] is None
+
+
+@pytest.mark.parametrize("straddle", [1, 5, len(review.FILE_START)])
+def test_the_next_file_is_found_where_its_start_straddles_a_read_of_the_scan(tmp_path, monkeypatch, straddle):
+    """Issue 50 (review.py:198): past a file too large for a page, the scan for the next file reads 1 MiB at a
+    time; a file start cut by one of those reads is found, not skipped with its file."""
+    monkeypatch.setattr(review, "PAGE_BYTES", 4096)
+    head = b"diff --git a/big b/big\n--- a/big\n+++ b/big\n@@ -0,0 +1 @@\n+"
+    scan_start = review.PAGE_BYTES - len(review.FILE_START)  # where next_file_start reads from
+    start = scan_start + (1 << 20) - straddle + 1  # "\n" and straddle - 1 bytes of the file's start in the first read
+    small = b"diff --git a/small b/small\n--- a/small\n+++ b/small\n@@ -0,0 +1 @@\n+x\n"
+    patch = tmp_path / "job.patch"
+    patch.write_bytes(head + b"x" * (start - 1 - len(head)) + b"\n" + small)
+    first = patch_page(str(patch), 0)
+    assert first["next_offset"] == start, (first["next_offset"], start)
+    assert [entry["path"] for entry in patch_page(str(patch), start)["files"]] == ["small"]
 
 
 @pytest.mark.parametrize("offset", [-1, 5, 10**9])
