@@ -308,23 +308,26 @@ def test_a_landing_pins_the_main_tree_whatever_core_worktree_says(bridge: Bridge
 
 
 def test_a_landing_never_overwrites_files_git_does_not_track(bridge: Bridge) -> None:
-    files: dict[str, str | bytes] = {**USER_FILES, ".gitignore": ".env\nbuild/\nnotes\n"}
+    files: dict[str, str | bytes] = {**USER_FILES, ".gitignore": ".env\nbuild/\nnotes\nlink\n"}
     repo = make_repo(bridge.root / "repo", files)
     (repo / ".env").write_text("SECRET=the user's\n")
     (repo / "build").mkdir()
     (repo / "build" / "cache.bin").write_bytes(b"\x00cache")
     (repo / "notes").write_text("an ignored file where the job puts a folder\n")
+    (repo / "link").symlink_to(bridge.tmp / "nowhere")  # an ignored link that leads nowhere (issue 50)
     before = state_of(repo)
     script = bridge.tmp / "force.sh"
     script.write_text("echo 'SECRET=the job' > .env && mkdir -p build notes && echo job > build/cache.bin && "
-                      "echo job > notes/x.txt && git add -f .env build/cache.bin notes/x.txt\n")
+                      "echo job > notes/x.txt && echo job > link && git add -f .env build/cache.bin notes/x.txt link\n")
     with bridge.client() as client:
         job = final(client, task=f"!shell={script} !write=c.txt:sea !commit=work", cwd=str(repo),
                     isolation="worktree")
         assert job.field("STATUS") == "ok" and "+ .env" in job.text, job.text
         landed = client.call("hermes_land", job_id=job.field("JOB_ID"), action="merge")
     assert refused(landed), landed.text
-    assert "would overwrite 3 files" in landed.text and ".env, build/cache.bin, notes." in landed.text, landed.text
+    assert "would overwrite 4 files" in landed.text and ".env, build/cache.bin, link, notes." in landed.text, \
+        landed.text
+    assert (repo / "link").is_symlink() and os.readlink(repo / "link") == str(bridge.tmp / "nowhere")
     assert (repo / ".env").read_text() == "SECRET=the user's\n"
     assert (repo / "build" / "cache.bin").read_bytes() == b"\x00cache" and (repo / "notes").is_file()
     assert state_of(repo) == before and not (repo / "c.txt").exists()
@@ -348,6 +351,34 @@ def test_a_symlink_put_at_the_worktree_path_is_removed_never_followed(bridge: Br
     assert (users_worktree / "draft.txt").read_text() == "the user's uncommitted work\n"
     assert (users_worktree / "a.txt").exists() and not path.is_symlink() and not path.exists()
     assert f"{users_worktree}\n" in git(repo, "worktree", "list", "--porcelain") + "\n"
+
+
+def test_a_discard_removes_only_the_folders_the_bridge_made(bridge: Bridge) -> None:
+    """Issue 50: at discard, the worktree's path and its administrative folder may hold something else by now (the
+    user's folder moved there, another worktree's administrative folder renamed into its place): neither is the
+    bridge's, so neither is removed, and the user's worktree keeps its git link."""
+    repo = make_repo(bridge.root / "repo", USER_FILES)
+    users_worktree = bridge.tmp / "users-worktree"
+    git(repo, "worktree", "add", "-q", str(users_worktree), "-b", "users-branch")
+    users_folder = bridge.tmp / "users-folder"
+    users_folder.mkdir()
+    (users_folder / "keep.txt").write_text("a folder that is not the bridge's worktree\n")
+    with bridge.client() as client:
+        job = final(client, task="!write=b.txt:bee !commit=work", cwd=str(repo), isolation="worktree")
+        job_id = job.field("JOB_ID")
+        path = bridge.jobs / "worktrees" / job_id
+        admin = Path(git_text(str(path), "rev-parse", "--absolute-git-dir"))
+        users_admin = Path(git_text(str(users_worktree), "rev-parse", "--absolute-git-dir"))
+        shutil.rmtree(path)
+        users_folder.rename(path)
+        shutil.rmtree(admin)
+        users_admin.rename(admin)
+        discarded = client.call("hermes_land", job_id=job_id, action="discard")
+    assert discarded.field("STATUS") == "ok", discarded.text
+    assert (path / "keep.txt").read_text() == "a folder that is not the bridge's worktree\n"
+    assert (admin / "gitdir").read_text().strip() == f"{users_worktree}/.git"  # kept, where it was put
+    admin.rename(users_admin)
+    assert git_text(str(users_worktree), "status", "--porcelain") == ""  # its link works again
 
 
 def test_a_branch_name_another_job_planted_is_no_reason_to_fail(bridge: Bridge) -> None:
