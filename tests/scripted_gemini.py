@@ -6,12 +6,13 @@ the last function response. After the last step the answer is `PLANNER DONE` and
 Every request is kept, so a test sees the functions Gemini CLI declared and what its model received.
 """
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 from scripted_responses import JOB_ID_RE
+
+from scripted_model import RecordingServer
 
 # The CLI's own side calls (no tools: routing, next speaker) want JSON of their own schemas; one answer has every
 # key they read (an easy task, the user speaks next), and each schema ignores the others.
@@ -76,7 +77,7 @@ class Handler(BaseHTTPRequestHandler):
         if ":countTokens" in self.path:
             self.reply({"totalTokens": 10}, stream=False)
             return
-        self.server.record(self.path, request)
+        self.server.record({"path": self.path, "request": request})
         part = next_part(request) if declared(request) else {"text": json.dumps(SIDE_ANSWER)}
         self.reply({"candidates": [{"content": {"role": "model", "parts": [part]}, "finishReason": "STOP",
                                     "index": 0}],
@@ -87,36 +88,19 @@ class Handler(BaseHTTPRequestHandler):
         self.reply({"models": []}, stream=False)
 
 
-class ScriptedGemini(ThreadingHTTPServer):
-    daemon_threads = True
-
+class ScriptedGemini(RecordingServer):
     def __init__(self, log_dir: Path):
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.log = log_dir / "gemini.jsonl"
-        self.lock = threading.Lock()
+        super().__init__(log_dir / "gemini.jsonl", Handler)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
 
-    def record(self, path: str, request: dict[str, Any]) -> None:
-        with self.lock, open(self.log, "a", encoding="utf-8") as out:
-            out.write(json.dumps({"path": path, "request": request}) + "\n")
-
     def requests(self) -> list[dict[str, Any]]:
-        if not self.log.exists():
-            return []
-        return [json.loads(line)["request"] for line in self.log.read_text(encoding="utf-8").splitlines()]
+        return [entry["request"] for entry in self.entries()]
 
     def function_responses(self) -> list[str]:
         """What the model received from each tool call, from the last request with tools."""
         with_tools = [request for request in self.requests() if declared(request)]
         return conversation_parts(with_tools[-1])[1] if with_tools else []
 
-    def __enter__(self) -> "ScriptedGemini":
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
-        self.server_close()

@@ -16,7 +16,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 MODEL = "scripted"
 # OpenRouter-style prices in USD per token, so Hermes estimates a cost: $10 per million input and $20 per million
@@ -78,7 +78,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         request = json.loads(self.rfile.read(length) or b"{}")
-        self.server.record(self.path, request)
+        self.server.record({"path": self.path, "request": request, "at": time.time()})
         if not self.path.rstrip("/").endswith("/chat/completions"):
             self._json(404, {"error": {"message": "not found"}})
             return
@@ -119,16 +119,45 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
-class ScriptedModel(ThreadingHTTPServer):
-    """The endpoint, serving from a daemon thread; `requests()` reads back what Hermes sent."""
+Server = TypeVar("Server", bound="RecordingServer")
+
+
+class RecordingServer(ThreadingHTTPServer):
+    """A scripted endpoint on 127.0.0.1 serving from a daemon thread, each request it received appended to a JSONL
+    file (kept for a failed test's reader), written and read back under one lock, so a read never meets a line
+    half written."""
 
     daemon_threads = True
 
-    def __init__(self, log_dir: Path):
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.log_path = Path(log_dir) / "requests.jsonl"
+    def __init__(self, log_path: Path, handler: type[BaseHTTPRequestHandler]):
+        super().__init__(("127.0.0.1", 0), handler)
+        self.log_path = log_path
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    def record(self, entry: dict[str, Any]) -> None:
+        with self._lock, open(self.log_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(entry) + "\n")
+
+    def entries(self) -> list[dict[str, Any]]:
+        with self._lock:
+            if not self.log_path.exists():
+                return []
+            return [json.loads(line) for line in self.log_path.read_text(encoding="utf-8").splitlines()]
+
+    def __enter__(self: "Server") -> "Server":
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class ScriptedModel(RecordingServer):
+    """The OpenAI-compatible endpoint; `requests()` reads back what Hermes sent."""
+
+    def __init__(self, log_dir: Path):
+        super().__init__(Path(log_dir) / "requests.jsonl", Handler)
 
     @property
     def base_url(self) -> str:
@@ -138,34 +167,16 @@ class ScriptedModel(ThreadingHTTPServer):
         if not isinstance(sys.exc_info()[1], ConnectionError):  # Hermes stopped mid-reply by a cap or a cancel
             super().handle_error(request, client_address)
 
-    def record(self, path: str, request: dict[str, Any]) -> None:
-        with self._lock, open(self.log_path, "a") as handle:
-            handle.write(json.dumps({"path": path, "request": request, "at": time.time()}) + "\n")
-
     def requests(self) -> list[dict[str, Any]]:
-        if not self.log_path.exists():
-            return []
-        return [json.loads(line)["request"] for line in self.log_path.read_text().splitlines()]
+        return [entry["request"] for entry in self.entries()]
 
     def first_request_with(self, text: str) -> float | None:
         """When the first request whose last user message is text arrived (time.time()), or None."""
-        if not self.log_path.exists():
-            return None
-        for line in self.log_path.read_text().splitlines():
-            entry = json.loads(line)
+        for entry in self.entries():
             users = [m for m in entry["request"].get("messages") or [] if m.get("role") == "user"]
             if users and text_of(users[-1]) == text:
                 return float(entry["at"])
         return None
-
-    def __enter__(self) -> "ScriptedModel":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
-        self.server_close()
-
 
 if __name__ == "__main__":
     with ScriptedModel(Path(sys.argv[1] if len(sys.argv) > 1 else ".")) as model:

@@ -8,10 +8,11 @@ and that output's first line. Every request is kept (requests()), so a test sees
 """
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
+
+from scripted_model import RecordingServer
 
 JOB_ID_RE = re.compile(r"^JOB_ID: (\S+)$", re.MULTILINE)
 
@@ -102,26 +103,16 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
-class ScriptedResponses(ThreadingHTTPServer):
-    daemon_threads = True
-
+class ScriptedResponses(RecordingServer):
     def __init__(self, log_dir: Path):
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.log = log_dir / "responses.jsonl"
-        self.lock = threading.Lock()
+        super().__init__(log_dir / "responses.jsonl", Handler)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}/v1"
 
-    def record(self, request: dict[str, Any]) -> None:
-        with self.lock, open(self.log, "a", encoding="utf-8") as out:
-            out.write(json.dumps(request) + "\n")
-
     def requests(self) -> list[dict[str, Any]]:
-        if not self.log.exists():
-            return []
-        return [json.loads(line) for line in self.log.read_text(encoding="utf-8").splitlines()]
+        return self.entries()
 
     def tool_outputs(self) -> list[str]:
         """Every tool output the model received, in order, from the last request (it holds the whole turn)."""
@@ -129,10 +120,3 @@ class ScriptedResponses(ThreadingHTTPServer):
         return [output_text(item) for item in last.get("input", []) if isinstance(item, dict)
                 and item.get("type") == "function_call_output"]
 
-    def __enter__(self) -> "ScriptedResponses":
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
-        self.server_close()
