@@ -41,10 +41,10 @@ def field(text, name):
 
 def test_inspector_sees_instructions_tools_and_annotations(bridge, inspector):
     code, payload = inspector("initialize")
-    assert code == 0
+    assert code == 0, payload
     assert str(bridge.root) in payload["result"]["instructions"]
     code, payload = inspector("tools/list")
-    assert code == 0
+    assert code == 0, payload
     tools = {t["name"]: t for t in payload["result"]["tools"]}
     assert set(tools) == set(EXPECTED_ARGS) - APP_ONLY_TOOLS  # the Inspector declares no MCP Apps
     for name, tool in tools.items():
@@ -55,7 +55,7 @@ def test_inspector_sees_instructions_tools_and_annotations(bridge, inspector):
 
 def test_inspector_health_succeeds_and_a_refusal_is_a_tool_error(bridge, inspector):
     code, payload = inspector("tools/call", "--tool-name", "hermes_health")
-    assert code == 0 and field(tool_text(payload), "BRIDGE").startswith("claude-hermes-bridge")
+    assert code == 0 and field(tool_text(payload), "BRIDGE").startswith("claude-hermes-bridge"), payload
     code, payload = inspector("tools/call", "--tool-name", "hermes_run", "--tool-args-json",
                               json.dumps({"task": "x", "cwd": "/etc"}))
     assert code == 5, payload
@@ -65,11 +65,11 @@ def test_inspector_health_succeeds_and_a_refusal_is_a_tool_error(bridge, inspect
 def test_inspector_run_and_status_round_trip_ends_ok(inspector):
     code, payload = inspector("tools/call", "--tool-name", "hermes_run", "--tool-args-json",
                               json.dumps({"task": "inspector job !sleep=1", "wait_s": 0}))
-    assert code == 0 and field(tool_text(payload), "STATUS") == "running"
+    assert code == 0 and field(tool_text(payload), "STATUS") == "running", payload
     job_id = field(tool_text(payload), "JOB_ID")
     code, payload = inspector("tools/call", "--tool-name", "hermes_status", "--tool-args-json",
                               json.dumps({"job_id": job_id, "wait_s": 30}))
-    assert code == 0
+    assert code == 0, payload
     text = tool_text(payload)
     assert field(text, "STATUS") == "ok" and field(text, "EXIT_CODE") == "0"
     assert "FAKE DONE: inspector job" in text
