@@ -21,7 +21,8 @@ def inspector(bridge):
     home.mkdir()
 
     def run(method, *extra):
-        argv = ["node", str(launcher), "--cli", "-q", "--format", "json",
+        # the connect timeout is 15 s by default; a loaded machine (the suite beside the Windows lane) passed it
+        argv = ["node", str(launcher), "--cli", "-q", "--format", "json", "--connect-timeout", "60000",
                 "-e", f"HERMES_BRIDGE_CONFIG={bridge.config}", "-e", f"FAKE_HERMES_TRACE={bridge.trace}",
                 sys.executable, str(SERVER), "--method", method, *extra]
         done = subprocess.run(argv, env=dict(bridge.env, HOME=str(home)), capture_output=True, text=True,
