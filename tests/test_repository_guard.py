@@ -16,7 +16,7 @@ from claude_hermes_bridge.config import load_config
 from claude_hermes_bridge.git_calls import git_text
 from claude_hermes_bridge.jobs import JobStore
 from claude_hermes_bridge.landing import merge_work
-from claude_hermes_bridge.repo_guard import bridge_ref_owner
+from claude_hermes_bridge.repo_guard import bridge_ref_owner, restore_repository, take_snapshot
 from claude_hermes_bridge.worktrees import add_worktree, is_branch_of
 from conftest import require_sandbox
 from harness import Bridge, refused
@@ -418,3 +418,19 @@ def test_a_worktree_jobs_edit_of_the_main_tree_is_denied_as_outside_its_worktree
     assert decisions[f"edit {repo / 'a.txt'}"] == (
         "deny", f"the bridge: {repo / 'a.txt'} resolves to {repo / 'a.txt'}, outside the job's worktree (the main "
                 "tree changes only through hermes_land)")
+
+
+@pytest.mark.parametrize("key", ["include.path", "includeIf.gitdir:/.path", "includeIf.onbranch:main.path"])
+def test_a_file_the_users_config_includes_is_put_back_whatever_includes_it(tmp_path: Path, key: str) -> None:
+    """Issue 50 (repo_guard.py:61): git reads a file named by include.path or by includeIf.<condition>.path as
+    part of the repository's config: a job that writes a program into it has it put back, and said."""
+    repo = make_repo(tmp_path / "repo", USER_FILES)
+    included = tmp_path / "settings" / "included.cfg"
+    included.parent.mkdir()
+    included.write_text("[user]\n\tname = the user\n")
+    git(repo, "config", key, str(included))
+    snapshot = take_snapshot(str(repo))
+    included.write_text("[core]\n\tfsmonitor = touch planted\n")
+    said = restore_repository(str(repo), snapshot, tmp_path / "kept")
+    assert included.read_text() == "[user]\n\tname = the user\n"
+    assert said == [f"the job changed {included}; restored"], said
