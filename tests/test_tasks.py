@@ -243,3 +243,22 @@ def test_a_second_answer_through_tasks_update_is_a_json_rpc_error_naming_the_fir
     assert not (bridge.root / "twice.txt").exists()
     assert f"- {key}: run `touch twice.txt` (dangerous) -> deny by the planner (hermes_approve)" in text_of(
         done["result"])
+
+
+def test_an_answer_through_tasks_update_after_hermes_decided_is_refused_and_listed(bridge):
+    """Issue 50: the dialog left open past Hermes' deadline (Claude Code's tasks dialog), then answered: the
+    answer is refused, naming Hermes' own decision, and the final block lists it with the late answers, as a
+    late hermes_approve is."""
+    bridge.configure(approvals="ask", approval_timeout_s=5)
+    with modern(bridge, FAKE_HERMES_ACP="1") as client:
+        task_id, key = asking_task(client, "!ask=touch+late.txt !tool-sleep=12")
+        client.poll(task_id, lambda t: t["status"] != "input_required", timeout=30)  # Hermes denied it itself
+        late = client.request("tasks/update", {"taskId": task_id, "inputResponses": {
+            key: {"action": "accept", "content": {"allow": True}}}})
+        done = client.poll(task_id, terminal, timeout=60)
+    message = late["error"]["message"]  # whether Hermes' own decision was recorded yet, or only its deadline passed
+    assert "decided already: deny by Hermes itself" in message or "denied it itself" in message, late
+    block = text_of(done["result"])
+    assert "LATE_ANSWERS: 1 answer came after the question was decided" in block, block
+    assert f"- {key}: allow by the user (" in block, block
+    assert not (bridge.root / "late.txt").exists()
