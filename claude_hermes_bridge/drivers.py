@@ -222,7 +222,7 @@ class HermesRun:
 
     def with_policy(self, env: dict[str, str], timeout_s: int) -> dict[str, str]:
         """The environment with this job's own managed policy (approval_policy_dir), removed by cleanup."""
-        self.policy_dir = approval_policy_dir(timeout_s)
+        self.policy_dir = approval_policy_dir(timeout_s, self.store.policy_path(self.record.id))
         return dict(env, HERMES_MANAGED_DIR=str(self.policy_dir))
 
     def cleanup(self) -> None:

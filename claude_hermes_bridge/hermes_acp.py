@@ -107,19 +107,21 @@ def choose_driver(cfg: Config, exe: str, session: str | None = None) -> tuple[st
                   "forwarded"
 
 
-def approval_policy_dir(timeout_s: int) -> Path:
+def approval_policy_dir(timeout_s: int, folder: Path) -> Path:
     """A private folder for Hermes' managed scope (HERMES_MANAGED_DIR, whose config.yaml wins over the user's
     per key; read by the CLI and ACP of 0.19 to 0.22): approvals.mode manual, so Hermes asks before every
     dangerous command whatever the user's own mode (smart would let Hermes' auxiliary model approve by itself),
     approvals.timeout, how long it waits for the answer, and single_query_mode deny, so a user's `approve`
     there cannot let a one-shot CLI run what nobody was asked about. A managed scope already in force (IT
-    policy) is kept: its config is merged under ours, its .env copied."""
+    policy) is kept: its config is merged under ours, its .env copied. folder: made afresh here (in the jobs
+    folder, named by the job or standby it is for, so a supervisor killed before its cleanup leaves it where
+    retention removes it; a sandboxed job cannot write there)."""
     import shutil
-    import tempfile
 
     import yaml
 
-    folder = Path(tempfile.mkdtemp(prefix="hermes-bridge-policy-"))
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(mode=0o700, parents=True)
     existing = os.environ.get("HERMES_MANAGED_DIR") or ("" if IS_WINDOWS else "/etc/hermes")
     policy: dict[str, Any] = {}
     if existing and os.path.isdir(existing):

@@ -450,6 +450,11 @@ class JobStore:
         """A worktree job's shared repository as it was before Hermes started: config, hooks, refs."""
         return self.root / f"{job_id}.repository"
 
+    def policy_path(self, owner: str) -> Path:
+        """The managed policy Hermes is started with for a job (or a standby: its marker), outside what a
+        sandboxed job may write."""
+        return self.root / "policies" / owner
+
     def repository_changes_path(self, job_id: str) -> Path:
         """The job's versions of what it changed in its repository's git folder (put back since)."""
         return self.root / f"{job_id}.repository-changes"
@@ -610,9 +615,11 @@ class JobStore:
 
     def remove(self, job_id: str) -> None:
         """The record goes last: a log still held open (Windows) leaves the job listed, to be pruned later,
-        instead of a log without a record left behind for ever."""
-        shutil.rmtree(self.home_changes_path(job_id), ignore_errors=True)
-        shutil.rmtree(self.repository_changes_path(job_id), ignore_errors=True)
+        instead of a log without a record left behind for ever. Folders a killed supervisor could not remove
+        (the job's private temporary folder, its managed policy) go too."""
+        for folder in (self.home_changes_path(job_id), self.repository_changes_path(job_id),
+                       self.root / "tmp" / job_id, self.policy_path(job_id)):
+            shutil.rmtree(folder, ignore_errors=True)
         for path in (self.log_path(job_id), self.task_path(job_id), self.cancel_path(job_id),
                      self.answers_path(job_id), self.steers_path(job_id), self.patch_path(job_id),
                      self.repository_snapshot_path(job_id),

@@ -149,7 +149,7 @@ def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str) -> St
     private_tmp = private_tmp_of(store, "standby-" + secrets.token_hex(6)) if found and found.name else None
     writable = sandbox_writable(cfg, folder, private_tmp, None) if private_tmp else []
     argv, env = hermes_launch(cfg, [exe, "acp"], marker, writable, private_tmp)
-    policy = approval_policy_dir(int(cfg.approval_timeout_s))
+    policy = approval_policy_dir(int(cfg.approval_timeout_s), store.policy_path(marker.replace(":", "-")))
     proc = start_hermes(argv, folder, dict(env, HERMES_MANAGED_DIR=str(policy)), subprocess.PIPE, subprocess.PIPE,
                         subprocess.PIPE)
     windows_job = None

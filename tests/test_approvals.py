@@ -140,6 +140,8 @@ def test_ask_relays_the_question_and_hermes_approve_answers_it(acp, decision):
         asking = wait_question(client, job_id)
         assert asking.field("APPROVAL") == "Hermes asks to run `touch asked.txt` (dangerous)"
         assert 0 < int(asking.field("APPROVAL_WAITS_S").split()[0]) <= 60
+        policy = acp.jobs / "policies" / job_id / "config.yaml"  # the job's managed policy, in the jobs folder
+        assert "mode: manual" in policy.read_text()
         approval_id = asking.field("APPROVAL_ID")
         refused(client.call("hermes_approve", job_id=job_id, approval_id="9-abcdef", decision="allow"),
                 "not waiting for an answer")
@@ -149,7 +151,7 @@ def test_ask_relays_the_question_and_hermes_approve_answers_it(acp, decision):
         assert answered.field("STATUS") in ("running", "ok"), answered.text
         final = client.wait_final(job_id)
         again = client.call("hermes_approve", job_id=job_id, approval_id=approval_id, decision=decision)
-    assert final.field("STATUS") == "ok"
+    assert final.field("STATUS") == "ok" and not policy.parent.exists()  # removed by the job's cleanup
     assert (acp.root / "asked.txt").exists() == (decision == "allow")
     assert approvals_of(final.text) == [f"- {approval_id}: run `touch asked.txt` (dangerous) -> {decision} by the "
                                         "planner (hermes_approve)"]
@@ -392,7 +394,8 @@ def test_over_a_managed_policy_the_bridges_mode_and_timeout_win_and_its_other_ke
                                                          "model": {"default": "corp-model"}}))
     (managed / ".env").write_text("CORP_KEY=1\n")
     monkeypatch.setenv("HERMES_MANAGED_DIR", str(managed))
-    folder = approval_policy_dir(42)
+    folder = approval_policy_dir(42, tmp_path / "jobs" / "policies" / "20261205-120000-1")
+    assert folder.stat().st_mode & 0o777 == 0o700
     policy = yaml.safe_load((folder / "config.yaml").read_text())
     assert policy == {"approvals": {"mode": "manual", "timeout": 42, "cron": "x", "single_query_mode": "deny"},
                       "model": {"default": "corp-model"}}

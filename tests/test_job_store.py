@@ -223,10 +223,15 @@ def test_prune_removes_old_and_excess_finished_jobs_never_running_ones(tmp_path)
         store.write(JobRecord(id=job_id, state=JobState.OK))
         store.task_path(job_id).write_text("t")
         store.log_path(job_id).write_text("log")
+        for folder in (store.root / "tmp" / job_id, store.policy_path(job_id)):  # a killed supervisor's leftovers
+            folder.mkdir(parents=True)
+            (folder / "left.txt").write_text("x")
     store.mark_active("20200101-000000-2")  # old, but still running
     assert prune_jobs(store, cfg) == 3
     assert store.list_ids() == ["20200101-000000-2", f"{today}-000003-1", f"{today}-000004-1"]
     assert not store.log_path("20200101-000000-1").exists() and not store.task_path(f"{today}-000001-1").exists()
+    assert sorted(path.name for path in (store.root / "tmp").iterdir()) == sorted(
+        path.name for path in (store.root / "policies").iterdir()) == store.list_ids()
 
 
 def test_launching_prunes_beyond_retention_max_jobs_and_never_reuses_an_id(bridge):
