@@ -103,9 +103,9 @@ def serve(path: str) -> dict[str, Any]:
                 break
             if pid == 0:
                 break
-            conn = waiting.pop(pid, None)  # only forked servers are its children; a stray one is only reaped
-            if conn is None:
+            if pid not in waiting:  # only forked servers are its children; a stray one is only reaped
                 continue
+            conn = waiting.pop(pid)
             with_code = f"exit {os.waitstatus_to_exitcode(status)}\n".encode()
             with contextlib.suppress(OSError):
                 conn.sendall(with_code)
