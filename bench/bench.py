@@ -72,18 +72,23 @@ def ratio_row(figure: str, ours: list[float], floor: list[float], unit: str, lim
                f"ratio <= {limit}")
 
 
-def cold_start(bridge: Bridge, runs: int) -> tuple[Row, Row]:
-    """spawn -> initialize -> tools/list, and the server's RSS right after, alternating with the floor."""
+def cold_start(bridge: Bridge, runs: int) -> tuple[Row, Row, Row]:
+    """spawn -> the initialize reply (what a host waits on before it lists tools: Codex's startup timeout) ->
+    tools/list, and the server's RSS right after, alternating with the floor."""
     times: dict[str, list[float]] = {"ours": [], "floor": []}
+    initialized: dict[str, list[float]] = {"ours": [], "floor": []}
     rss: dict[str, list[float]] = {"ours": [], "floor": []}
     for _ in range(runs):
         for side, command in (("ours", None), ("floor", MINIMAL)):
             started = time.perf_counter()
             with BridgeClient(bridge.env, command=command) as client:
+                initialized[side].append(ms_since(started))
                 client.portal.call(client.session.list_tools)
                 times[side].append(ms_since(started))
                 rss[side].append(psutil.Process(client.server_pid).memory_info().rss / MB)
-    return (ratio_row("cold start: spawn, initialize, tools/list", times["ours"], times["floor"], "ms", 1.15),
+    return (ratio_row("server start: spawn to the initialize reply", initialized["ours"], initialized["floor"], "ms",
+                      1.15),
+            ratio_row("cold start: spawn, initialize, tools/list", times["ours"], times["floor"], "ms", 1.15),
             ratio_row("server RSS after start", rss["ours"], rss["floor"], "MB", 1.2))
 
 

@@ -9,7 +9,8 @@ from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, REPO
 
 pytestmark = pytest.mark.posix("the benchmark drives the fake hermes, a shell script")
 
-ROWS = ["cold start: spawn, initialize, tools/list", "server RSS after start", "one hermes_health call, warm",
+ROWS = ["server start: spawn to the initialize reply", "cold start: spawn, initialize, tools/list",
+        "server RSS after start", "one hermes_health call, warm",
         "hermes_run(wait_s=0) until the record shows Hermes' pid", "supervisor RSS",
         "supervisor CPU per minute with a token and a cost budget",
         "hermes_status of a job with a 8 MiB log", "start listing of a folder of 2,000 files",
