@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -145,11 +146,12 @@ def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str) -> St
     policy, the environment), initialized, and warmed with a throw-away session in folder. OSError: not ready."""
     started = time.monotonic()
     marker = "standby:" + secrets.token_hex(16)
+    owned = f"standby-{os.getpid()}-{secrets.token_hex(6)}"  # its folders, by the pid sweep_leftovers looks at
     found = sandbox_mechanism() if cfg.sandbox != "off" else None
-    private_tmp = private_tmp_of(store, "standby-" + secrets.token_hex(6)) if found and found.name else None
+    private_tmp = private_tmp_of(store, owned) if found and found.name else None
     writable = sandbox_writable(cfg, folder, private_tmp, None) if private_tmp else []
     argv, env = hermes_launch(cfg, [exe, "acp"], marker, writable, private_tmp)
-    policy = approval_policy_dir(int(cfg.approval_timeout_s), store.policy_path(marker.replace(":", "-")))
+    policy = approval_policy_dir(int(cfg.approval_timeout_s), store.policy_path(owned))
     proc = start_hermes(argv, folder, dict(env, HERMES_MANAGED_DIR=str(policy)), subprocess.PIPE, subprocess.PIPE,
                         subprocess.PIPE)
     windows_job = None
@@ -164,6 +166,20 @@ def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str) -> St
         dismiss(cfg, warm, marker)
         raise
     return Standby(key, folder, marker, warm, round(time.monotonic() - started, 3))
+
+
+LEFTOVER_RE = re.compile(r"standby-(\d+)-[0-9a-f]{12}")
+
+
+def sweep_leftovers(store: JobStore) -> None:
+    """The private temporary folders and policies of standbys killed before their cleanup (or of the jobs they
+    served): those whose process is gone. A process alive under that pid keeps them (a reused pid only delays)."""
+    for parent in (store.root / "tmp", store.root / "policies"):
+        with contextlib.suppress(OSError):
+            for name in os.listdir(parent):
+                found = LEFTOVER_RE.fullmatch(name)
+                if found and not psutil.pid_exists(int(found.group(1))):
+                    shutil.rmtree(parent / name, ignore_errors=True)
 
 
 def dismiss(cfg: Config, warm: WarmStart, marker: str) -> None:
@@ -323,6 +339,7 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
         return 0
     if record.worktree or not os.path.isdir(cwd) or not within_any(os.path.realpath(cwd), cfg.roots):
         return 0
+    sweep_leftovers(store)
     wait_past_start(store, job_id)
     key = launch_key(cfg, cwd, exe)
     published = read_json(folder / "ready.json")

@@ -89,9 +89,14 @@ def test_a_warm_started_job_is_held_by_the_sandbox_its_block_names(bridge: Bridg
     script = bridge.tmp / "escape.sh"
     script.write_text(f'echo escaped > "{outside}" 2>/dev/null; echo inside > inside.txt\n')
     bridge.configure(hermes_driver="acp", warm_start=True)
+    gone = psutil.Popen(["true"])
+    gone.wait()
+    killed_standbys = bridge.jobs / "tmp" / f"standby-{gone.pid}-{'c' * 12}"  # its process is gone: swept
+    killed_standbys.mkdir(parents=True)
     with acp_client(bridge) as client:
         final(client, task="first !write=one.txt:1", cwd=str(bridge.root))
         ready(bridge)
+        assert not killed_standbys.exists()
         job = final(client, task=f"warm !shell={script}", cwd=str(bridge.root))
     assert job.field("STATUS") == "ok" and job.field("START").startswith("warm"), job.text
     assert job.field("SANDBOX").startswith("writes limited to"), job.text

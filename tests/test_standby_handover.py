@@ -2,6 +2,7 @@
 and a standby race through (launch.take_standby, standby.wait_for_a_job) and the standby's end (standby.serve),
 called as plain functions with the standby's folder in a temporary folder and a process that stands for Hermes."""
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -180,3 +181,18 @@ def test_a_warm_job_refused_before_hermes_got_its_task_leaves_no_hermes_running(
         assert standby.serve(waiting.cfg, waiting.store, "20261205-120000-abcdef", waiting.standby, False) == 1
         assert dismissed == [MARKER]
         assert waiting.hermes.wait(10) is not None
+
+
+def test_a_killed_standbys_folders_are_swept_and_a_live_ones_kept(tmp_path: Path) -> None:
+    """Its private temporary folder and its policy (named by its pid) outlive a standby killed before its
+    cleanup; the next standby removes those whose process is gone, never a live one's, nor a job's."""
+    store = JobStore.of(config_for(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead, alive = f"standby-{gone.pid}-{'a' * 12}", f"standby-{os.getpid()}-{'b' * 12}"
+    for parent in (store.root / "tmp", store.root / "policies"):
+        for name in (dead, alive, "20261205-120000-1"):
+            (parent / name).mkdir(parents=True)
+    standby.sweep_leftovers(store)
+    for parent in (store.root / "tmp", store.root / "policies"):
+        assert sorted(path.name for path in parent.iterdir()) == ["20261205-120000-1", alive]
