@@ -233,10 +233,16 @@ def start_line(record: JobRecord) -> list[str]:
             if timing or why else f"START: {shown(mode, 20)}"]
 
 
+# The SANDBOX words as the supervisor composes them, each part already bounded (four paths, sandbox_writable, the
+# credentials here and those inside the job's folders): never cut at their end, where EXCEPT warns of keys the
+# job can read.
+SANDBOX_CHARS = 3000
+
+
 def sandbox_lines(record: JobRecord) -> list[str]:
     """What the operating system confined the job to, and what it changed of Hermes' settings and of its
     repository's git folder (put back)."""
-    lines = [f"SANDBOX: {shown(record.sandbox, 1200)}"] if record.sandbox else []
+    lines = [f"SANDBOX: {shown(record.sandbox, SANDBOX_CHARS)}"] if record.sandbox else []
     if refused := record.sandbox_refused:
         lines.append(f"SANDBOX_DENIED: the sandbox refused writes to {plural(len(refused), 'path')} outside the job's "
                      f"folders, as its tools reported them: {', '.join(shown(path, 200) for path in refused[:8])}"
@@ -398,7 +404,7 @@ def containment_facts(record: "JobRecord") -> list[list[str]]:
     refused), what it put back of a repository it worked in, and the files it changed that run later, as the job
     view's rows (the block's SANDBOX, SANDBOX_DENIED, NETWORK, REPOSITORY and RUNS_LATER lines; a worktree job's
     repository row is its worktree's)."""
-    rows = [["sandbox", shown(record.sandbox, 1200)]] if record.sandbox else []
+    rows = [["sandbox", shown(record.sandbox, SANDBOX_CHARS)]] if record.sandbox else []
     if record.sandbox_refused:
         rows.append(["refused by the sandbox", ", ".join(shown(path, 200) for path in record.sandbox_refused)])
     if record.network:

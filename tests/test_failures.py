@@ -138,6 +138,7 @@ def hermes_pid(bridge: Bridge, job_id: str) -> int:
 
 # ------------------------------------------------------------------ 6. a full disk, a read-only folder
 def test_a_full_disk_when_the_job_ends_keeps_the_outcome_until_space_comes_back(small_disk, bridge):
+    bridge.configure(approvals="yolo")  # no managed policy in the jobs folder, whose removal would free the space
     with client_with(bridge) as client:
         job_id = client.call("hermes_run", task="work !sleep=3", wait_s=0).field("JOB_ID")
         pid = hermes_pid(bridge, job_id)

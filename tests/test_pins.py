@@ -73,6 +73,18 @@ def test_a_running_jobs_block_says_its_sandbox(tmp_path: Path) -> None:
     assert "SANDBOX_DENIED: the sandbox refused writes to 1 path outside the job's folders" in text
 
 
+def test_the_sandbox_line_keeps_its_except_however_long_the_paths(tmp_path: Path) -> None:
+    """Deep folders make the SANDBOX words long; the warning at their end (keys the job can read, inside its own
+    folder) is never cut off (a CI run whose temporary folder was one digit longer lost it)."""
+    long = "/" + "/".join(["a-rather-long-folder-name"] * 8)
+    words = (f"writes limited to {long}, {long}/tmp (TMPDIR), Hermes' home {long}/home, the tool cache {long}/cache "
+             f"(Landlock ABI 7); reading: your credentials unreadable (5 paths here, as {', '.join([long] * 2)}); "
+             f"EXCEPT {long}/.ssh, inside what the job may write")
+    record = JobRecord(id="20261130-000000-1", state=JobState.RUNNING, created_at=time.time(), sandbox=words)
+    text = render_status(ObservedJob(record, JobState.RUNNING), config_for(tmp_path))
+    assert len(words) > 1200 and f"EXCEPT {long}/.ssh, inside what the job may write" in text
+
+
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     folder = tmp_path / "repo"

@@ -7,12 +7,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 from test_worktrees import final
 
 from claude_hermes_bridge.sandbox import read_grants, seatbelt_profile, step_argv, unreadable_paths
 from conftest import require_sandbox
-from harness import Bridge
+from harness import Bridge, wait_until
 
 pytestmark = pytest.mark.posix("Landlock is Linux's; the fake Hermes is a shell script")
 
@@ -136,7 +137,8 @@ def test_another_processs_environment_is_unreadable_inside_the_sandbox_and_reada
     as_user = [] if user == "this user" else [shutil.which("setpriv") or "setpriv", "--reuid=65534", "--regid=65534",
                                          "--clear-groups"]
     outsider = subprocess.Popen([*as_user, "sleep", "120"], env={"OUTSIDER_TOKEN": "secret"})
-    try:
+    try:  # read once it is sleep (before its exec, its environment is the parent's, and it may still be root)
+        wait_until(lambda: psutil.Process(outsider.pid).name() == "sleep", 10, "the outsider to run")
         read = [shutil.which("cat") or "/bin/cat", f"/proc/{outsider.pid}/environ"]
         outside = subprocess.run([*as_user, *read], capture_output=True, timeout=30)
         inside = subprocess.run([*as_user, *step_argv(["/dev/null"], read)], capture_output=True, timeout=30)
