@@ -204,6 +204,7 @@ def test_jobs_logs_and_the_bytecode_cache_go_to_the_per_user_folders_under_local
             leftover.unlink()
 
 
+@pytest.mark.timeout(1200)  # a real Hermes under Wine beside the suite once took 115 s to start
 def test_a_real_hermes_job_on_windows_answers_and_its_session_resumes(bridge):
     """The real Hermes 0.19.0, installed from Windows wheels (tests/windows_lane.sh), behind the bridge on the
     Windows CPython, with the scripted model on 127.0.0.1."""
@@ -215,16 +216,16 @@ def test_a_real_hermes_job_on_windows_answers_and_its_session_resumes(bridge):
         write_hermes_home(home, model.base_url)
         bridge.configure(hermes_exe=str(exe), hermes_home=str(home), kill_grace_s=5, hermes_driver="cli")
         with bridge.client() as client:
-            result = client.call("hermes_run", task="Say hello.", wait_s=45)
+            result = client.call("hermes_run", task="Say hello.", wait_s=45, timeout_s=600)
             if result.field("STATUS") == "running":
-                result = client.wait_final(result.field("JOB_ID"), timeout=240)
+                result = client.wait_final(result.field("JOB_ID"), timeout=600)
             assert result.field("STATUS") == "ok", result.text
             assert result.field("EXIT_CODE") == "0", result.text
             assert "SCRIPTED ANSWER" in result.text
             session = result.field("SESSION_ID")
-            resumed = client.call("hermes_resume", session_id=session, task="And again?", wait_s=45)
+            resumed = client.call("hermes_resume", session_id=session, task="And again?", wait_s=45, timeout_s=600)
             if resumed.field("STATUS") == "running":
-                resumed = client.wait_final(resumed.field("JOB_ID"), timeout=240)
+                resumed = client.wait_final(resumed.field("JOB_ID"), timeout=600)
             assert resumed.field("STATUS") == "ok", resumed.text
             assert resumed.field("SESSION_ID") == session
         contents = [str(m.get("content")) for m in model.requests()[-1]["messages"]]
@@ -314,6 +315,7 @@ def test_acp_jobs_take_a_warm_hermes_and_a_warm_jobs_cancel_leaves_nothing(bridg
         sentinel.kill()
 
 
+@pytest.mark.timeout(1500)
 def test_a_real_hermes_over_acp_answers_then_its_next_job_starts_warm_and_resumes(bridge):
     """The real Hermes 0.19.0 for Windows over ACP (the driver `auto` picks where the acp extra is installed):
     a cold job, the next one on the warm Hermes a standby readied, and that job's session loaded again."""
@@ -324,18 +326,20 @@ def test_a_real_hermes_over_acp_answers_then_its_next_job_starts_warm_and_resume
         bridge.configure(hermes_exe=str(exe), hermes_home=str(home), kill_grace_s=5, hermes_driver="auto",
                          warm_start=True)
         with bridge.client() as client:
-            first = finished(client, client.call("hermes_run", task="Say hello.", wait_s=45), timeout=300)
+            first = finished(client, client.call("hermes_run", task="Say hello.", wait_s=45, timeout_s=600),
+                             timeout=600)
             assert first.field("STATUS") == "ok", first.text
             assert bridge.record(first.field("JOB_ID")).driver == "acp", first.text
             assert first.field("START").startswith("cold ("), first.text
             ready_standby(bridge, timeout=300)
-            second = finished(client, client.call("hermes_run", task="Say hello again.", wait_s=45), timeout=300)
+            second = finished(client, client.call("hermes_run", task="Say hello again.", wait_s=45, timeout_s=600),
+                              timeout=600)
             assert second.field("STATUS") == "ok", second.text
             assert second.field("START").startswith("warm (the task reached Hermes "), second.text
             assert "SCRIPTED ANSWER" in second.text
             session = second.field("SESSION_ID")
-            resumed = finished(client, client.call("hermes_resume", session_id=session, task="And again?", wait_s=45),
-                               timeout=300)
+            resumed = finished(client, client.call("hermes_resume", session_id=session, task="And again?", wait_s=45,
+                                                   timeout_s=600), timeout=600)
             assert resumed.field("STATUS") == "ok", resumed.text
             assert resumed.field("SESSION_ID") == session
         chats = [str(m.get("content")) for request in model.requests() if isinstance(request.get("messages"), list)
