@@ -451,8 +451,8 @@ class JobStore:
         return self.root / f"{job_id}.repository"
 
     def policy_path(self, owner: str) -> Path:
-        """The managed policy Hermes is started with for a job (or a standby: its marker), outside what a
-        sandboxed job may write."""
+        """The managed policy Hermes is started with for a job (owner: its id) or a standby (its pid and a random
+        part), outside what a sandboxed job may write."""
         return self.root / "policies" / owner
 
     def repository_changes_path(self, job_id: str) -> Path:

@@ -19,7 +19,7 @@ from claude_hermes_bridge.landing import merge_work
 from claude_hermes_bridge.repo_guard import bridge_ref_owner, restore_repository, take_snapshot
 from claude_hermes_bridge.worktrees import add_worktree, is_branch_of
 from conftest import require_sandbox
-from harness import Bridge, refused
+from harness import Bridge, BridgeClient, refused
 
 pytestmark = pytest.mark.posix("the fake hermes and the planted programs are shell scripts")
 
@@ -333,16 +333,22 @@ def test_a_landing_never_overwrites_files_git_does_not_track(bridge: Bridge) -> 
     assert state_of(repo) == before and not (repo / "c.txt").exists()
 
 
-def test_a_symlink_put_at_the_worktree_path_is_removed_never_followed(bridge: Bridge) -> None:
+def worktree_job_beside_users_worktree(bridge: Bridge, client: BridgeClient) -> tuple[Path, Path, str, Path, Path]:
+    """A repository with a worktree of the user's and a finished worktree job: the repository, the user's
+    worktree, the job's id, its worktree's path and its administrative folder."""
     repo = make_repo(bridge.root / "repo", USER_FILES)
     users_worktree = bridge.tmp / "users-worktree"
     git(repo, "worktree", "add", "-q", str(users_worktree), "-b", "users-branch")
-    (users_worktree / "draft.txt").write_text("the user's uncommitted work\n")
+    job = final(client, task="!write=b.txt:bee !commit=work", cwd=str(repo), isolation="worktree")
+    job_id = job.field("JOB_ID")
+    path = bridge.jobs / "worktrees" / job_id
+    return repo, users_worktree, job_id, path, Path(git_text(str(path), "rev-parse", "--absolute-git-dir"))
+
+
+def test_a_symlink_put_at_the_worktree_path_is_removed_never_followed(bridge: Bridge) -> None:
     with bridge.client() as client:
-        job = final(client, task="!write=b.txt:bee !commit=work", cwd=str(repo), isolation="worktree")
-        job_id = job.field("JOB_ID")
-        path = bridge.jobs / "worktrees" / job_id
-        admin = Path(git_text(str(path), "rev-parse", "--absolute-git-dir"))
+        repo, users_worktree, job_id, path, admin = worktree_job_beside_users_worktree(bridge, client)
+        (users_worktree / "draft.txt").write_text("the user's uncommitted work\n")
         shutil.rmtree(path)
         path.symlink_to(users_worktree)
         (admin / "gitdir").write_text(f"{users_worktree}/.git\n")
@@ -357,17 +363,11 @@ def test_a_discard_removes_only_the_folders_the_bridge_made(bridge: Bridge) -> N
     """Issue 50: at discard, the worktree's path and its administrative folder may hold something else by now (the
     user's folder moved there, another worktree's administrative folder renamed into its place): neither is the
     bridge's, so neither is removed, and the user's worktree keeps its git link."""
-    repo = make_repo(bridge.root / "repo", USER_FILES)
-    users_worktree = bridge.tmp / "users-worktree"
-    git(repo, "worktree", "add", "-q", str(users_worktree), "-b", "users-branch")
     users_folder = bridge.tmp / "users-folder"
     users_folder.mkdir()
     (users_folder / "keep.txt").write_text("a folder that is not the bridge's worktree\n")
     with bridge.client() as client:
-        job = final(client, task="!write=b.txt:bee !commit=work", cwd=str(repo), isolation="worktree")
-        job_id = job.field("JOB_ID")
-        path = bridge.jobs / "worktrees" / job_id
-        admin = Path(git_text(str(path), "rev-parse", "--absolute-git-dir"))
+        _, users_worktree, job_id, path, admin = worktree_job_beside_users_worktree(bridge, client)
         users_admin = Path(git_text(str(users_worktree), "rev-parse", "--absolute-git-dir"))
         shutil.rmtree(path)
         users_folder.rename(path)
