@@ -30,9 +30,10 @@ FILE_RIGHTS = WRITE_FILE | TRUNCATE | READ_FILE  # the rights a rule on a file (
 # 6.18, measured).
 PR_CAPBSET_DROP, LAST_CAPABILITY = 24, 63
 ROOT_KEEPS = frozenset(range(0, 8)) | {10}  # CHOWN .. SETUID, NET_BIND_SERVICE
-# What a shell, a pty of the job's own and Python's multiprocessing write to. /dev/pts holds the user's terminals
-# too, and Landlock cannot grant a new pty without them (the peer of /dev/ptmx is opened under its path's rules, so
-# Hermes' pty mode needs the folder); typing into another terminal (TIOCSTI, TIOCLINUX) is refused by seccomp.
+# What a shell, a pty of the job's own and Python's multiprocessing write to. Landlock cannot grant a new pty
+# without /dev/pts (the peer of /dev/ptmx is opened under its path's rules, so Hermes' pty mode needs the folder):
+# the step gives the job a /dev/pts and a /dev/shm of its own first (private_devices), and where it cannot, typing
+# into another terminal (TIOCSTI, TIOCLINUX) is still refused by seccomp.
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx",
            "/dev/pts", "/dev/shm")
 # The user's session services, reached through sockets Landlock ABI 7 does not govern (connecting to a named
@@ -251,11 +252,16 @@ def step_argv(writable: list[str], argv: list[str], unreadable: list[str] | None
     the profile made from the same lists."""
     if sys.platform == "darwin":
         return [SANDBOX_EXEC, "-p", seatbelt_profile(writable, unreadable or [], connect_port), *argv]
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    boot = (f"import sys; sys.path.insert(0, sys.argv.pop(1)); from {SANDBOX_STEP} import step; step()")
     network = [CONNECT_MARK, str(connect_port)] if connect_port is not None else []
     reading = [UNREADABLE_MARK, *unreadable] if unreadable is not None else []
-    return [sys.executable, "-I", "-S", "-B", "-c", boot, package_parent, *network, *writable, *reading, "--", *argv]
+    return [*this_module_calling("step"), *network, *writable, *reading, "--", *argv]
+
+
+def this_module_calling(function: str) -> list[str]:
+    """A Python that imports this module alone and calls one of its functions of no argument."""
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    boot = f"import sys; sys.path.insert(0, sys.argv.pop(1)); from {SANDBOX_STEP} import {function}; {function}()"
+    return [sys.executable, "-I", "-S", "-B", "-c", boot, package_parent]
 
 
 def seatbelt_profile(writable: list[str], unreadable: list[str] | None = None, connect_port: int | None = None) -> str:
@@ -277,6 +283,64 @@ def seatbelt_profile(writable: list[str], unreadable: list[str] | None = None, c
                       *hidden, "(deny signal (target others))", *network]) + "\n"
 
 
+# A mount namespace of the job's own (Linux's stable ABI through libc; the standard library has no unshare or
+# mount): a new devpts instance over /dev/pts, which /dev/ptmx then opens its ptys in (Linux 4.7 and later), so the
+# user's terminals are not there to write to; a tmpfs over /dev/shm, gone when the job's last process is. Root
+# makes the namespace itself; a user makes it in a user namespace of its own that maps only its own ids.
+CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
+PRIVATE_MOUNTS = ((b"devpts", b"/dev/pts", MS_NOSUID | MS_NOEXEC, b"newinstance,ptmxmode=0666,mode=0620"),
+                  (b"tmpfs", b"/dev/shm", MS_NOSUID | MS_NODEV, b"mode=1777"))
+
+
+def private_devices() -> None:
+    """Give this process (and all it starts) a /dev/pts and a /dev/shm of its own; OSError naming the step that
+    failed. A user tries first in a child: a user namespace left without its ids would make every file the job
+    writes fail, so this process enters one only where the child's whole attempt succeeded."""
+    user = os.geteuid() != 0
+    if user:
+        reading, writing = os.pipe()
+        child = os.fork()
+        if child == 0:
+            try:
+                enter_private_devices(user)
+            except OSError as exc:
+                os.write(writing, str(exc).encode())
+                os._exit(1)
+            os._exit(0)
+        os.close(writing)
+        failure = os.read(reading, 4096).decode(errors="replace")
+        os.close(reading)
+        if os.waitpid(child, 0)[1] != 0:
+            raise OSError(failure or "the attempt in a child failed")
+    enter_private_devices(user)
+
+
+def private_devices_refusal() -> str:
+    """Why a job here shares the user's /dev/pts and /dev/shm ("" when it has its own), tried as the step does,
+    in a process of its own."""
+    import subprocess
+
+    tried = subprocess.run(this_module_calling("private_devices"), capture_output=True, timeout=30)
+    return "" if tried.returncode == 0 else tried.stderr.decode(errors="replace").strip().splitlines()[-1]
+
+
+def enter_private_devices(user: bool) -> None:
+    call = libc()
+    ids = os.getuid(), os.getgid()
+    if call.unshare(CLONE_NEWNS | (CLONE_NEWUSER if user else 0)) != 0:
+        raise OSError(ctypes.get_errno(), f"unshare: {os.strerror(ctypes.get_errno())}")
+    if user:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{ids[0]} {ids[0]} 1"),
+                           ("gid_map", f"{ids[1]} {ids[1]} 1")):
+            with open(f"/proc/self/{name}", "w") as written:
+                written.write(text)
+    # the namespace's mounts private first: a mount made after would otherwise reach the user's namespace too
+    for kind, target, flags, options in ((None, b"/", MS_REC | MS_PRIVATE, None), *PRIVATE_MOUNTS):
+        if call.mount(kind, target, kind, ctypes.c_ulong(flags), options) != 0:
+            raise OSError(ctypes.get_errno(), f"mount {target.decode()}: {os.strerror(ctypes.get_errno())}")
+
+
 def step() -> None:
     """The program step_argv runs: confine, then exec Hermes; if Landlock refuses, Hermes is not started."""
     separator = sys.argv.index("--")  # writable paths are absolute: none is "--"
@@ -285,6 +349,11 @@ def step() -> None:
     paths = paths[2:] if connect_port is not None else paths
     unreadable = paths[paths.index(UNREADABLE_MARK) + 1:] if UNREADABLE_MARK in paths else None
     writable = paths[:paths.index(UNREADABLE_MARK)] if UNREADABLE_MARK in paths else paths
+    try:
+        private_devices()
+    except OSError as exc:
+        sys.stderr.write(f"[bridge] this job shares your /dev/pts and /dev/shm (a mount namespace of its own could "
+                         f"not be made: {exc}); typing into your terminals stays refused\n")
     try:
         confine(writable, read_grants(unreadable) if unreadable is not None else None, connect_port)
     except OSError as exc:
@@ -304,6 +373,10 @@ def support_line(mode: str) -> str:
     found = mechanism()
     if found.name:
         scoped = "; it cannot signal processes outside it" if found.signals_scoped else ""
+        if found.name.startswith("Landlock"):
+            refusal = private_devices_refusal()
+            scoped += ("; its /dev/pts and /dev/shm are its own" if not refusal else
+                       f"; it shares your /dev/pts and /dev/shm (no mount namespace of its own here: {refusal})")
         return (f"on ({found.name}): a job writes only in its folder, its private temporary folder, Hermes' home "
                 f"(its settings put back at the end) and sandbox_writable{scoped}")
     refused = ("every job is refused (sandbox: required)" if mode == "required"

@@ -210,20 +210,20 @@ def test_the_landing_runs_no_program_of_a_global_config_the_job_wrote(bridge: Br
     assert (repo / "b.txt").read_text() == "b\n" and not mark.exists()
 
 
-def test_a_job_writes_no_terminal_of_the_users_and_its_own_pty_works(bridge: Bridge) -> None:
-    """A job cannot type into a terminal the user has open (the test's pty: TIOCSTI refused), while a pty the job
-    opens itself (as Hermes' pty mode and `script` do) works."""
-    import os
+DEVICE_ATTACKS = ("write terminal", "type terminal", "shm outlives")
 
-    require_sandbox()
-    master, follower = os.openpty()
-    try:
-        terminal = os.ttyname(follower)
-        script = bridge.tmp / "pty.sh"
-        script.write_text(f"""
-if python3 -c 'import fcntl, os, termios; fd = os.open("{terminal}", os.O_RDWR | os.O_NOCTTY)
-for byte in b"pwned": fcntl.ioctl(fd, termios.TIOCSTI, bytes([byte]))'; then echo "DONE terminal" >> tried.txt
-else echo "DENIED terminal" >> tried.txt; fi
+
+def device_attack_script(folder: Path, terminal: str, shm_name: str) -> Path:
+    """A script that writes and types into the test's terminal, leaves a file in /dev/shm, and opens a pty of its
+    own as Hermes' pty mode and `script` do (its output in own-pty.txt); each attempt recorded in tried.txt."""
+    script = folder / "devices.sh"
+    script.write_text(f"""
+try() {{ name=$1; shift; if ( "$@" ) >/dev/null 2>&1; then echo "DONE $name"; else echo "DENIED $name"; fi \
+  >> tried.txt; }}
+try "write terminal" sh -c 'printf pwned > {terminal}'
+try "type terminal" python3 -c 'import fcntl, os, termios; fd = os.open("{terminal}", os.O_RDWR | os.O_NOCTTY)
+for byte in b"typed": fcntl.ioctl(fd, termios.TIOCSTI, bytes([byte]))'
+try "shm outlives" sh -c 'echo left > /dev/shm/{shm_name}'
 python3 -c 'import os, pty, sys
 pid, fd = pty.fork()
 if pid == 0:
@@ -240,20 +240,118 @@ while True:
 os.waitpid(pid, 0)
 open("own-pty.txt", "wb").write(out)'
 """)
+    return script
+
+
+def written_to(master: int) -> bytes:
+    import os
+
+    os.set_blocking(master, False)
+    try:
+        return os.read(master, 1024)
+    except BlockingIOError:
+        return b""
+
+
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
+def test_a_job_writes_no_terminal_of_the_users_its_shm_is_its_own_and_its_own_pty_works(bridge: Bridge,
+                                                                                         sandbox: str) -> None:
+    """A sandboxed job cannot write or type into a terminal the user has open (the test's pty), and what it
+    leaves in /dev/shm is gone with it (its /dev/pts and /dev/shm are its own), while a pty the job opens itself
+    works. Unconfined, the same script writes the terminal and leaves its file: the sandbox is what refuses."""
+    import os
+    import uuid
+
+    require_sandbox()
+    bridge.configure(sandbox=sandbox)
+    shm_name = f"bridge-test-{uuid.uuid4().hex}"
+    master, follower = os.openpty()
+    try:
+        script = device_attack_script(bridge.tmp, os.ttyname(follower), shm_name)
         with bridge.client() as client:
             job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
         assert job.field("STATUS") == "ok", job.text
-        assert "DENIED terminal" in (bridge.root / "tried.txt").read_text()
+        tried = (bridge.root / "tried.txt").read_text()
         assert b"from-own-pty" in (bridge.root / "own-pty.txt").read_bytes()
-        os.set_blocking(master, False)
-        try:
-            written = os.read(master, 1024)
-        except BlockingIOError:
-            written = b""
-        assert b"pwned" not in written
+        written = written_to(master)
+        left = Path("/dev/shm", shm_name)
+        if sandbox == "off":
+            assert "DONE write terminal" in tried and b"pwned" in written and left.exists(), tried
+        else:
+            assert all(f"DENIED {attack}" in tried or attack == "shm outlives" for attack in DEVICE_ATTACKS), tried
+            assert b"pwned" not in written and b"typed" not in written
+            assert "DONE shm outlives" in tried and not left.exists(), tried  # it wrote there, and that is gone
     finally:
         os.close(master)
         os.close(follower)
+        Path("/dev/shm", shm_name).unlink(missing_ok=True)
+
+
+def test_two_sandboxed_jobs_do_not_share_dev_shm(bridge: Bridge) -> None:
+    """What one job leaves in /dev/shm does not reach another running beside it (they meet in a folder both may
+    write: the first writes its file, then waits until the second has looked)."""
+    import uuid
+
+    require_sandbox()
+    name = f"bridge-test-{uuid.uuid4().hex}"
+    first, second, meet = bridge.root / "first", bridge.root / "second", bridge.root / "meet"
+    for folder in (first, second, meet):
+        folder.mkdir()
+    wait_for = "for _ in $(seq 300); do [ -e {0} ] && break; sleep 0.1; done"
+    writer = bridge.tmp / "writer.sh"
+    writer.write_text(f"echo mine > /dev/shm/{name} && touch {meet}/wrote\n{wait_for.format(meet / 'looked')}\n")
+    reader = bridge.tmp / "reader.sh"
+    reader.write_text(f"{wait_for.format(meet / 'wrote')}\nif [ -e /dev/shm/{name} ]; then echo seen; else echo "
+                      f"unseen; fi > seen.txt\ntouch {meet}/looked\n")
+    bridge.configure(sandbox_writable=[*bridge.settings["sandbox_writable"], str(meet)])
+    with bridge.client() as client:
+        started = client.call("hermes_run", task=f"!shell={writer}", cwd=str(first), wait_s=0)
+        job = final(client, task=f"!shell={reader}", cwd=str(second))
+        writing = client.wait_final(started.field("JOB_ID"))
+    assert job.field("STATUS") == "ok" and writing.field("STATUS") == "ok", (job.text, writing.text)
+    assert (meet / "wrote").exists() and (second / "seen.txt").read_text() == "unseen\n"
+    assert not Path("/dev/shm", name).exists()
+
+
+@pytest.mark.parametrize("user", ["this user", "nobody"])
+def test_the_step_gives_root_and_a_user_a_dev_pts_and_dev_shm_of_their_own(user: str) -> None:
+    """Root makes the job's mount namespace itself, a user in a user namespace of its own (CI runs as root; a
+    user's way is run through setpriv): the terminal the test opens, which that user may write outside, is not
+    there to write inside, a pty of its own works, and its /dev/shm file is gone when it ends."""
+    import os
+    import shutil
+    import tempfile
+    import uuid
+
+    from claude_hermes_bridge.sandbox import devices, step_argv
+
+    require_sandbox()
+    if user == "nobody" and os.geteuid() != 0:
+        pytest.skip("setpriv to another user needs root (CI runs as root)")
+    as_user = [] if user == "this user" else [shutil.which("setpriv") or "setpriv", "--reuid=65534", "--regid=65534",
+                                         "--clear-groups"]
+    shm = Path("/dev/shm", f"bridge-test-{uuid.uuid4().hex}")
+    folder = Path(tempfile.mkdtemp(prefix="bridge-test-"))  # beside /tmp: the test's own folder is root's alone
+    folder.chmod(0o777)
+    master, follower = os.openpty()
+    try:
+        if user == "nobody":
+            os.fchown(follower, 65534, -1)
+        script = folder / "devices.sh"
+        script.write_text(f"printf pwned > {os.ttyname(follower)} && echo wrote\necho left > {shm}\n"
+                          "script -qc 'echo own pty' /dev/null\n")  # util-linux's script: a pty of its own
+        outside = subprocess.run([*as_user, "sh", str(script)], capture_output=True, timeout=60, cwd=folder)
+        assert b"wrote" in outside.stdout and written_to(master) == b"pwned" and shm.exists(), outside
+        shm.unlink()
+        inside = subprocess.run([*as_user, *step_argv([*devices(), str(folder)], ["/bin/sh", str(script)])],
+                                capture_output=True, timeout=60, cwd=folder)
+        assert inside.stdout == b"own pty\r\n" and b"shares your" not in inside.stderr, inside
+        assert written_to(master) == b"" and not shm.exists()
+    finally:
+        os.close(master)
+        os.close(follower)
+        shm.unlink(missing_ok=True)
+        shutil.rmtree(folder)
 
 
 def tiny_wheel(folder: Path) -> Path:

@@ -101,26 +101,30 @@ def test_a_normal_worktree_job_commits_installs_into_its_venv_and_is_resumed_und
     assert resumed.field("SESSION_ID") == session and resumed.field("SANDBOX").startswith("writes limited to ")
 
 
-def test_what_a_job_plants_to_run_later_is_put_back_or_named_and_it_types_into_no_terminal(
+def test_what_a_job_plants_to_run_later_is_put_back_or_named_and_it_writes_no_terminal(
         sandboxed: tuple[Bridge, BridgeClient, Path]) -> None:
     """Issue 47 with the real Hermes: a job in the user's own repository plants a hook, core.fsmonitor and an
-    alias, writes .claude/settings.json, .mcp.json, .envrc and .vscode/tasks.json, types into a terminal the
-    test has open, and writes 6,000 skills before a hook and a cron job into Hermes' home. The git folder and
-    Hermes' home are put back, the project's files named, the keystrokes refused; its own work stays."""
+    alias, writes .claude/settings.json, .mcp.json, .envrc and .vscode/tasks.json, writes and types into a
+    terminal the test has open, leaves a file in /dev/shm, and writes 6,000 skills before a hook and a cron job
+    into Hermes' home. The git folder and Hermes' home are put back, the project's files named, the terminal out
+    of reach, the /dev/shm file gone with the job; its own work stays."""
     import os
+    import uuid
 
-    from test_containment import PLANTS
+    from test_containment import PLANTS, written_to
 
     bridge, client, home = sandboxed
     repo = make_repo(bridge.root / "repo")
     mark = bridge.tmp / "planted-ran"
     config_before = (repo / ".git" / "config").read_bytes()
     master, follower = os.openpty()
+    shm = Path("/dev/shm", f"bridge-test-{uuid.uuid4().hex}")
     try:
         script = bridge.tmp / "plant.sh"
         script.write_text("\n".join(command.format(mark=mark) for command in PLANTS.values()) + f"""
 mkdir -p .vscode .claude && echo '{{}}' > .vscode/tasks.json && echo '{{}}' > .claude/settings.json
 echo '{{}}' > .mcp.json && echo 'export X=1' > .envrc && echo work > work.txt
+printf pwned > {os.ttyname(follower)}; echo left > /dev/shm/{shm.name}
 python3 -c 'import fcntl, os, termios; fd = os.open("{os.ttyname(follower)}", os.O_RDWR | os.O_NOCTTY)
 fcntl.ioctl(fd, termios.TIOCSTI, b"x")' || echo typing-refused > typed.txt
 python3 -c 'import pathlib; s = pathlib.Path("{home}/skills/many"); s.mkdir(parents=True)
@@ -129,9 +133,12 @@ mkdir -p {home}/hooks/evil {home}/cron && echo pwned > {home}/hooks/evil/handler
 """)
         job = finish(client, client.call("hermes_run", task=f"Plant.\nRUN: sh {script}; echo planted",
                                          cwd=str(repo), wait_s=45))
+        written = written_to(master)
     finally:
         os.close(master)
         os.close(follower)
+        shm.unlink(missing_ok=True)
+    assert b"pwned" not in written and not shm.exists(), "the job wrote the test's terminal or left /dev/shm files"
     assert job.field("STATUS") == "ok", job.text
     assert (repo / "work.txt").read_text() == "work\n" and (repo / "typed.txt").read_text() == "typing-refused\n"
     assert (repo / ".git" / "config").read_bytes() == config_before

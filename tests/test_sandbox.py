@@ -158,6 +158,7 @@ def test_health_says_what_the_sandbox_does_here(bridge: Bridge) -> None:
         health = client.call("hermes_health")
     assert health.field("SANDBOX").startswith("on (Landlock ABI "), health.text
     assert "it cannot signal processes outside it" in health.field("SANDBOX")
+    assert "its /dev/pts and /dev/shm are its own" in health.field("SANDBOX"), health.text
 
 
 def test_the_step_confines_then_becomes_the_program_and_starts_nothing_it_cannot_confine(tmp_path: Path) -> None:
