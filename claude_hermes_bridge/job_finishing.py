@@ -4,6 +4,7 @@ listed or the worktree's work saved, the usage read; then the outcome written wh
 the job's files removed, and the next queued job started."""
 import contextlib
 import dataclasses
+import os
 import shutil
 import time
 from pathlib import Path
@@ -18,8 +19,8 @@ from .job_network import JobNetwork
 from .job_queue import start_queued
 from .jobs import GUARD_NOTES_KEPT, LATE_ANSWERS_KEPT, REFUSED_PATHS_KEPT, Outcome
 from .repo_guard import check_repository
-from .safe_io import DamagedRecord, clean_text, disk_error
-from .sandbox import refused_paths
+from .safe_io import DamagedRecord, clean_text, disk_error, within_any
+from .sandbox import refused_paths, unreadable_paths
 from .supervised_job import SupervisedJob
 from .worktrees import save_worktree_work
 
@@ -108,14 +109,18 @@ class JobFinish:
             wait_s = min(wait_s * 2, OUTCOME_RETRY_MAX_WAIT_S)
 
     def note_refusals(self, session_id: str | None) -> None:
-        """The writes the sandbox refused, as the job's tools reported them (their results in Hermes' store, and
-        the job's log), outside what the job may write: SANDBOX_DENIED."""
+        """What the sandbox refused, as the job's tools reported them (their results in Hermes' store, and the
+        job's log), outside what the job may write: SANDBOX_DENIED, reads of the keys it keeps apart."""
         texts = [clean_text(read_tail(self.job.store.log_path(self.job.job_id), REFUSAL_LOG_BYTES)[0])]
         since = self.job.record.started_at
         if session_id and since is not None:
             with contextlib.suppress(StoreUnavailable):
                 texts += read_store(self.job.cfg, lambda db: refusal_texts(db, session_id, since))
-        self.job.record.sandbox_refused = refused_paths(texts, self.writable, REFUSED_PATHS_KEPT)
+        refused = refused_paths(texts, self.writable, REFUSED_PATHS_KEPT)
+        unreadable = unreadable_paths(os.path.expanduser("~"), self.job.cfg.sandbox_unreadable)
+        self.job.record.sandbox_unread = [path for path in refused
+                                          if within_any(path, unreadable) or path.startswith("/proc/")]
+        self.job.record.sandbox_refused = [path for path in refused if path not in self.job.record.sandbox_unread]
 
     def put_back_home(self) -> None:
         """What the sandboxed job changed of Hermes' settings put back, reported and audited."""

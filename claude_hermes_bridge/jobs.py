@@ -296,7 +296,8 @@ class JobRecord:
     landed: dict[str, Any] | None = checked(is_landed)  # what hermes_land did with the work: action, how, at
     repository: list[str] = checked(is_guard_notes, factory=list)  # what the job changed in its shared repository
     sandbox: str | None = checked(is_text)  # what the operating system confined the job to, or why nothing
-    sandbox_refused: list[str] = checked(is_refused_paths, factory=list)  # SANDBOX_DENIED
+    sandbox_refused: list[str] = checked(is_refused_paths, factory=list)  # SANDBOX_DENIED: writes
+    sandbox_unread: list[str] = checked(is_refused_paths, factory=list)  # SANDBOX_DENIED: keys and credentials
     network_mode: str | None = checked(is_network_mode)  # as the job was started with (None: an older bridge's)
     network: str | None = checked(is_text)  # what the job may reach over the network, and what was refused
     dequeued_at: float | None = checked(is_number)  # a queued job's start: when a slot freed (wall clock)

@@ -239,15 +239,25 @@ def start_line(record: JobRecord) -> list[str]:
 SANDBOX_CHARS = 3000
 
 
+def listed_paths(paths: list[str]) -> str:
+    return ", ".join(shown(path, 200) for path in paths[:8]) + (" ..." if len(paths) > 8 else "")
+
+
 def sandbox_lines(record: JobRecord) -> list[str]:
     """What the operating system confined the job to, and what it changed of Hermes' settings and of its
     repository's git folder (put back)."""
     lines = [f"SANDBOX: {shown(record.sandbox, SANDBOX_CHARS)}"] if record.sandbox else []
+    denied = []
     if refused := record.sandbox_refused:
-        lines.append(f"SANDBOX_DENIED: the sandbox refused writes to {plural(len(refused), 'path')} outside the job's "
-                     f"folders, as its tools reported them: {', '.join(shown(path, 200) for path in refused[:8])}"
-                     + (" ..." if len(refused) > 8 else "") + ". If the work needed them, that is why it failed: "
-                     "add the folder to sandbox_writable, or run it with sandbox: off")
+        denied.append(f"the sandbox refused writes to {plural(len(refused), 'path')} outside the job's folders, as its "
+                      f"tools reported them: {listed_paths(refused)}. If the work needed them, that is why it failed: "
+                      "add the folder to sandbox_writable, or run it with sandbox: off")
+    if unread := record.sandbox_unread:
+        denied.append(f"the sandbox refused reading {plural(len(unread), 'path')} it keeps from every job (keys, "
+                      "credentials and other processes' /proc; sandbox_unreadable adds more), as its tools reported "
+                      f"them: {listed_paths(unread)}")
+    if denied:
+        lines.append("SANDBOX_DENIED: " + " | ".join(denied))
     if record.network:
         lines.append(f"NETWORK: {shown(record.network, 1500)}")
     if record.hermes_home:
@@ -407,6 +417,8 @@ def containment_facts(record: "JobRecord") -> list[list[str]]:
     rows = [["sandbox", shown(record.sandbox, SANDBOX_CHARS)]] if record.sandbox else []
     if record.sandbox_refused:
         rows.append(["refused by the sandbox", ", ".join(shown(path, 200) for path in record.sandbox_refused)])
+    if record.sandbox_unread:
+        rows.append(["kept from reading", ", ".join(shown(path, 200) for path in record.sandbox_unread)])
     if record.network:
         rows.append(["network", shown(record.network, 1500)])
     if record.repository and not record.worktree:

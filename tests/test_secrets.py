@@ -42,7 +42,8 @@ def test_a_sandboxed_job_cannot_read_the_users_keys_and_reads_everything_else(br
                       + f"\nif grep -a OUTSIDER /proc/{outsider.pid}/environ; then echo 'READ environ'; else echo "
                         "'DENIED environ'; fi >> tried.txt"
                       + "\nls " + str(home / ".ssh") + " > listing.txt\npython3 -c 'import json, sqlite3' && echo "
-                        "'python works' >> tried.txt\ngit --version > /dev/null && echo 'git works' >> tried.txt\n")
+                        "'python works' >> tried.txt\ngit --version > /dev/null && echo 'git works' >> tried.txt\n"
+                      + f"cat {home}/.aws/credentials > /dev/null || true\n")  # its refusal in the job's output
     from test_worktrees import client_of
 
     try:
@@ -60,6 +61,10 @@ def test_a_sandboxed_job_cannot_read_the_users_keys_and_reads_everything_else(br
     assert "python works" in tried and "git works" in tried, tried
     assert "reading: your credentials unreadable (" in job.field("SANDBOX"), job.text
     assert str(home / ".ssh") in job.field("SANDBOX")
+    assert job.field("SANDBOX_DENIED") == (  # the refusals in the job's output: cat's, and grep's of the environ
+        "the sandbox refused reading 2 paths it keeps from every job (keys, credentials and other processes' /proc; "
+        f"sandbox_unreadable adds more), as its tools reported them: /proc/{outsider.pid}/environ, "
+        f"{home}/.aws/credentials"), job.text
 
 
 def test_without_the_sandbox_the_same_job_reads_them(bridge: Bridge) -> None:
