@@ -136,3 +136,11 @@ if ! command -v tmux >/dev/null; then
   apt-get install -y -qq tmux >/dev/null || { apt-get update -qq && apt-get install -y -qq tmux >/dev/null; }
 fi
 echo "tmux: $(tmux -V)"
+
+# cargo for the sandbox's everyday-work test: the user's own (rustup's ~/.cargo/bin) where there is one, else
+# Debian's.
+if ! command -v cargo >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
+  echo "installing cargo (Debian)"
+  apt-get install -y -qq cargo >/dev/null || { apt-get update -qq && apt-get install -y -qq cargo >/dev/null; }
+fi
+echo "cargo: $(command -v cargo >/dev/null && cargo --version || "$HOME/.cargo/bin/cargo" --version)"

@@ -418,6 +418,67 @@ attempt import .venv/bin/python -c 'import tinymod'
     assert "the tool cache" in job.field("SANDBOX") and (bridge.jobs / "cache" / "uv").is_dir()
 
 
+def local_cargo_registry(folder: Path) -> Path:
+    """A cargo registry on disk holding one crate (tinycrate 0.1.0), made here: cargo unpacks what it uses from
+    it into CARGO_HOME, as it does from crates.io."""
+    import hashlib
+    import io
+    import json
+    import tarfile
+
+    registry = folder / "registry"
+    (registry / "index" / "ti" / "ny").mkdir(parents=True)
+    crate = registry / "tinycrate-0.1.0.crate"
+    files = {"Cargo.toml": b'[package]\nname = "tinycrate"\nversion = "0.1.0"\nedition = "2021"\n',
+             "src/lib.rs": b"pub fn value() -> u32 { 41 + 1 }\n"}
+    with tarfile.open(crate, "w:gz") as archive:
+        for name, data in files.items():
+            entry = tarfile.TarInfo(f"tinycrate-0.1.0/{name}")
+            entry.size, entry.mode = len(data), 0o644
+            archive.addfile(entry, io.BytesIO(data))
+    (registry / "index" / "ti" / "ny" / "tinycrate").write_text(json.dumps(
+        {"name": "tinycrate", "vers": "0.1.0", "deps": [], "cksum": hashlib.sha256(crate.read_bytes()).hexdigest(),
+         "features": {}, "yanked": False}) + "\n")
+    return registry
+
+
+def test_cargo_builds_with_a_dependency_in_a_sandboxed_job_through_the_bridges_cache(bridge: Bridge) -> None:
+    """Issue 47: cargo unpacks its dependencies into CARGO_HOME (~/.cargo by default), which the sandbox keeps
+    read-only; the job's CARGO_HOME is the bridge's cache. Run with the home's CARGO_HOME named again it is
+    refused; as the job gets it, the build runs and the user's ~/.cargo is not written."""
+    import shutil
+
+    require_sandbox()
+    user_cargo = Path.home() / ".cargo" / "bin" / "cargo"
+    cargo = shutil.which("cargo") or (str(user_cargo) if user_cargo.exists() else None)
+    assert cargo, "cargo is not installed (tests/install_e2e.sh installs Debian's)"
+    rustup_home = Path.home() / ".rustup"  # rustup's cargo finds its toolchain there; the job's HOME is the test's
+    registry = local_cargo_registry(bridge.tmp)
+    (bridge.root / "src").mkdir()
+    (bridge.root / "src" / "main.rs").write_text('fn main() { println!("{}", tinycrate::value()); }\n')
+    (bridge.root / "Cargo.toml").write_text('[package]\nname = "app"\nversion = "0.1.0"\nedition = "2021"\n'
+                                            '[dependencies]\ntinycrate = "0.1"\n')
+    (bridge.root / ".cargo").mkdir()
+    (bridge.root / ".cargo" / "config.toml").write_text(
+        f'[source.crates-io]\nreplace-with = "local"\n[source.local]\nlocal-registry = "{registry}"\n')
+    home = bridge.tmp / "home"
+    script = bridge.tmp / "cargo.sh"
+    script.write_text(f"""
+{f"export RUSTUP_HOME={rustup_home}" if rustup_home.is_dir() else ""}
+attempt() {{ name=$1; shift; if "$@" >> build.log 2>&1; then echo "DONE $name" >> tried.txt; \
+else echo "FAILED $name" >> tried.txt; fi; }}
+attempt cargo-home env CARGO_HOME={home}/.cargo {cargo} build -q --offline
+attempt cargo {cargo} run -q --offline
+""")
+    with bridge.client() as client:
+        job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
+    assert job.field("STATUS") == "ok", job.text
+    tried, log = (bridge.root / "tried.txt").read_text(), (bridge.root / "build.log").read_text()
+    assert "FAILED cargo-home" in tried and "Permission denied" in log, (tried, log[-2000:])
+    assert "DONE cargo" in tried and log.rstrip().endswith("42"), (tried, log[-2000:])
+    assert not (home / ".cargo").exists() and (bridge.jobs / "cache" / "cargo" / "registry").is_dir()
+
+
 def require_component_path(path: Path, what: str) -> Path:
     from conftest import require_component
 
