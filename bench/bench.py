@@ -31,6 +31,7 @@ from test_real_hermes import write_hermes_home  # noqa: E402
 
 import harness  # noqa: E402
 from claude_hermes_bridge.folder_changes import snapshot_folder  # noqa: E402
+from claude_hermes_bridge.hermes_acp import WarmHermes  # noqa: E402
 from claude_hermes_bridge.job_queue import supervisor_argv  # noqa: E402
 from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore  # noqa: E402
 from claude_hermes_bridge.launch import JobRequest  # noqa: E402
@@ -509,6 +510,44 @@ def warm_start_rows(runs: int) -> list[Row]:
     return rows
 
 
+def session_new_rows(runs: int) -> list[Row]:
+    """Issue 51: what `session/new` spends in a new folder on a `hermes acp` already warmed by a session in
+    another folder (what a standby readied elsewhere would pay), against one more session in the warmed folder,
+    alternating, for each real Hermes with ACP. What keeps a worktree job cold is elsewhere: the sandbox's rules
+    and 0.19.0's prompt are bound to the folder at Hermes' spawn."""
+    rows = []
+    for version in REAL_ACP_VERSIONS:
+        exe = REAL_HERMES_VERSIONS[version]
+        if not exe.exists():
+            print(f"session/new rows: the real Hermes {version} is not installed (bash tests/install_e2e.sh)")
+            continue
+        with tempfile.TemporaryDirectory() as tmp, ScriptedModel(Path(tmp)) as model:
+            home, warmed = Path(tmp) / "home", Path(tmp) / "warmed"
+            write_hermes_home(home, model.base_url)
+            warmed.mkdir()
+            proc = subprocess.Popen([str(exe), "acp"], cwd=warmed, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, env=dict(os.environ, HERMES_HOME=str(home), HOME=tmp))
+            hermes = WarmHermes(proc)
+            times: dict[str, list[float]] = {"new": [], "same": []}
+            try:
+                hermes.warm_up(str(warmed), 120)
+                for n in range(runs):
+                    for side in ("new", "same"):
+                        folder = Path(tmp) / f"new-{n}" if side == "new" else warmed
+                        folder.mkdir(exist_ok=True)
+                        start = time.perf_counter()
+                        hermes.request("session/new", {"cwd": str(folder), "mcpServers": []}, 120)
+                        times[side].append(ms_since(start))
+            finally:
+                proc.stdin.close()  # type: ignore[union-attr]
+                proc.wait(30)
+        rows.append(Row(f"session/new on a warmed hermes acp {version}, a new folder (floor: the warmed folder)",
+                        times["new"], times["same"], "ms",
+                        f"measured: ratio {statistics.median(times['new']) / statistics.median(times['same']):.2f}",
+                        "none: what a warm worktree job would still pay"))
+    return rows
+
+
 def machine() -> str:
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -551,6 +590,7 @@ def main(argv: list[str]) -> int:
             bridge.kill_leftovers()
     rows += jobs_listing(sizes, runs)
     rows += warm_start_rows(max(5, runs) if not args.tiny else runs)
+    rows += session_new_rows(runs * 3)
     print(f"machine: {machine()}")
     print(f"runs: {runs} per figure ({calls} for single calls); total {time.time() - started:.0f} s\n")
     header = ["figure", "bridge: median (min-max)", "floor: median (min-max)", "result", "target"]

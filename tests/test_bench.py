@@ -22,7 +22,8 @@ ROWS = ["server start: spawn to the initialize reply", "cold start: spawn, initi
         "hermes_jobs with 100 records",
         "hermes_jobs with 1,000 records",
         *(f"hermes_run until the model's first request, Hermes {version} over ACP, warm"
-          for version in REAL_ACP_VERSIONS)]
+          for version in REAL_ACP_VERSIONS),
+        *(f"session/new on a warmed hermes acp {version}, a new folder" for version in REAL_ACP_VERSIONS)]
 
 
 def test_bench_runs_tiny_and_prints_every_row():
