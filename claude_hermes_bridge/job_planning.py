@@ -46,6 +46,9 @@ class JobPlanner:
             exe = usable_hermes(cfg)
             if record.worktree and not os.path.isdir(record.worktree["path"]):
                 self.make_worktree(record.worktree)
+            elif record.worktree and self.warm:
+                job.note(f"worktree {record.worktree['path']} on branch {record.worktree['branch']} at "
+                         f"{record.worktree['base'][:12]}, readied by the warm standby before the job")
             if record.worktree:
                 own_objects(job.store, record)
                 guard_repository(job.store, record)

@@ -38,8 +38,17 @@ from .safe_io import (
     running_process,
     shown,
 )
-from .standby import TAKE_ANSWER_S, is_alive_standby, launch_key, standby_folder
-from .worktrees import WORKTREE_BRANCH_PREFIX, is_own_folder, remove_worktree, save_worktree_work, worktree_of
+from .standby import LEFTOVER_RE, TAKE_ANSWER_S, is_alive_standby, launch_key, standby_folder
+from .worktrees import (
+    WORKTREE_BRANCH_PREFIX,
+    folder_below,
+    is_own_folder,
+    remove_worktree,
+    save_worktree_work,
+    warm_worktree_refusal,
+    worktree_of,
+    worktree_place,
+)
 
 STANDBY_LOG_BYTES = 1 << 20
 
@@ -126,7 +135,7 @@ def new_record(store: JobStore, request: JobRequest) -> JobRecord:
     if record.worktree and "path" not in record.worktree:
         path = str(store.worktree_path(job_id))
         record.worktree.update(path=path, branch=WORKTREE_BRANCH_PREFIX + job_id)
-        record.cwd = os.path.join(path, *record.worktree["subdir"].split("/")) if record.worktree["subdir"] else path
+        record.cwd = folder_below(path, record.worktree["subdir"])
     return record
 
 
@@ -158,6 +167,7 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
     opens, reads or waits on a file a job could have planted (see claim_id, open_append, write_atomic)."""
     record = new_record(store, request)
     job_id = record.id
+    planned = dict(record.worktree) if record.worktree else None
     standby = ready_standby(cfg, store, record)
     log = keep_record(store, record)
     with log:
@@ -167,6 +177,7 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
             return record
         if record.start == "warm":
             record.standby_marker, record.start = None, "cold: the standby did not answer in time"
+            record.worktree = planned  # made by the job after all
             with contextlib.suppress(OSError):
                 store.write(record)
         started = spawn_supervisor(cfg, store, record, log)
@@ -176,7 +187,8 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
 
 
 def warm_startable(cfg: Config, record: JobRecord) -> bool:
-    return record.driver == "acp" and cfg.warm_start and not record.worktree
+    return (record.driver == "acp" and cfg.warm_start
+            and (not record.worktree or not warm_worktree_refusal(record.worktree)))
 
 
 def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> dict[str, Any] | None:
@@ -186,13 +198,16 @@ def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> dict[str, 
         record.start = "cold: the CLI driver starts Hermes for each job"
     elif not cfg.warm_start:
         record.start = "cold: warm_start is off"
-    elif record.worktree:
-        record.start = "cold: a worktree job's folder is new, and a warm Hermes is readied for a known folder"
+    elif record.worktree and (refusal := warm_worktree_refusal(record.worktree)):
+        record.start = f"cold: {refusal}"
     else:
         ready = read_json(standby_folder(store) / "ready.json")
-        why = standby_mismatch(cfg, ready, record.cwd or "")
+        place = worktree_place(record.worktree) if record.worktree else record.cwd or ""
+        why = standby_mismatch(cfg, ready, place) or (readied_mismatch(store, ready) if record.worktree else None)
         if why is None:
             record.start, record.standby_marker = "warm", str(ready["marker"])
+            if record.worktree:  # the standby moves its worktree to the job's place when it takes the job
+                record.worktree.update({key: ready["worktree"][key] for key in ("admin", "identity")})
             return cast(dict[str, Any], ready)
         record.start = f"cold: {why}"
     return None
@@ -203,6 +218,8 @@ def standby_mismatch(cfg: Config, ready: Any, folder: str) -> str | None:
     if not isinstance(ready, dict) or not is_standby_marker(ready.get("marker")):
         return "no warm Hermes is waiting (one is readied after a job starts, for the next in its folder)"
     if ready.get("folder") != folder:
+        if "worktree" in ready and folder.startswith("a worktree of "):
+            return "the warm Hermes waiting readied a worktree of another repository or commit (HEAD moved since)"
         return "the warm Hermes waiting was readied for another folder"
     try:
         exe = locate_hermes(cfg).usable or ""
@@ -212,6 +229,19 @@ def standby_mismatch(cfg: Config, ready: Any, folder: str) -> str | None:
         return "the warm Hermes waiting was started with other settings (config, Hermes, its home or environment)"
     if not is_alive_standby(ready):
         return "the warm Hermes waiting had exited"
+    return None
+
+
+def readied_mismatch(store: JobStore, ready: dict[str, Any]) -> str | None:
+    """Why a standby's readied worktree cannot become a job's (None: it can): it must be a folder of the bridge's
+    own making, as it made it (its name a standby's, in the jobs folder, its identity the same)."""
+    readied = ready.get("worktree")
+    if not isinstance(readied, dict) or not all(isinstance(readied.get(key), str) for key in ("path", "admin")):
+        return "the warm Hermes waiting readied no worktree"
+    path = readied["path"]
+    if (os.path.dirname(path) != str(store.root / "worktrees") or not LEFTOVER_RE.fullmatch(os.path.basename(path))
+            or not is_own_folder({"path": path, "identity": readied.get("identity")})):
+        return "the worktree the warm Hermes readied is not as it made it"
     return None
 
 

@@ -29,6 +29,7 @@ import psutil
 
 from .config import SETTINGS, Config, audit, load_config
 from .drivers import WarmStart, hermes_launch, private_tmp_of, sandbox_writable, start_hermes, usable_hermes
+from .git_calls import GitFailed, git_text
 from .hermes_acp import ACP_SESSION_RE, WarmHermes, approval_policy_dir
 from .hermes_cli import hermes_env
 from .hermes_store import StoreUnavailable, read_store
@@ -51,6 +52,16 @@ from .safe_io import (
 )
 from .sandbox import mechanism as sandbox_mechanism
 from .supervisor import Supervisor
+from .worktrees import (
+    PLANNED_KEYS,
+    folder_below,
+    hand_over_worktree,
+    object_environment,
+    ready_worktree,
+    remove_readied_worktree,
+    warm_worktree_refusal,
+    worktree_place,
+)
 
 POLL_S = 0.1  # how soon a taken standby answers; 0.15 CPU-seconds a minute while it waits
 TAKE_ANSWER_S = 3.0  # how long a server waits for the standby to answer a take before it starts the job cold
@@ -128,10 +139,11 @@ class Standby:
     """A prepared Hermes, as the standby holds it until a job takes it."""
 
     key: str
-    folder: str
+    folder: str  # the folder it was readied for, or for worktree jobs, worktree_place
     marker: str
     warm: WarmStart
     prepared_s: float
+    worktree: dict[str, Any] | None = None  # the worktree it readied (ready_worktree), until a job takes it
 
 
 def copy_stream(stream: Any) -> None:
@@ -141,16 +153,28 @@ def copy_stream(stream: Any) -> None:
             os.write(2, chunk)
 
 
-def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str) -> Standby:
+def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str,
+            planned: dict[str, Any] | None = None) -> Standby:
     """Hermes started as a job's would be (the sandbox with a private temporary folder of its own, the managed
-    policy, the environment), initialized, and warmed with a throw-away session in folder. OSError: not ready."""
+    policy, the environment), initialized, and warmed with a throw-away session in folder; given a worktree
+    job's plan, in a worktree it readies for the next such job (folder: its place). OSError: not ready."""
     started = time.monotonic()
     marker = "standby:" + secrets.token_hex(16)
     owned = f"standby-{os.getpid()}-{secrets.token_hex(6)}"  # its folders, by the pid sweep_leftovers looks at
+    place, worktree = folder, None
+    if planned:
+        try:
+            worktree = ready_worktree(store, owned, planned)
+        except GitFailed as exc:
+            remove_readied_worktree(store, owned)
+            raise OSError(f"its worktree could not be made: {exc}") from None
+        folder = folder_below(worktree["path"], planned["subdir"])
     found = sandbox_mechanism() if cfg.sandbox != "off" else None
     private_tmp = private_tmp_of(store, owned) if found and found.name else None
-    writable = sandbox_writable(cfg, folder, private_tmp, None) if private_tmp else []
-    argv, env = hermes_launch(cfg, [exe, "acp"], marker, writable, private_tmp)
+    own = worktree["path"] if worktree else folder
+    writable = sandbox_writable(cfg, own, private_tmp, worktree) if private_tmp else []
+    git_environment = object_environment(worktree["objects"], worktree["repo"]) if worktree else None
+    argv, env = hermes_launch(cfg, [exe, "acp"], marker, writable, private_tmp, git_environment)
     policy = approval_policy_dir(int(cfg.approval_timeout_s), store.policy_path(owned))
     proc = start_hermes(argv, folder, dict(env, HERMES_MANAGED_DIR=str(policy)), subprocess.PIPE, subprocess.PIPE,
                         subprocess.PIPE)
@@ -163,27 +187,42 @@ def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str) -> St
     try:
         warm.hermes.warm_up(folder, WARM_UP_S)
     except OSError:
-        dismiss(cfg, warm, marker)
+        dismiss(cfg, warm, marker, worktree)
         raise
-    return Standby(key, folder, marker, warm, round(time.monotonic() - started, 3))
+    return Standby(key, place, marker, warm, round(time.monotonic() - started, 3), worktree)
 
 
 LEFTOVER_RE = re.compile(r"standby-(\d+)-[0-9a-f]{12}")
 
 
 def sweep_leftovers(store: JobStore) -> None:
-    """The private temporary folders and policies of standbys killed before their cleanup (or of the jobs they
-    served): those whose process is gone. A process alive under that pid keeps them (a reused pid only delays)."""
-    for parent in (store.root / "tmp", store.root / "policies"):
+    """The private temporary folders, policies and readied worktrees of standbys killed before their cleanup (or
+    of the jobs they served: a handed-over worktree's old object folder name, a link): those whose process is
+    gone. A process alive under that pid keeps them (a reused pid only delays)."""
+    for parent in (store.root / "tmp", store.root / "policies", store.root / "worktree-objects"):
         with contextlib.suppress(OSError):
             for name in os.listdir(parent):
                 found = LEFTOVER_RE.fullmatch(name)
                 if found and not psutil.pid_exists(int(found.group(1))):
-                    shutil.rmtree(parent / name, ignore_errors=True)
+                    if parent.name == "worktree-objects":
+                        with contextlib.suppress(GitFailed, OSError):
+                            remove_readied_worktree(store, name)
+                    else:
+                        shutil.rmtree(parent / name, ignore_errors=True)
 
 
-def dismiss(cfg: Config, warm: WarmStart, marker: str) -> None:
-    """A standby's Hermes and everything it made, gone (nothing of a job's is touched)."""
+def sweep_own_links(store: JobStore) -> None:
+    """This process's handed-over object folder names (links the warm Hermes' git named), once its Hermes ended."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(store.root / "worktree-objects"):
+            found = LEFTOVER_RE.fullmatch(name)
+            if found and int(found.group(1)) == os.getpid() and os.path.islink(store.worktree_objects_path(name)):
+                os.unlink(store.worktree_objects_path(name))
+
+
+def dismiss(cfg: Config, warm: WarmStart, marker: str, worktree: dict[str, Any] | None = None) -> None:
+    """A standby's Hermes and everything it made, gone (nothing of a job's is touched): given its readied
+    worktree (not handed over), that worktree, its branch and object folder too."""
     proc = warm.hermes.proc
     with contextlib.suppress(psutil.Error):
         stop_tree(Ownership(marker, frozenset({os.getpid()})), psutil.Process(proc.pid), [], cfg.kill_grace_s,
@@ -193,6 +232,9 @@ def dismiss(cfg: Config, warm: WarmStart, marker: str) -> None:
     shutil.rmtree(warm.policy_dir, ignore_errors=True)
     if warm.private_tmp:
         shutil.rmtree(warm.private_tmp, ignore_errors=True)
+    if worktree:
+        with contextlib.suppress(GitFailed, OSError):
+            remove_readied_worktree(JobStore.of(cfg), os.path.basename(worktree["path"]))
     forget_warm_up(cfg, warm.hermes.warm_session)
 
 
@@ -237,9 +279,11 @@ def wait_for_a_job(cfg: Config, store: JobStore, standby: Standby) -> str | None
     folder = standby_folder(store)
     ready, wanted = folder / "ready.json", folder / "wanted.json"
     process = ProcessId.of(psutil.Process())
+    readied = ({"worktree": {key: standby.worktree[key] for key in ("path", "admin", "identity", "base")}}
+               if standby.worktree else {})
     write_atomic(ready, json.dumps({"key": standby.key, "folder": standby.folder, "marker": standby.marker,
                                     **dataclasses.asdict(process), "prepared_s": standby.prepared_s,
-                                    "ready_at": time.time()}).encode())
+                                    "ready_at": time.time(), **readied}).encode())
     idle_until = time.monotonic() + cfg.standby_idle_s
     next_look, next_check = time.monotonic(), time.monotonic() + STALE_CHECK_S
     retiring = False
@@ -248,7 +292,7 @@ def wait_for_a_job(cfg: Config, store: JobStore, standby: Standby) -> str | None
         for name in sorted(names):
             if name.startswith("taken-") and name.endswith(".json"):
                 job_id = name[len("taken-"):-len(".json")]
-                if not still_fits(cfg, standby):  # Hermes' home or the settings changed since the server looked
+                if not still_fits(cfg, standby) or not handed_over(cfg, store, standby, job_id):
                     with contextlib.suppress(OSError):
                         os.rename(folder / name, folder / f"refused-{job_id}.json")
                         (folder / f"refused-{job_id}.json").unlink(missing_ok=True)
@@ -279,6 +323,19 @@ def wait_for_a_job(cfg: Config, store: JobStore, standby: Standby) -> str | None
         time.sleep(POLL_S)
 
 
+def handed_over(cfg: Config, store: JobStore, standby: Standby, job_id: str) -> bool:
+    """A readied worktree made the job's (hand_over_worktree); True too for a standby without one."""
+    if not standby.worktree:
+        return True
+    try:
+        hand_over_worktree(store, standby.worktree, job_id)
+    except (GitFailed, OSError) as exc:
+        audit(cfg, event="standby", job_id=job_id, problem=f"its worktree was not handed over: {exc}")
+        return False
+    standby.worktree = None  # the job's now
+    return True
+
+
 def still_fits(cfg: Config, standby: Standby) -> bool:
     """Whether a job started now would start Hermes as this standby's was started (the key, computed again)."""
     try:
@@ -306,6 +363,7 @@ def serve(cfg: Config, store: JobStore, job_id: str, standby: Standby, subreaper
             forget_warm_up(cfg, standby.warm.hermes.warm_session)
         shutil.rmtree(standby.warm.policy_dir, ignore_errors=True)
         (standby_folder(store) / f"serving-{job_id}.json").unlink(missing_ok=True)
+        sweep_own_links(store)
 
 
 def main(job_id: str) -> int:
@@ -326,6 +384,19 @@ def main(job_id: str) -> int:
         alive.unlink(missing_ok=True)
 
 
+def worktree_plan(planned: dict[str, Any]) -> dict[str, Any] | None:
+    """What the next worktree job on this job's repository would be planned with (its base: HEAD now), or None
+    when such a job cannot start warm (warm_worktree_refusal) or the repository has no HEAD."""
+    if warm_worktree_refusal(planned):
+        return None
+    plan = {key: planned[key] for key in PLANNED_KEYS if key in planned}
+    try:
+        plan["base"] = plan["head"] = git_text(plan["repo"], "rev-parse", "--verify", "HEAD^{commit}")
+    except GitFailed:
+        return None
+    return plan
+
+
 def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
     subreaper = become_subreaper()
     folder = standby_folder(store)
@@ -334,13 +405,17 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
         exe = usable_hermes(cfg)
     except (Refused, Exception):  # noqa: BLE001  (nothing to prepare for)
         return 0
-    cwd = record.cwd or ""
     if cfg.network != "open":  # a job's proxy is its supervisor's: a Hermes started before it would go around it
         return 0
-    if record.worktree or not os.path.isdir(cwd) or not within_any(os.path.realpath(cwd), cfg.roots):
+    planned = worktree_plan(record.worktree) if record.worktree else None
+    if record.worktree and not planned:
+        return 0
+    where = folder_below(planned["repo"], planned["subdir"]) if planned else record.cwd or ""
+    if not os.path.isdir(where) or not within_any(os.path.realpath(where), cfg.roots):
         return 0
     sweep_leftovers(store)
     wait_past_start(store, job_id)
+    cwd = worktree_place(planned) if planned else where
     key = launch_key(cfg, cwd, exe)
     published = read_json(folder / "ready.json")
     if is_alive_standby(published) and published.get("key") == key:
@@ -353,7 +428,7 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
                 return 0  # a later job asked for another
             (folder / "ready.json").unlink(missing_ok=True)  # a dead standby's: the lock says nobody holds it
             try:
-                standby = prepare(cfg, store, cwd, exe, key)
+                standby = prepare(cfg, store, cwd, exe, key, planned)
             except OSError as exc:
                 audit(cfg, event="standby", problem=f"not prepared: {exc}")
                 return 0
@@ -363,7 +438,7 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
                 audit(cfg, event="standby", problem=f"not published: {exc}")
                 taken = None
             if taken is None:
-                dismiss(cfg, standby.warm, standby.marker)
+                dismiss(cfg, standby.warm, standby.marker, standby.worktree)
                 return 0
     except LockTimeout:
         return 0

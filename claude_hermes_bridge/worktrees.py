@@ -1,4 +1,5 @@
 """[both] A worktree job's repository, its worktree made and removed, its work saved as a commit and a patch."""
+import contextlib
 import dataclasses
 import os
 import re
@@ -10,7 +11,7 @@ from .config import Config
 from .folder_changes import runs_later
 from .git_calls import GIT_CHECKOUT_TIMEOUT_S, GitFailed, git, git_text
 from .jobs import CHANGED_LINES, JOB_ID_RE, JobRecord, JobStore
-from .safe_io import Refused, folder_identity, locked, shown
+from .safe_io import IS_WINDOWS, Refused, folder_identity, locked, shown
 
 # A job with isolation "worktree" runs in a git worktree of its own, made and owned by the bridge (Hermes'
 # own --worktree is unfit: DESIGN.md section 13), in the jobs folder: outside the repository, so the main
@@ -218,6 +219,100 @@ def add_worktree(store: "JobStore", job_id: str, worktree: dict[str, Any]) -> li
             worktree["submodules"] = f"not initialised ({exc}): empty in the worktree"
         notes.append(f"submodules {worktree['submodules']}")
     return notes
+
+
+PLANNED_KEYS = ("repo", "base", "head", "base_branch", "subdir", "from", "submodules")  # as the launch plans one
+
+
+def warm_worktree_refusal(planned: dict[str, Any]) -> str | None:
+    """Why a worktree job planned so cannot take a worktree a standby readied ahead of it (None: it can)."""
+    if IS_WINDOWS:
+        return "a readied worktree is renamed for its job, which Windows refuses while Hermes works in it"
+    if planned.get("from") != "head":
+        return "a worktree of your uncommitted files is made from them when its job starts"
+    if planned.get("submodules") != "none":
+        return "a worktree's submodules are initialised for its job"
+    return None
+
+
+def folder_below(top: str, subdir: str) -> str:
+    """A folder of a worktree or repository by its path below the top, as the record keeps it (with /)."""
+    return os.path.join(top, *subdir.split("/")) if subdir else top
+
+
+def worktree_place(planned: dict[str, Any]) -> str:
+    """What a standby readied for worktree jobs stands for (in its key): the repository, the commit, the folder."""
+    return f"a worktree of {planned['repo']} at {planned['base']}, in {planned['subdir'] or '.'}"
+
+
+def ready_worktree(store: "JobStore", name: str, planned: dict[str, Any]) -> dict[str, Any]:
+    """A worktree for the next worktree job on a repository, made by a standby (`name`: its own, as it names
+    its folders) at the base that job would get, with an object folder of its own."""
+    worktree = {key: planned[key] for key in PLANNED_KEYS if key in planned}
+    worktree.update(path=str(store.worktree_path(name)), branch=WORKTREE_BRANCH_PREFIX + name)
+    add_worktree(store, name, worktree)
+    objects = store.worktree_objects_path(name)
+    for part in ("pack", "info"):
+        (objects / part).mkdir(parents=True, exist_ok=True)
+    worktree["objects"] = str(objects)
+    return worktree
+
+
+def hand_over_worktree(store: "JobStore", worktree: dict[str, Any], job_id: str) -> None:
+    """A standby's worktree made the job's, as if the job had made it: moved to the job's place and locked for
+    it, its branch renamed, its object folder too (its old name left as a link: the warm Hermes' git names it).
+    Hermes' folder, the sandbox's rules and the folder's identity follow a rename. Only an untouched worktree
+    at its base is handed over; GitFailed or OSError otherwise, with what was done undone."""
+    top, old_path, old_branch = worktree["repo"], worktree["path"], worktree["branch"]
+    old_objects = worktree["objects"]
+    path, branch = str(store.worktree_path(job_id)), WORKTREE_BRANCH_PREFIX + job_id
+    objects = str(store.worktree_objects_path(job_id))
+    pinned = worktree_git(worktree)
+    if (git_text(old_path, *pinned, "status", "--porcelain", "--untracked-files=all")
+            or git_text(old_path, *pinned, "rev-parse", "HEAD") != worktree["base"]):
+        raise GitFailed("the readied worktree is no longer as it was made")
+    undo: list[Any] = []
+    with repo_lock(store, top):
+        try:
+            git(top, "worktree", "unlock", old_path)
+            undo.append(lambda: git(top, "worktree", "lock", old_path, check=False))
+            git(top, "worktree", "move", old_path, path)
+            undo.append(lambda: git(top, "worktree", "move", path, old_path, check=False))
+            git(top, "branch", "-m", old_branch, branch)
+            undo.append(lambda: git(top, "branch", "-m", branch, old_branch, check=False))
+            os.rename(old_objects, objects)
+            undo.append(lambda: os.rename(objects, old_objects))
+            os.symlink(os.path.basename(objects), old_objects)
+            undo.append(lambda: os.unlink(old_objects))
+            git(top, "worktree", "lock", "--reason", f"claude-hermes-bridge job {job_id}", path)
+        except (GitFailed, OSError):
+            for step in reversed(undo):
+                with contextlib.suppress(GitFailed, OSError):
+                    step()
+            raise
+    worktree.update(path=path, branch=branch, objects=objects)
+
+
+def remove_readied_worktree(store: "JobStore", name: str) -> None:
+    """A worktree a standby readied (worktrees/<name>), its branch and object folder gone, found from the folder
+    itself (its repository from its git files): for a standby killed before it removed its own."""
+    path = str(store.worktree_path(name))
+    if os.path.isdir(path) and not os.path.islink(path):
+        try:
+            common = git_text(path, "rev-parse", "--path-format=absolute", "--git-common-dir")
+            admin = os.path.realpath(os.path.join(path, git_text(path, "rev-parse", "--git-dir")))
+        except GitFailed:
+            common = admin = ""
+        if os.path.basename(common) == ".git":
+            remove_worktree(store, {"repo": os.path.dirname(common), "path": path, "admin": admin,
+                                    "branch": WORKTREE_BRANCH_PREFIX + name}, branch_too=True, job_id=name)
+            git(os.path.dirname(common), "worktree", "prune", check=False)
+    shutil.rmtree(path, ignore_errors=True)
+    objects = store.worktree_objects_path(name)
+    if os.path.islink(objects):
+        os.unlink(objects)
+    else:
+        shutil.rmtree(objects, ignore_errors=True)
 
 
 def save_worktree_work(store: "JobStore", record: "JobRecord") -> None:

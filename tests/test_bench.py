@@ -23,6 +23,8 @@ ROWS = ["server start: spawn to the initialize reply", "cold start: spawn, initi
         "hermes_jobs with 1,000 records",
         *(f"hermes_run until the model's first request, Hermes {version} over ACP, warm"
           for version in REAL_ACP_VERSIONS),
+        *(f"a worktree job until the model's first request, Hermes {version} over ACP, warm"
+          for version in REAL_ACP_VERSIONS),
         *(f"session/new on a warmed hermes acp {version}, a new folder" for version in REAL_ACP_VERSIONS)]
 
 

@@ -72,6 +72,31 @@ def test_the_next_job_takes_the_warm_hermes_and_runs_in_its_own_folder(warm: Any
     assert set(throwaway.values()) <= {0}, throwaway  # warm-up sessions hold no message
 
 
+def test_the_next_worktree_job_takes_the_readied_worktree_and_commits_in_its_own_place(warm: Any) -> None:
+    """Issue 51: after a worktree job, the standby readies a worktree at HEAD with the real Hermes started in it;
+    the next worktree job takes it, its tools run in the job's own worktree (moved there for it), and its commit
+    lands."""
+    from test_warm_worktrees import COMMIT
+    from test_worktrees import git, make_repo
+
+    bridge, _, client, _, _ = warm
+    repo = make_repo(bridge.root / "repo")
+    first = finish(client, client.call("hermes_run", task="First.\nRUN: pwd", cwd=str(repo), isolation="worktree",
+                                       wait_s=45), timeout=180)
+    assert_turn_ended(first)
+    readied = Path(ready(bridge, timeout=120)["worktree"]["path"])
+    second = finish(client, client.call("hermes_run", task=f"Second.\nRUN: {COMMIT}", cwd=str(repo),
+                                        isolation="worktree", wait_s=45), timeout=180)
+    assert_turn_ended(second)
+    job_id = second.field("JOB_ID")
+    assert second.field("START").startswith("warm (the task reached Hermes "), second.text
+    own = bridge.jobs / "worktrees" / job_id
+    assert (own / "where.txt").read_text().strip() == str(own) and not readied.exists()
+    assert git(repo, "log", "-1", "--format=%s", f"hermes-bridge/{job_id}") == "mine"
+    landed = client.call("hermes_land", job_id=job_id, action="merge")
+    assert not landed.is_error and (repo / "mine.txt").read_text() == "mine\n", landed.text
+
+
 @pytest.fixture
 def warm_022(bridge: Bridge) -> Any:
     """The faults with the real Hermes 0.22.2 (each costs Hermes' start more than once: one version is enough to

@@ -1,0 +1,73 @@
+"""Issue 51, worktree jobs start warm, with the fake Hermes over ACP: after a worktree job, the standby readies a
+worktree of the same repository at HEAD with Hermes started in it under the job's sandbox rules; the next
+worktree job on that repository takes it (moved to the job's own place, on the job's own branch), commits and
+lands as a cold one does; another commit (HEAD moved) starts cold, says why, and leaves no readied worktree or
+branch behind."""
+from pathlib import Path
+
+import pytest
+from test_standby import acp_client, ready
+from test_worktrees import final, git, make_repo
+
+from conftest import require_sandbox
+from harness import Bridge, wait_until
+
+pytestmark = pytest.mark.posix("a readied worktree is renamed for its job, which Windows refuses")
+
+COMMIT = ("echo mine > mine.txt && git add mine.txt && git -c user.name=j -c user.email=j@t commit -qm mine "
+          "&& pwd > where.txt")
+
+
+def bridge_branches(repo: Path) -> list[str]:
+    """The bridge's branches in the repository (a job's, a standby's)."""
+    return git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads/hermes-bridge/").split()
+
+
+def test_the_next_worktree_job_takes_the_readied_worktree_commits_and_lands(bridge: Bridge) -> None:
+    require_sandbox()
+    repo = make_repo(bridge.root / "repo")
+    script = bridge.tmp / "commit.sh"
+    script.write_text(COMMIT + "\n")
+    bridge.configure(hermes_driver="acp", warm_start=True)
+    with acp_client(bridge) as client:
+        first = final(client, task="first !write=one.txt:1", cwd=str(repo), isolation="worktree")
+        assert first.field("STATUS") == "ok" and first.field("START").startswith("cold"), first.text
+        standby = ready(bridge)
+        readied = Path(standby["worktree"]["path"])
+        assert readied.parent == bridge.jobs / "worktrees" and (readied / "a.txt").exists()
+        assert f"hermes-bridge/{readied.name}" in bridge_branches(repo)
+        job = final(client, task=f"warm !shell={script}", cwd=str(repo), isolation="worktree")
+        job_id = job.field("JOB_ID")
+        assert job.field("STATUS") == "ok", job.text
+        assert job.field("START").startswith("warm (the task reached Hermes "), job.text
+        own = bridge.jobs / "worktrees" / job_id
+        assert (own / "where.txt").read_text().strip() == str(own)  # Hermes' tools ran in the job's own place
+        assert not readied.exists() and "writes limited to " + str(own) in job.field("SANDBOX"), job.text
+        assert git(repo, "log", "-1", "--format=%s", f"hermes-bridge/{job_id}") == "mine"
+        landed = client.call("hermes_land", job_id=job_id, action="merge")
+        assert not landed.is_error, landed.text
+    assert (repo / "mine.txt").read_text() == "mine\n"
+    assert git(repo, "fsck", "--strict") == ""
+    assert not (bridge.jobs / "worktree-objects" / readied.name).exists()  # the link Hermes' git named, gone
+    assert f"hermes-bridge/{readied.name}" not in bridge_branches(repo)
+
+
+def test_a_worktree_job_after_head_moved_starts_cold_and_the_readied_worktree_goes(bridge: Bridge) -> None:
+    require_sandbox()
+    repo = make_repo(bridge.root / "repo")
+    bridge.configure(hermes_driver="acp", warm_start=True)
+    with acp_client(bridge) as client:
+        final(client, task="first !write=one.txt:1", cwd=str(repo), isolation="worktree")
+        readied = Path(ready(bridge)["worktree"]["path"])
+        (repo / "b.txt").write_text("the user's\n")
+        git(repo, "add", "b.txt")
+        git(repo, "commit", "-qm", "the user's next commit")
+        job = final(client, task="after !write=two.txt:2", cwd=str(repo), isolation="worktree")
+        assert job.field("STATUS") == "ok", job.text
+        assert "readied a worktree of another repository or commit (HEAD moved since)" in job.field("START")
+        assert (bridge.jobs / "worktrees" / job.field("JOB_ID") / "b.txt").exists()  # made at the new HEAD
+        wait_until(lambda: not readied.exists() or None, 30, "the readied worktree to go with its standby")
+        assert f"hermes-bridge/{readied.name}" not in bridge_branches(repo)
+        assert not (bridge.jobs / "worktree-objects" / readied.name).exists()
+        fresh = ready(bridge)  # readied for the new HEAD
+        assert fresh["worktree"]["base"] == git(repo, "rev-parse", "HEAD")
