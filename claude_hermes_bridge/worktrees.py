@@ -242,7 +242,8 @@ def folder_below(top: str, subdir: str) -> str:
 
 def worktree_place(planned: dict[str, Any]) -> str:
     """What a standby readied for worktree jobs stands for (in its key): the repository, the commit, the folder."""
-    return f"a worktree of {planned['repo']} at {planned['base']}, in {planned['subdir'] or '.'}"
+    return (f"a worktree of {planned['repo']} at commit {planned['base']}"
+            + (f" (in {planned['subdir']})" if planned["subdir"] else ""))
 
 
 def ready_worktree(store: "JobStore", name: str, planned: dict[str, Any]) -> dict[str, Any]:

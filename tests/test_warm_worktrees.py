@@ -71,3 +71,26 @@ def test_a_worktree_job_after_head_moved_starts_cold_and_the_readied_worktree_go
         assert not (bridge.jobs / "worktree-objects" / readied.name).exists()
         fresh = ready(bridge)  # readied for the new HEAD
         assert fresh["worktree"]["base"] == git(repo, "rev-parse", "HEAD")
+
+
+def test_a_standby_killed_with_a_readied_worktree_has_it_removed_by_the_next(bridge: Bridge) -> None:
+    """A standby killed while it waits cannot remove its worktree: the next standby sweeps it (worktree, admin
+    folder, branch, object folder), found from the folder itself; the job after the kill starts cold."""
+    import psutil
+    from test_standby import gone
+
+    repo = make_repo(bridge.root / "repo")
+    bridge.configure(hermes_driver="acp", warm_start=True)
+    with acp_client(bridge) as client:
+        final(client, task="first !write=one.txt:1", cwd=str(repo), isolation="worktree")
+        standby = ready(bridge)
+        readied = Path(standby["worktree"]["path"])
+        psutil.Process(standby["pid"]).kill()
+        wait_until(lambda: gone(standby["pid"]) or None, 10, "the killed standby to be gone")
+        job = final(client, task="after the kill !write=two.txt:2", cwd=str(repo), isolation="worktree")
+        assert job.field("STATUS") == "ok" and job.field("START").endswith("the warm Hermes waiting had exited)"), \
+            job.text
+        assert ready(bridge)["pid"] != standby["pid"]
+    assert not readied.exists() and f"hermes-bridge/{readied.name}" not in bridge_branches(repo)
+    assert not (bridge.jobs / "worktree-objects" / readied.name).exists()
+    assert readied.name not in git(repo, "worktree", "list")
