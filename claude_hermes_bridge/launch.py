@@ -38,8 +38,9 @@ from .safe_io import (
     running_process,
     shown,
 )
-from .standby import LEFTOVER_RE, TAKE_ANSWER_S, is_alive_standby, launch_key, standby_folder
+from .standby import TAKE_ANSWER_S, is_alive_standby, launch_key, standby_folder
 from .worktrees import (
+    STANDBY_NAME_RE,
     WORKTREE_BRANCH_PREFIX,
     folder_below,
     is_own_folder,
@@ -239,7 +240,7 @@ def readied_mismatch(store: JobStore, ready: dict[str, Any]) -> str | None:
     if not isinstance(readied, dict) or not all(isinstance(readied.get(key), str) for key in ("path", "admin")):
         return "the warm Hermes waiting readied no worktree"
     path = readied["path"]
-    if (os.path.dirname(path) != str(store.root / "worktrees") or not LEFTOVER_RE.fullmatch(os.path.basename(path))
+    if (os.path.dirname(path) != str(store.root / "worktrees") or not STANDBY_NAME_RE.fullmatch(os.path.basename(path))
             or not is_own_folder({"path": path, "identity": readied.get("identity")})):
         return "the worktree the warm Hermes readied is not as it made it"
     return None

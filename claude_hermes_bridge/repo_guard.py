@@ -13,7 +13,13 @@ from typing import Any, cast
 from .git_calls import GitFailed, git, git_text
 from .jobs import GUARD_NOTES_KEPT, JOB_ID_RE, JobRecord, JobStore
 from .safe_io import read_capped, shown, write_atomic
-from .worktrees import LEGACY_REF_PREFIX, WORKTREE_BRANCH_PREFIX, WORKTREE_REF_PREFIX, common_git_folder
+from .worktrees import (
+    LEGACY_REF_PREFIX,
+    STANDBY_NAME_RE,
+    WORKTREE_BRANCH_PREFIX,
+    WORKTREE_REF_PREFIX,
+    common_git_folder,
+)
 
 # A worktree shares its repository's common folder with the main tree: what a job writes there reaches the
 # user's next git command (a hook, core.hooksPath, core.fsmonitor, filter and merge drivers, an include).
@@ -262,9 +268,10 @@ def check_repository(store: JobStore, record: JobRecord, refs_too: bool) -> list
     if refs_too:
         owners = (record.id, (record.worktree or {}).get("job"))
 
-        def expected(refname: str) -> bool:
+        def expected(refname: str) -> bool:  # the bridge's own for another job, or a standby's readied worktree
             owner = bridge_ref_owner(refname)
-            return owner is not None and (owner in owners or store.record_path(owner).is_file())
+            return (owner is not None and (owner in owners or store.record_path(owner).is_file())) or (
+                STANDBY_NAME_RE.fullmatch(refname.removeprefix(f"refs/heads/{WORKTREE_BRANCH_PREFIX}")) is not None)
         refs = changed_refs(top, snapshot, expected, worktree=bool(record.worktree))
         notes += [refs] if refs else []
         save_snapshot(store.repository_snapshot_path(record.id), take_snapshot(top))  # what a landing compares with

@@ -14,7 +14,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -54,6 +53,7 @@ from .sandbox import mechanism as sandbox_mechanism
 from .supervisor import Supervisor
 from .worktrees import (
     PLANNED_KEYS,
+    STANDBY_NAME_RE,
     folder_below,
     hand_over_worktree,
     object_environment,
@@ -192,9 +192,6 @@ def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str,
     return Standby(key, place, marker, warm, round(time.monotonic() - started, 3), worktree)
 
 
-LEFTOVER_RE = re.compile(r"standby-(\d+)-[0-9a-f]{12}")
-
-
 def sweep_leftovers(store: JobStore) -> None:
     """The private temporary folders, policies and readied worktrees of standbys killed before their cleanup (or
     of the jobs they served: a handed-over worktree's old object folder name, a link): those whose process is
@@ -202,7 +199,7 @@ def sweep_leftovers(store: JobStore) -> None:
     for parent in (store.root / "tmp", store.root / "policies", store.root / "worktree-objects"):
         with contextlib.suppress(OSError):
             for name in os.listdir(parent):
-                found = LEFTOVER_RE.fullmatch(name)
+                found = STANDBY_NAME_RE.fullmatch(name)
                 if found and not psutil.pid_exists(int(found.group(1))):
                     if parent.name == "worktree-objects":
                         with contextlib.suppress(GitFailed, OSError):
@@ -215,7 +212,7 @@ def sweep_own_links(store: JobStore) -> None:
     """This process's handed-over object folder names (links the warm Hermes' git named), once its Hermes ended."""
     with contextlib.suppress(OSError):
         for name in os.listdir(store.root / "worktree-objects"):
-            found = LEFTOVER_RE.fullmatch(name)
+            found = STANDBY_NAME_RE.fullmatch(name)
             if found and int(found.group(1)) == os.getpid() and os.path.islink(store.worktree_objects_path(name)):
                 os.unlink(store.worktree_objects_path(name))
 

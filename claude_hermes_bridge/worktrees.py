@@ -22,6 +22,8 @@ from .safe_io import IS_WINDOWS, Refused, folder_identity, locked, shown
 WORKTREE_BRANCH_PREFIX = "hermes-bridge/"
 WORKTREE_REF_PREFIX = "refs/hermes-bridge-work/"
 LEGACY_REF_PREFIX = "refs/hermes-bridge/"  # where older jobs kept it; removed with them
+# What a standby names its folders, and a worktree it readies with its branch (by the pid that sweeps them)
+STANDBY_NAME_RE = re.compile(r"standby-(\d+)-[0-9a-f]{12}")
 BRANCH_SUFFIXES = 20  # a job's branch name taken (planted by another job): hermes-bridge/<id>-2, -3, ...
 ISOLATION_BASES = ("head", "working-tree")
 REPO_LOCK_S = 30.0

@@ -94,3 +94,23 @@ def test_a_standby_killed_with_a_readied_worktree_has_it_removed_by_the_next(bri
     assert not readied.exists() and f"hermes-bridge/{readied.name}" not in bridge_branches(repo)
     assert not (bridge.jobs / "worktree-objects" / readied.name).exists()
     assert readied.name not in git(repo, "worktree", "list")
+
+
+def test_a_worktree_job_running_while_the_standby_readies_its_next_names_no_change_of_the_standbys(
+        bridge: Bridge) -> None:
+    """The standby readies a worktree (a branch, an admin folder) while the job that asked for it still runs:
+    that job's guard does not report the standby's branch as a change of its repository's refs."""
+    repo = make_repo(bridge.root / "repo")
+    bridge.configure(hermes_driver="acp", warm_start=True)
+    script = bridge.tmp / "long.sh"
+    script.write_text("sleep 8\n")
+    with acp_client(bridge) as client:
+        started = client.call("hermes_run", task=f"long !shell={script}", cwd=str(repo), isolation="worktree",
+                              wait_s=0)
+        standby = ready(bridge)
+        job = client.wait_final(started.field("JOB_ID"))
+    readied = Path(standby["worktree"]["path"])
+    assert job.field("STATUS") == "ok", job.text
+    assert f"hermes-bridge/{readied.name}" in bridge_branches(repo)  # readied while the job ran
+    assert (bridge.record(job.field("JOB_ID")).ended_at or 0) > standby["ready_at"], job.text
+    assert "standby" not in job.text, job.text
