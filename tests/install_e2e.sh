@@ -15,6 +15,7 @@
 #                         provides when it is missing)
 #   .e2e/view-host        the MCP Apps SDK's AppBridge and esbuild from npm, pinned: the job view's test host,
 #                         shown in Debian's chromium (installed when missing) through Python's Playwright
+#   go and cargo          Debian's golang-go and cargo when missing: the sandbox's everyday-work tests
 # Safe to re-run: what is already installed is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -87,11 +88,19 @@ view_host() {
     (cd .e2e/view-host && npm install --no-audit --no-fund --loglevel=error $VIEW_HOST_PACKAGES)
   fi
 }
-chromium_browser() {  # Debian's; Playwright's own download is not reachable here
-  if ! command -v chromium >/dev/null; then
-    echo "installing chromium (Debian)"
-    apt-get install -y -qq chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
-  fi
+debian_packages() {  # one apt-get for all (dpkg takes one install at a time); Playwright's browser download is
+  # not reachable here: Debian's chromium. tmux drives Claude Code; go and cargo run in the sandbox's everyday-work
+  # tests (cargo: the user's own, rustup's ~/.cargo/bin, where there is one).
+  local missing=()
+  command -v chromium >/dev/null || missing+=(chromium)
+  command -v tmux >/dev/null || missing+=(tmux)
+  command -v go >/dev/null || missing+=(golang-go)
+  command -v cargo >/dev/null || [ -x "$HOME/.cargo/bin/cargo" ] || missing+=(cargo)
+  [ "${#missing[@]}" -eq 0 ] && return
+  echo "installing ${missing[*]} (Debian)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq "${missing[@]}" >/dev/null \
+    || { apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null; }
 }
 uv_tool() {
   if [ ! -x .e2e/uv-venv/bin/uv ]; then
@@ -103,7 +112,7 @@ uv_tool() {
 
 mkdir -p .e2e/install-logs
 declare -A installing
-for component in hermes019 hermes022 hermes020 inspector mcpb claude_code codex gemini uv_tool view_host chromium_browser; do
+for component in hermes019 hermes022 hermes020 inspector mcpb claude_code codex gemini uv_tool view_host debian_packages; do
   "$component" > ".e2e/install-logs/$component.log" 2>&1 &
   installing[$component]=$!
 done
@@ -131,16 +140,6 @@ echo "codex: $(.e2e/codex/node_modules/.bin/codex --version)"
 echo "gemini cli: $(.e2e/gemini/node_modules/.bin/gemini --version)"
 echo "view host: $(cd .e2e/view-host && npm ls --depth=0 2>/dev/null | grep -c @) packages; $(chromium --version 2>/dev/null)"
 
-if ! command -v tmux >/dev/null; then
-  echo "installing tmux (Debian)"
-  apt-get install -y -qq tmux >/dev/null || { apt-get update -qq && apt-get install -y -qq tmux >/dev/null; }
-fi
 echo "tmux: $(tmux -V)"
-
-# cargo for the sandbox's everyday-work test: the user's own (rustup's ~/.cargo/bin) where there is one, else
-# Debian's.
-if ! command -v cargo >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
-  echo "installing cargo (Debian)"
-  apt-get install -y -qq cargo >/dev/null || { apt-get update -qq && apt-get install -y -qq cargo >/dev/null; }
-fi
+echo "go: $(go version)"
 echo "cargo: $(command -v cargo >/dev/null && cargo --version || "$HOME/.cargo/bin/cargo" --version)"

@@ -479,6 +479,88 @@ attempt cargo {cargo} run -q --offline
     assert not (home / ".cargo").exists() and (bridge.jobs / "cache" / "cargo" / "registry").is_dir()
 
 
+def local_go_proxy(folder: Path) -> Path:
+    """A Go module proxy on disk (GOPROXY=file://) serving one module, example.com/tinymod v1.0.0, made here: go
+    downloads it into GOMODCACHE (~/go/pkg/mod by default) as it does from proxy.golang.org."""
+    import zipfile
+
+    versions = folder / "goproxy" / "example.com" / "tinymod" / "@v"
+    versions.mkdir(parents=True)
+    go_mod = "module example.com/tinymod\n\ngo 1.19\n"
+    (versions / "list").write_text("v1.0.0\n")
+    (versions / "v1.0.0.info").write_text('{"Version": "v1.0.0", "Time": "2026-01-01T00:00:00Z"}')
+    (versions / "v1.0.0.mod").write_text(go_mod)
+    with zipfile.ZipFile(versions / "v1.0.0.zip", "w") as archive:
+        archive.writestr("example.com/tinymod@v1.0.0/go.mod", go_mod)
+        archive.writestr("example.com/tinymod@v1.0.0/tiny.go",
+                         "package tinymod\n\nfunc Value() int { return 41 + 1 }\n")
+    return folder / "goproxy"
+
+
+def test_go_builds_with_a_dependency_in_a_sandboxed_job_through_the_bridges_cache(bridge: Bridge) -> None:
+    """Issue 47: go keeps downloaded modules in GOMODCACHE (~/go/pkg/mod) and builds in GOCACHE
+    (~/.cache/go-build), both refused by the sandbox; the job's are the bridge's cache. Named back to the home it
+    is refused; as the job gets them, the build downloads its dependency and runs, and ~/go is not written."""
+    import shutil
+
+    require_sandbox()
+    go = shutil.which("go")
+    assert go, "go is not installed (tests/install_e2e.sh installs Debian's golang-go)"
+    proxy = local_go_proxy(bridge.tmp)
+    (bridge.root / "go.mod").write_text("module example.com/app\n\ngo 1.19\n\nrequire example.com/tinymod v1.0.0\n")
+    (bridge.root / "main.go").write_text('package main\n\nimport (\n\t"fmt"\n\t"example.com/tinymod"\n)\n\n'
+                                         "func main() { fmt.Println(tinymod.Value()) }\n")
+    home = bridge.tmp / "home"
+    script = bridge.tmp / "go.sh"
+    script.write_text(f"""
+export GOPROXY=file://{proxy} GOSUMDB=off GOFLAGS=-mod=mod GOTOOLCHAIN=local
+attempt() {{ name=$1; shift; if "$@" >> build.log 2>&1; then echo "DONE $name" >> tried.txt; \
+else echo "FAILED $name" >> tried.txt; fi; }}
+attempt go-home env GOMODCACHE={home}/go/pkg/mod GOCACHE={home}/.cache/go-build {go} build -o app-home .
+attempt go {go} run .
+""")
+    with bridge.client() as client:
+        job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
+    assert job.field("STATUS") == "ok", job.text
+    tried, log = (bridge.root / "tried.txt").read_text(), (bridge.root / "build.log").read_text()
+    assert "FAILED go-home" in tried and "permission denied" in log.lower(), (tried, log[-2000:])
+    assert "DONE go" in tried and log.rstrip().endswith("42"), (tried, log[-2000:])
+    assert not (home / "go").exists() and not (home / ".cache" / "go-build").exists()
+    assert (bridge.jobs / "cache" / "go" / "mod" / "example.com" / "tinymod@v1.0.0").is_dir()
+
+
+def test_pre_commit_runs_in_a_sandboxed_job_through_the_bridges_cache(bridge: Bridge) -> None:
+    """Issue 47: pre-commit keeps its store (the hooks' environments and its database) in ~/.cache/pre-commit,
+    which the sandbox refuses; the job's PRE_COMMIT_HOME is the bridge's cache. Named back to the home it fails;
+    as the job gets it, the hooks run and the user's store is not written."""
+    import sys
+
+    require_sandbox()
+    pre_commit = Path(sys.executable).with_name("pre-commit")
+    assert pre_commit.exists(), "pre-commit is not installed (requirements-dev.txt)"
+    git(bridge.root, "init", "-q")
+    (bridge.root / ".pre-commit-config.yaml").write_text(
+        "repos:\n- repo: local\n  hooks:\n  - id: stamp\n    name: stamp\n    language: system\n"
+        "    entry: sh -c 'echo hooked > hooked.txt'\n    pass_filenames: false\n    always_run: true\n")
+    git(bridge.root, "add", ".pre-commit-config.yaml")
+    home = bridge.tmp / "home"
+    script = bridge.tmp / "pre-commit.sh"
+    script.write_text(f"""
+attempt() {{ name=$1; shift; if "$@" >> hooks.log 2>&1; then echo "DONE $name" >> tried.txt; \
+else echo "FAILED $name" >> tried.txt; fi; }}
+attempt pre-commit-home env PRE_COMMIT_HOME={home}/.cache/pre-commit {pre_commit} run --all-files
+attempt pre-commit {pre_commit} run --all-files
+""")
+    with bridge.client() as client:
+        job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
+    assert job.field("STATUS") == "ok", job.text
+    tried, log = (bridge.root / "tried.txt").read_text(), (bridge.root / "hooks.log").read_text()
+    assert "FAILED pre-commit-home" in tried and "Permission denied" in log, (tried, log[-2000:])
+    assert "DONE pre-commit" in tried and (bridge.root / "hooked.txt").read_text() == "hooked\n", (tried, log)
+    assert not (home / ".cache" / "pre-commit").exists()
+    assert (bridge.jobs / "cache" / "pre-commit" / "db.db").exists()
+
+
 def require_component_path(path: Path, what: str) -> Path:
     from conftest import require_component
 
