@@ -354,6 +354,13 @@ def test_the_step_gives_root_and_a_user_a_dev_pts_and_dev_shm_of_their_own(user:
         shutil.rmtree(folder)
 
 
+def attempt_function(log: str) -> str:
+    """A shell function for a job's script: `attempt NAME COMMAND...` runs the command, its output appended to LOG,
+    and records `DONE NAME` or `FAILED NAME` in tried.txt, so one script tries a tool both ways."""
+    return (f'attempt() {{ name=$1; shift; if "$@" >> {log} 2>&1; then echo "DONE $name" >> tried.txt; '
+            'else echo "FAILED $name" >> tried.txt; fi; }\n')
+
+
 def tiny_wheel(folder: Path) -> Path:
     """A wheel of one module, made here: uv installs it offline."""
     import base64
@@ -395,8 +402,7 @@ def test_npm_install_and_uv_work_in_a_sandboxed_job_through_the_bridges_cache(br
     home = bridge.tmp / "home"
     script = bridge.tmp / "installs.sh"
     script.write_text(f"""
-attempt() {{ name=$1; shift; if "$@" >> installs.log 2>&1; then echo "DONE $name" >> tried.txt; \
-else echo "FAILED $name" >> tried.txt; fi; }}
+{attempt_function('installs.log')}
 home_caches="npm_config_cache={home}/.npm UV_CACHE_DIR={home}/.cache/uv"
 attempt npm-home env $home_caches {npm} install --no-audit --no-fund {package}/tiny-1.0.0.tgz
 attempt uv-home env $home_caches sh -c '{uv} venv -q .venv && {uv} pip install -q --offline --python .venv/bin/python \
@@ -465,8 +471,7 @@ def test_cargo_builds_with_a_dependency_in_a_sandboxed_job_through_the_bridges_c
     script = bridge.tmp / "cargo.sh"
     script.write_text(f"""
 {f"export RUSTUP_HOME={rustup_home}" if rustup_home.is_dir() else ""}
-attempt() {{ name=$1; shift; if "$@" >> build.log 2>&1; then echo "DONE $name" >> tried.txt; \
-else echo "FAILED $name" >> tried.txt; fi; }}
+{attempt_function('build.log')}
 attempt cargo-home env CARGO_HOME={home}/.cargo {cargo} build -q --offline
 attempt cargo {cargo} run -q --offline
 """)
@@ -514,8 +519,7 @@ def test_go_builds_with_a_dependency_in_a_sandboxed_job_through_the_bridges_cach
     script = bridge.tmp / "go.sh"
     script.write_text(f"""
 export GOPROXY=file://{proxy} GOSUMDB=off GOFLAGS=-mod=mod GOTOOLCHAIN=local
-attempt() {{ name=$1; shift; if "$@" >> build.log 2>&1; then echo "DONE $name" >> tried.txt; \
-else echo "FAILED $name" >> tried.txt; fi; }}
+{attempt_function('build.log')}
 attempt go-home env GOMODCACHE={home}/go/pkg/mod GOCACHE={home}/.cache/go-build {go} build -o app-home .
 attempt go {go} run .
 """)
@@ -529,10 +533,11 @@ attempt go {go} run .
     assert (bridge.jobs / "cache" / "go" / "mod" / "example.com" / "tinymod@v1.0.0").is_dir()
 
 
-def test_pre_commit_runs_in_a_sandboxed_job_through_the_bridges_cache(bridge: Bridge) -> None:
+def test_pre_commit_and_pytest_run_in_a_sandboxed_job_through_the_bridges_cache(bridge: Bridge) -> None:
     """Issue 47: pre-commit keeps its store (the hooks' environments and its database) in ~/.cache/pre-commit,
     which the sandbox refuses; the job's PRE_COMMIT_HOME is the bridge's cache. Named back to the home it fails;
-    as the job gets it, the hooks run and the user's store is not written."""
+    as the job gets it, the hooks run and the user's store is not written. pytest, run beside it, writes its cache
+    in the folder and its tmp_path in the job's own TMPDIR."""
     import sys
 
     require_sandbox()
@@ -543,13 +548,15 @@ def test_pre_commit_runs_in_a_sandboxed_job_through_the_bridges_cache(bridge: Br
         "repos:\n- repo: local\n  hooks:\n  - id: stamp\n    name: stamp\n    language: system\n"
         "    entry: sh -c 'echo hooked > hooked.txt'\n    pass_filenames: false\n    always_run: true\n")
     git(bridge.root, "add", ".pre-commit-config.yaml")
+    (bridge.root / "test_tiny.py").write_text(
+        "def test_tmp_path(tmp_path):\n    (tmp_path / 'x').write_text('1')\n    assert (tmp_path / 'x').exists()\n")
     home = bridge.tmp / "home"
     script = bridge.tmp / "pre-commit.sh"
     script.write_text(f"""
-attempt() {{ name=$1; shift; if "$@" >> hooks.log 2>&1; then echo "DONE $name" >> tried.txt; \
-else echo "FAILED $name" >> tried.txt; fi; }}
+{attempt_function('hooks.log')}
 attempt pre-commit-home env PRE_COMMIT_HOME={home}/.cache/pre-commit {pre_commit} run --all-files
 attempt pre-commit {pre_commit} run --all-files
+attempt pytest {sys.executable} -m pytest -q -p no:xdist -p no:randomly test_tiny.py
 """)
     with bridge.client() as client:
         job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
@@ -557,6 +564,7 @@ attempt pre-commit {pre_commit} run --all-files
     tried, log = (bridge.root / "tried.txt").read_text(), (bridge.root / "hooks.log").read_text()
     assert "FAILED pre-commit-home" in tried and "Permission denied" in log, (tried, log[-2000:])
     assert "DONE pre-commit" in tried and (bridge.root / "hooked.txt").read_text() == "hooked\n", (tried, log)
+    assert "DONE pytest" in tried and "1 passed" in log, (tried, log[-2000:])
     assert not (home / ".cache" / "pre-commit").exists()
     assert (bridge.jobs / "cache" / "pre-commit" / "db.db").exists()
 
