@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -477,16 +478,22 @@ def first_request_s(client: BridgeClient, model: ScriptedModel, task: str, **arg
     return arrived - started, client.wait_final(job_id).field("START")
 
 
+def installed_acp_versions(rows_of: str) -> Iterator[tuple[str, Path]]:
+    """Each real Hermes with ACP that tests/install_e2e.sh installed, with its executable; a missing one is said."""
+    for version in REAL_ACP_VERSIONS:
+        exe = REAL_HERMES_VERSIONS[version]
+        if exe.exists():
+            yield version, exe
+        else:
+            print(f"{rows_of} rows: the real Hermes {version} is not installed (bash tests/install_e2e.sh)")
+
+
 def warm_start_rows(runs: int, worktree: bool = False) -> list[Row]:
     """Issue 39: hermes_run until the model's first request with a warm Hermes against a cold start, alternating,
     for each real Hermes with ACP (installed by tests/install_e2e.sh), the next job in the same folder; with
     worktree (issue 51), the next worktree job on the same repository."""
     rows = []
-    for version in REAL_ACP_VERSIONS:
-        exe = REAL_HERMES_VERSIONS[version]
-        if not exe.exists():
-            print(f"warm start rows: the real Hermes {version} is not installed (bash tests/install_e2e.sh)")
-            continue
+    for version, exe in installed_acp_versions("warm start"):
         with tempfile.TemporaryDirectory() as tmp, ScriptedModel(Path(tmp)) as model:
             bridge = Bridge.create(Path(tmp))
             write_hermes_home(bridge.tmp / "real-home", model.base_url)
@@ -518,14 +525,11 @@ def warm_start_rows(runs: int, worktree: bool = False) -> list[Row]:
 def session_new_rows(runs: int) -> list[Row]:
     """Issue 51: what `session/new` spends in a new folder on a `hermes acp` already warmed by a session in
     another folder (what a standby readied elsewhere would pay), against one more session in the warmed folder,
-    alternating, for each real Hermes with ACP. What keeps a worktree job cold is elsewhere: the sandbox's rules
-    and 0.19.0's prompt are bound to the folder at Hermes' spawn."""
+    alternating, for each real Hermes with ACP: whether a standby could serve any folder. It could not anyway: the
+    sandbox's rules and 0.19.0's prompt are bound to the folder at Hermes' spawn, so a worktree standby readies the
+    worktree first (warm_start_rows with worktree)."""
     rows = []
-    for version in REAL_ACP_VERSIONS:
-        exe = REAL_HERMES_VERSIONS[version]
-        if not exe.exists():
-            print(f"session/new rows: the real Hermes {version} is not installed (bash tests/install_e2e.sh)")
-            continue
+    for version, exe in installed_acp_versions("session/new"):
         with tempfile.TemporaryDirectory() as tmp, ScriptedModel(Path(tmp)) as model:
             home, warmed = Path(tmp) / "home", Path(tmp) / "warmed"
             write_hermes_home(home, model.base_url)

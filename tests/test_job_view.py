@@ -187,25 +187,16 @@ def test_an_answer_without_the_views_token_is_refused_and_the_question_still_wai
 def test_a_network_question_is_in_the_view_and_its_answer_there_lets_the_request_through(bridge):
     """Issue 48, network: ask: a tool's request to an unlisted host is a question among the view's facts, and
     the view's answer (with its token) decides it."""
-    from test_network import Hello
+    from test_network import network_question
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
-    script = bridge.tmp / "fetch.sh"
-    script.write_text(f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/ > {bridge.root}/code.txt\n")
-    bridge.configure(network="ask", network_allow=[], approval_timeout_s=60)
-    try:
-        with bridge.client() as client:
-            job_id = client.call("hermes_run", task=f"!shell={script}", wait_s=0).field("JOB_ID")
-            shown = wait_until(lambda: r if (r := raw_call(client, "hermes_view_job", job_id=job_id))[
-                "_meta"]["viewFacts"]["questions"] else None, 60, "the question")
-            question = shown["_meta"]["viewFacts"]["questions"][0]
-            answered = client.call("hermes_view_answer", job_id=job_id, approval_id=question["id"], decision="allow",
-                                   token=shown["_meta"]["viewToken"])
-            final = client.wait_final(job_id)
-    finally:
-        server.shutdown()
+    with network_question(bridge) as (port, script), bridge.client() as client:
+        job_id = client.call("hermes_run", task=f"!shell={script}", wait_s=0).field("JOB_ID")
+        shown = wait_until(lambda: r if (r := raw_call(client, "hermes_view_job", job_id=job_id))[
+            "_meta"]["viewFacts"]["questions"] else None, 60, "the question")
+        question = shown["_meta"]["viewFacts"]["questions"][0]
+        answered = client.call("hermes_view_answer", job_id=job_id, approval_id=question["id"], decision="allow",
+                               token=shown["_meta"]["viewToken"])
+        final = client.wait_final(job_id)
     assert question["what"] == f"reach 127.0.0.1:{port} over the network (not on network_allow)", question
     assert not answered.is_error, answered.text
     assert final.field("STATUS") == "ok" and (bridge.root / "code.txt").read_text() == "200"

@@ -2,6 +2,7 @@
 model-only, Hermes' model always), refuses names that resolve inside the machine or its network, and says what
 it refused; the sandbox's step holds a process to the proxy's port (Landlock) and to Unix and TCP sockets
 (seccomp); the supervisor's JobNetwork asks the user on the approvals' channel. Everything on 127.0.0.1."""
+import contextlib
 import http.client
 import json
 import socket
@@ -11,6 +12,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, cast
@@ -30,7 +32,7 @@ from claude_hermes_bridge.network import (
 )
 from claude_hermes_bridge.sandbox import landlock_abi, step_argv
 from conftest import require_sandbox
-from harness import config_for, wait_until
+from harness import Bridge, config_for, wait_until
 
 
 class Hello(BaseHTTPRequestHandler):
@@ -44,6 +46,22 @@ class Hello(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+
+@contextlib.contextmanager
+def network_question(bridge: Bridge) -> Iterator[tuple[int, Path]]:
+    """A bridge whose jobs ask before reaching a host not on network_allow, a plain HTTP server on 127.0.0.1 (its
+    port), and a job script that fetches it with curl and writes the HTTP code to code.txt in the job's folder."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    script = bridge.tmp / "fetch.sh"
+    script.write_text(f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/ > {bridge.root}/code.txt\n")
+    bridge.configure(network="ask", network_allow=[], approval_timeout_s=60)
+    try:
+        yield port, script
+    finally:
+        server.shutdown()
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """Native background tasks (issue 21): the MCP tasks extension on protocol 2026-07-28, over raw JSON-RPC with
 the extension declared per request; the same calls without it, and on the legacy handshake, get today's
 replies. Needs the 2.x SDK line (the 1.x line has no extension API: hermes_health says so)."""
-import threading
 import time
 from typing import Any
 
@@ -185,26 +184,15 @@ def test_a_declined_question_denies(bridge):
 def test_a_network_question_is_the_tasks_dialog_too_and_its_answer_lets_the_request_through(bridge):
     """Issue 48, network: ask: a tool's request to an unlisted host waits in the job's proxy as the user's
     question, which a tasks client gets as input_required (as Hermes' own questions); allowed, it goes through."""
-    from http.server import ThreadingHTTPServer
+    from test_network import network_question
 
-    from test_network import Hello
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Hello)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
-    script = bridge.tmp / "fetch.sh"
-    script.write_text(f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/ > {bridge.root}/code.txt\n")
-    bridge.configure(network="ask", network_allow=[], approval_timeout_s=60)
-    try:
-        with modern(bridge) as client:
-            task_id = started(client, task=f"!shell={script}")
-            asking = client.poll(task_id, lambda t: t["status"] == "input_required", timeout=60)
-            (key, request), = asking["inputRequests"].items()
-            client.request("tasks/update", {"taskId": task_id, "inputResponses": {
-                key: {"action": "accept", "content": {"allow": True}}}})
-            done = client.poll(task_id, terminal)
-    finally:
-        server.shutdown()
+    with network_question(bridge) as (port, script), modern(bridge) as client:
+        task_id = started(client, task=f"!shell={script}")
+        asking = client.poll(task_id, lambda t: t["status"] == "input_required", timeout=60)
+        (key, request), = asking["inputRequests"].items()
+        client.request("tasks/update", {"taskId": task_id, "inputResponses": {
+            key: {"action": "accept", "content": {"allow": True}}}})
+        done = client.poll(task_id, terminal)
     assert f"reach 127.0.0.1:{port} over the network" in request["params"]["message"], request
     assert (bridge.root / "code.txt").read_text() == "200"
     decided = bridge.record(task_id).decisions[-1]
