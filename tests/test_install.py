@@ -32,6 +32,7 @@ from harness import (
     REPO,
     SERVER,
     UV,
+    UV_CACHE,
     BridgeClient,
     make_fake_hermes,
     nothing_started,
@@ -45,7 +46,7 @@ pytestmark = pytest.mark.posix("the fake hermes is a shell script")
 def user_dirs(tmp: Path) -> dict[str, str]:
     """Per-user folders pointed into the test's own folder (platformdirs reads these on Linux)."""
     return {"HOME": str(tmp / "home"), "XDG_STATE_HOME": str(tmp / "state"), "XDG_CONFIG_HOME": str(tmp / "conf"),
-            "XDG_CACHE_HOME": str(tmp / "cache")}
+            "XDG_CACHE_HOME": str(tmp / "cache"), "UV_CACHE_DIR": str(UV_CACHE)}
 
 
 def test_settings_on_the_command_line_win_over_the_config_and_health_says_where_each_came_from(bridge):
@@ -243,7 +244,7 @@ def test_register_writes_the_uvx_from_entry_with_the_roots(tmp_path):
                            str(REPO), "--allowed-roots", str(root), "--hermes-exe", str(hermes), "--print"],
                           capture_output=True, text=True,
                           timeout=600, env=dict(os.environ, PATH=f"{uv.parent}:{os.environ['PATH']}", HOME=str(home),
-                                                UV_CACHE_DIR=str(tmp_path / "uv-cache"), UV_PYTHON_DOWNLOADS="never",
+                                                UV_CACHE_DIR=str(UV_CACHE), UV_PYTHON_DOWNLOADS="never",
                                                 XDG_CONFIG_HOME=str(home / ".config")))
     assert done.returncode == 0, done.stdout + done.stderr
     assert '"command": "uvx"' in done.stdout
@@ -350,7 +351,7 @@ def install_copy(tmp: Path) -> Path:
 def registration_env(tmp: Path) -> dict[str, str]:
     uv = require_component(UV, "uv")
     env = user_env(tmp, PATH=f"{uv.parent}:/usr/bin:/bin", UV_PYTHON_DOWNLOADS="never",
-                   UV_CACHE_DIR=str(tmp / "uv-cache"))
+                   UV_CACHE_DIR=str(UV_CACHE))
     del env["XDG_CONFIG_HOME"]  # Claude Desktop's config under HOME, as on a user's Linux machine
     return env
 
