@@ -556,7 +556,7 @@ def test_pre_commit_and_pytest_run_in_a_sandboxed_job_through_the_bridges_cache(
 {attempt_function('hooks.log')}
 attempt pre-commit-home env PRE_COMMIT_HOME={home}/.cache/pre-commit {pre_commit} run --all-files
 attempt pre-commit {pre_commit} run --all-files
-attempt pytest {sys.executable} -m pytest -q -p no:xdist -p no:randomly test_tiny.py
+attempt pytest {sys.executable} -m pytest -q -p no:xdist test_tiny.py
 """)
     with bridge.client() as client:
         job = final(client, task=f"!shell={script}", cwd=str(bridge.root))

@@ -44,7 +44,8 @@ pytestmark = pytest.mark.posix("the fake hermes is a shell script")
 
 
 def user_dirs(tmp: Path) -> dict[str, str]:
-    """Per-user folders pointed into the test's own folder (platformdirs reads these on Linux)."""
+    """Per-user folders pointed into the test's own folder (platformdirs reads these on Linux); uv's cache is the
+    tests' shared one (harness.UV_CACHE)."""
     return {"HOME": str(tmp / "home"), "XDG_STATE_HOME": str(tmp / "state"), "XDG_CONFIG_HOME": str(tmp / "conf"),
             "XDG_CACHE_HOME": str(tmp / "cache"), "UV_CACHE_DIR": str(UV_CACHE)}
 
