@@ -51,7 +51,7 @@ def test_each_escape_is_refused_by_the_system_and_the_job_goes_on_to_do_its_work
         assert [line.split()[1] for line in log.splitlines()] == [*ESCAPES, *WORK], log  # one call each, in order
         for name in REFUSED:
             assert f"DENIED {name}" in log, (name, log)
-        assert "DONE work" in log and "DONE tmp" in log and (bridge.root / "work.txt").read_text() == "done\n"
+        assert all(f"DONE {name}" in log for name in WORK) and (bridge.root / "work.txt").read_text() == "done\n"
         assert contents(targets) == before and victim.poll() is None
         assert (home / "config.yaml").read_bytes() == settings_before and not (home / "skills" / "x").exists()
         settings = result.field("HERMES_SETTINGS")

@@ -20,10 +20,12 @@ from harness import Bridge
 pytestmark = pytest.mark.posix("Landlock is Linux's; the fake Hermes is a shell script")
 
 
-ESCAPES = ("redirect", "sibling", "home", "symlink", "hardlink", "move", "gitconfig", "unit", "kill", "settings",
-           "late")
+ESCAPES = ("redirect", "sibling", "home", "symlink", "hardlink", "move", "truncate", "gitconfig", "unit", "kill",
+           "settings", "late")
+# truncate: truncate(2) by path, held by Landlock's own truncate right (truncate(1) first opens the file to write);
+# reparent: renames between folders, its own and TMPDIR (Landlock's refer right: without it, EXDEV breaks mv, pip, git)
 REFUSED = ESCAPES[:-2]  # the sandbox refuses these; Hermes' settings are put back after; the late write is checked
-WORK = ("work", "tmp")
+WORK = ("work", "tmp", "reparent")
 
 
 def escapes(bridge: Bridge, victim: int, hermes_home: Path) -> tuple[Path, dict[str, Path]]:
@@ -35,10 +37,11 @@ def escapes(bridge: Bridge, victim: int, hermes_home: Path) -> tuple[Path, dict[
         folder.mkdir()
     (sibling / "keep.txt").write_text("the user's\n")
     (outside / "linked.txt").write_text("the user's\n")
+    (outside / "full.txt").write_text("the user's\n")
     home = bridge.tmp / "home"
     targets = {"redirect": outside / "redirect.txt", "sibling": sibling / "keep.txt", "home": home / ".bashrc",
                "symlink": outside / "via-symlink.txt", "hardlink": outside / "linked.txt",
-               "move": outside / "moved.txt", "gitconfig": home / ".gitconfig",
+               "move": outside / "moved.txt", "truncate": outside / "full.txt", "gitconfig": home / ".gitconfig",
                "unit": home / ".config" / "systemd" / "user" / "x.service",
                "late": outside / "late.txt"}
     script = bridge.tmp / "escapes.sh"
@@ -52,6 +55,7 @@ one() {{ case $1 in
   symlink) ln -s {outside} escape-link; try symlink sh -c 'echo pwned > escape-link/via-symlink.txt';;
   hardlink) try hardlink sh -c 'ln {targets["hardlink"]} hard.txt && echo pwned >> hard.txt';;
   move) try move sh -c 'echo mine > mine.txt && mv mine.txt {targets["move"]}';;
+  truncate) try truncate python3 -c 'import os; os.truncate("{targets["truncate"]}", 0)';;
   gitconfig) try gitconfig env HOME={home} git config --global core.pager pwned;;
   unit) try unit sh -c 'mkdir -p {targets["unit"].parent} && echo pwned > {targets["unit"]}';;
   kill) try kill kill {victim};;
@@ -61,6 +65,8 @@ one() {{ case $1 in
     echo "DONE late" >> tried.txt;;
   work) try work sh -c 'echo done > work.txt';;
   tmp) try tmp sh -c 'echo scratch > "$TMPDIR/scratch.txt" && test -s "$TMPDIR/scratch.txt"';;
+  reparent) try reparent python3 -c 'import os, tempfile; t = tempfile.gettempdir(); os.makedirs("a/b"); \
+    open("a/f", "w").close(); os.rename("a/f", "a/b/f"); os.rename("a/b/f", t + "/f"); os.rename(t + "/f", "g")';;
 esac; }}
 if [ -n "$1" ]; then one "$1"; else for name in {' '.join(ESCAPES + WORK)}; do one $name; done; fi
 """)
@@ -90,7 +96,7 @@ def test_every_escape_fails_inside_the_job_and_its_own_work_is_done(bridge: Brid
         log = (bridge.root / "tried.txt").read_text()
         for name in REFUSED:
             assert f"DENIED {name}" in log, (name, log[-3000:])
-        assert "DONE work" in log and "DONE tmp" in log, log[-3000:]
+        assert all(f"DONE {name}" in log for name in WORK), log[-3000:]
         # Hermes' home stays writable (its store, journal and locks sit beside config.yaml): put back at the end
         assert "DONE settings" in log and (bridge.tmp / "hermes-home" / "config.yaml").read_text() == "model: x\n"
         assert not (bridge.tmp / "hermes-home" / "skills" / "x").exists()
