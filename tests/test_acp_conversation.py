@@ -492,17 +492,21 @@ def test_a_thousand_and_one_allowed_edits_and_a_huge_answer_keep_the_record_read
     assert on_disk.decided == {"allow": 1001} and len(on_disk.decisions) == DECISIONS_KEPT
 
 
-def test_the_whole_multi_line_command_is_what_the_question_shows(tmp_path):
+@pytest.mark.parametrize("raw", [True, False], ids=["raw-input", "content-only"])
+def test_the_whole_multi_line_command_is_what_the_question_shows(tmp_path, raw):
+    """From Hermes' own argument, or without it from the content's `$ ` line and every line after it."""
     talk = Talk(tmp_path, approvals="ask")
     talk.handshake()
     command = "echo updating the docs index\nrm -rf ./build"
+    raw_input = {"rawInput": {"command": command, "description": "recursive delete"}} if raw else {}
     talk.proc.say({"id": 7, "method": "session/request_permission", "params": {"toolCall": {
         "kind": "execute", "title": "recursive delete: echo updating the docs index",
         "content": [{"type": "content", "content": {"type": "text",
                                                     "text": f"recursive delete\n$ {command}"}}],
-        "rawInput": {"command": command, "description": "recursive delete"}}, "options": []}})
+        **raw_input}, "options": []}})
     [question] = talk.pump_until(lambda: talk.record.questions, "the question")
-    assert question["what"] == "run `echo updating the docs index\\nrm -rf ./build` (recursive delete)"
+    assert question["what"] == ("run `echo updating the docs index\\nrm -rf ./build`"
+                                + (" (recursive delete)" if raw else ""))
 
 
 def test_a_command_too_long_to_show_whole_says_so_and_its_whole_text_is_in_the_log(tmp_path):

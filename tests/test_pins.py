@@ -15,7 +15,7 @@ from claude_hermes_bridge.jobs import STEERS_KEPT, JobRecord, JobState, JobStore
 from claude_hermes_bridge.render import render_status
 from claude_hermes_bridge.review import visible
 from claude_hermes_bridge.safe_io import Refused, clean_str, shown
-from claude_hermes_bridge.steer import add_steer, check_guidance
+from claude_hermes_bridge.steer import add_steer, check_guidance, check_steerable
 from claude_hermes_bridge.tools import budget
 from harness import config_for
 
@@ -62,6 +62,17 @@ def test_the_steer_past_the_last_kept_is_refused_never_dropped(tmp_path: Path) -
     with pytest.raises(Refused, match=f"has {STEERS_KEPT} steers waiting"):
         add_steer(store, record, {"id": "late", "text": "x", "when": "now", "by": "planner", "at": 1.0})
     assert len(json.loads(store.steers_path(record.id).read_text())) == STEERS_KEPT
+
+
+def test_a_job_steered_as_often_as_its_record_keeps_takes_no_more() -> None:
+    """Its supervisor sends no steer past the last its record keeps: one more would be taken and never sent."""
+    sent = [{"id": f"s{number}", "text": "x", "when": "now", "by": "planner", "at": 1.0, "state": "acknowledged",
+             "hermes": ""} for number in range(STEERS_KEPT)]
+    record = JobRecord(id="20261130-000000-1", state=JobState.RUNNING, driver="acp", steers=sent[:-1])
+    check_steerable(ObservedJob(record, JobState.RUNNING))
+    record.steers = sent
+    with pytest.raises(Refused, match=f"was steered {STEERS_KEPT} times already"):
+        check_steerable(ObservedJob(record, JobState.RUNNING))
 
 
 def test_a_running_jobs_block_says_its_sandbox(tmp_path: Path) -> None:
@@ -120,6 +131,8 @@ def test_the_servers_git_environment_does_not_steer_the_bridges_git(repo: Path, 
 
 @pytest.mark.posix("the planted program is a shell command")
 def test_an_ext_remote_runs_no_command_through_the_bridges_git(repo: Path, tmp_path: Path) -> None:
+    """git refuses ext:: by default; a job can write the repository's config to allow it: the bridge's git not."""
+    subprocess.run(["git", "-C", str(repo), "config", "protocol.ext.allow", "always"], check=True)
     mark = tmp_path / "ran"
     with pytest.raises(GitFailed):
         git(str(repo), "ls-remote", f"ext::sh -c touch% {mark}")
