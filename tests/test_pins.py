@@ -12,7 +12,7 @@ import pytest
 
 from claude_hermes_bridge.git_calls import GitFailed, git, git_text
 from claude_hermes_bridge.jobs import STEERS_KEPT, JobRecord, JobState, JobStore, ObservedJob
-from claude_hermes_bridge.render import render_status
+from claude_hermes_bridge.render import render_status, start_line
 from claude_hermes_bridge.review import visible
 from claude_hermes_bridge.safe_io import Refused, clean_str, shown
 from claude_hermes_bridge.steer import add_steer, check_guidance, check_steerable
@@ -137,3 +137,32 @@ def test_an_ext_remote_runs_no_command_through_the_bridges_git(repo: Path, tmp_p
     with pytest.raises(GitFailed):
         git(str(repo), "ls-remote", f"ext::sh -c touch% {mark}")
     assert not mark.exists()
+
+
+@pytest.mark.posix("the planted filter is a shell command")
+def test_the_drivers_overridden_are_read_from_the_pinned_repository_not_the_folders_git_file(
+        repo: Path, tmp_path: Path) -> None:
+    """A worktree job can rewrite its `.git` file to name a repository of its own, with no filter defined: the
+    bridge's git, pinned to the worktree's administrative folder, still overrides the filter the real config
+    defines (read from there), so staging the job's work runs nothing."""
+    mark = tmp_path / "ran"
+    worktree = tmp_path / "job-worktree"
+    subprocess.run(["git", "-C", str(repo), "worktree", "add", "-q", "-b", "job", str(worktree)], check=True)
+    admin = git_text(str(worktree), "rev-parse", "--absolute-git-dir")
+    subprocess.run(["git", "-C", str(repo), "config", "filter.planted.clean", f"touch {mark}; cat"], check=True)
+    (worktree / ".gitattributes").write_text("*.txt filter=planted\n")
+    (worktree / "work.txt").write_text("the job's work\n")
+    decoy = tmp_path / "decoy"
+    subprocess.run(["git", "init", "-q", str(decoy)], check=True)
+    (worktree / ".git").write_text(f"gitdir: {decoy / '.git'}\n")
+    git(str(worktree), f"--git-dir={admin}", f"--work-tree={worktree}", "add", "-A")
+    assert "work.txt" in git_text(str(worktree), f"--git-dir={admin}", f"--work-tree={worktree}", "diff",
+                                  "--cached", "--name-only")
+    assert not mark.exists()
+
+
+def test_start_counts_from_the_call_that_started_the_job_not_from_hermes_start() -> None:
+    """A cold start's seconds to start Hermes are part of what START says (the call at 100, Hermes at 103)."""
+    record = JobRecord(id="20261130-000000-1", state=JobState.OK, start="cold", created_at=100.0, started_at=103.0,
+                       prompt_sent_at=104.5)
+    assert start_line(record) == ["START: cold (the task reached Hermes 4.5 s after the job was started)"]

@@ -118,6 +118,22 @@ def test_every_escape_fails_inside_the_job_and_its_own_work_is_done(bridge: Brid
         victim.kill()
 
 
+def test_a_sandbox_writable_folder_that_does_not_exist_yet_stops_no_job(bridge: Bridge) -> None:
+    """The one missing is left out of the rules (a rule needs a folder to hold), the others are kept."""
+    require_sandbox()
+    kept = bridge.tmp / "shared-build"
+    kept.mkdir()
+    bridge.configure(sandbox_writable=[*bridge.settings["sandbox_writable"], str(bridge.tmp / "not-made-yet"),
+                                       str(kept)])
+    script = bridge.tmp / "build.sh"
+    script.write_text(f"echo built > {kept}/out.txt\n")
+    with bridge.client() as client:
+        job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
+    assert job.field("STATUS") == "ok", job.text
+    assert (kept / "out.txt").read_text() == "built\n"
+    assert str(kept) in job.field("SANDBOX") and "not-made-yet" not in job.field("SANDBOX")
+
+
 def test_off_runs_unconfined_and_says_so_where_every_escape_succeeds(bridge: Bridge) -> None:
     """The same escapes without the sandbox all succeed: what the sandbox test sees refused is its doing."""
     victim = subprocess.Popen(["sleep", "60"])
