@@ -218,17 +218,18 @@ def test_the_supervisor_starts_hermes_through_the_step_with_a_private_tmp_and_no
 
 
 def test_what_a_job_changed_of_hermes_settings_is_put_back_and_its_version_kept(tmp_path: Path) -> None:
-    """The home guard on its own: config.yaml edited, .env removed, a cron job planted; what Hermes makes at its
-    first run in a home (hooks, here) is kept and said."""
+    """The home guard on its own: config.yaml edited, .env removed, a cron job and a plugin planted; what Hermes
+    makes at its first run in a home (hooks, here) is kept and said."""
     home = tmp_path / "home"
     (home / "skills" / "mine").mkdir(parents=True)
     (home / "cron").mkdir()
+    (home / "plugins").mkdir()
     (home / "config.yaml").write_text("approvals: {mode: manual}\n")
     (home / ".env").write_text("KEY=1\n")
     (home / "skills" / "mine" / "SKILL.md").write_text("mine\n")
     program = (f"import os, pathlib; h = pathlib.Path({str(home)!r}); "
                "(h / 'config.yaml').write_text('approvals: {mode: off}\\n'); os.unlink(h / '.env'); "
-               "(h / 'cron' / 'jobs.json').write_text('[]'); "
+               "(h / 'cron' / 'jobs.json').write_text('[]'); (h / 'plugins' / 'p.py').write_text('import os'); "
                "(h / 'hooks').mkdir(); (h / 'hooks' / 'x').write_text(''); "
                "(h / 'state.db').write_text('sessions')")
     supervisor, _ = supervised(tmp_path, program)
@@ -242,10 +243,13 @@ def test_what_a_job_changed_of_hermes_settings_is_put_back_and_its_version_kept(
                                   f"the job changed config.yaml; put back (the job's version: {kept / 'config.yaml'})",
                                   "the job created cron/jobs.json; put back (the job's version: "
                                   f"{kept / 'cron' / 'jobs.json'})",
-                                  f"the job created hooks/x; put back (the job's version: {kept / 'hooks' / 'x'})"]
+                                  f"the job created hooks/x; put back (the job's version: {kept / 'hooks' / 'x'})",
+                                  "the job created plugins/p.py; put back (the job's version: "
+                                  f"{kept / 'plugins' / 'p.py'})"]
     assert (home / "config.yaml").read_text() == "approvals: {mode: manual}\n"
     assert (home / ".env").read_text() == "KEY=1\n"
     assert not (home / "cron" / "jobs.json").exists() and not (home / "hooks" / "x").exists()
+    assert not (home / "plugins" / "p.py").exists()
     assert (home / "hooks").is_dir()  # the folder Hermes makes on its first run stays
     assert (home / "state.db").read_text() == "sessions"  # Hermes' own: kept
     assert (kept / "config.yaml").read_text() == "approvals: {mode: off}\n"

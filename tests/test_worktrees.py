@@ -228,11 +228,15 @@ def test_working_tree_base_carries_the_users_uncommitted_work_and_touches_nothin
 
 
 def test_a_job_in_a_subfolder_runs_in_the_same_subfolder_of_its_worktree(bridge):
+    """And may write the rest of its worktree (the sandbox holds it to the worktree, not to the subfolder)."""
     repo = make_repo(bridge.root / "repo", {"pkg/mod.py": "x = 1\n"})
+    script = bridge.tmp / "top.sh"
+    script.write_text("echo z > ../top.txt\n")
     with bridge.client() as client:
-        result = final(client, task="!write=new.py:y", cwd=str(repo / "pkg"), isolation="worktree")
+        result = final(client, task=f"!write=new.py:y !shell={script}", cwd=str(repo / "pkg"), isolation="worktree")
     assert bridge.runs()[0]["cwd"] == str(bridge.jobs / "worktrees" / result.field("JOB_ID") / "pkg")
-    assert "\n+ pkg/new.py\n" in result.text
+    assert result.field("STATUS") == "ok", result.text
+    assert "\n+ pkg/new.py\n" in result.text and "\n+ top.txt\n" in result.text
 
 
 def test_two_worktree_jobs_on_one_repository_run_at_once_apart_and_an_identical_one_is_deduped(bridge, repo):
