@@ -42,6 +42,8 @@ def test_a_steer_reaches_the_running_turn_and_every_later_block_lists_it(bridge:
     assert steered_trace(bridge) == [["/steer", "use pytest, not unittest"]]
     assert final.field("STATUS") == "ok" and "steered=use pytest, not unittest" in final.text
     assert steered_lines(final) == [line]
+    session = json.loads((bridge.jobs / f"{job_id}.json").read_text())["session_id"]
+    assert session and final.field("SESSION_ID") == session  # the planner resumes a steered job by it
     assert "\u23e9" not in final.text.split("--- HERMES ANSWER ---")[1].split("--- HERMES OUTPUT ---")[0]
     [audited] = [entry for entry in audit_lines(bridge) if entry.get("event") == "steer"]
     assert (audited["job_id"], audited["by"], audited["guidance"]) == (job_id, "the planner (hermes_steer)",
