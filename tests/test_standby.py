@@ -6,6 +6,7 @@ import sqlite3
 import threading
 import time
 from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -87,7 +88,7 @@ def test_a_warm_started_job_is_held_by_the_sandbox_its_block_names(bridge: Bridg
     require_sandbox()
     outside = bridge.tmp / "outside.txt"
     script = bridge.tmp / "escape.sh"
-    script.write_text(f'echo escaped > "{outside}" 2>/dev/null; echo inside > inside.txt\n')
+    script.write_text(f'echo escaped > "{outside}" 2>/dev/null; echo inside > inside.txt; echo "$TMPDIR" > tmp.txt\n')
     bridge.configure(hermes_driver="acp", warm_start=True)
     gone = psutil.Popen(["true"])
     gone.wait()
@@ -103,6 +104,9 @@ def test_a_warm_started_job_is_held_by_the_sandbox_its_block_names(bridge: Bridg
     assert str(outside) in job.field("SANDBOX_DENIED")
     assert (bridge.root / "inside.txt").read_text() == "inside\n"
     assert not outside.exists()
+    used = (bridge.root / "tmp.txt").read_text().strip()  # the standby's private folder, named and removed
+    assert used.startswith(str(bridge.jobs / "tmp" / "standby-")) and f"{used} (TMPDIR)" in job.field("SANDBOX")
+    assert not Path(used).exists()
 
 
 def test_cli_jobs_and_warm_start_off_start_cold_and_write_nothing(bridge: Bridge) -> None:
