@@ -288,6 +288,16 @@ def test_under_the_cli_driver_the_running_check_leaves_max_turns_to_hermes(tmp_p
     assert passed is not None and passed[1] == "reached max_turns (5): 5 API calls"
 
 
+def test_a_job_that_rewrites_hermes_store_does_not_rewind_its_spend_or_reopen_its_cap(tmp_path):
+    store_with(tmp_path / "home", [("s1", 5, 5000, 500)])
+    watch = watch_of(tmp_path, max_tokens=5000)
+    assert watch.passed(stop_at_turns=True, fresh=True) is not None
+    store_with(tmp_path / "home", [("s1", 1, 100, 10)])  # the job's shell can write Hermes' store
+    spend = watch.spend(fresh=True) or {}
+    assert (spend["tokens_in"], spend["tokens_out"], spend["lowered"]) == (5000, 500, 1)
+    assert watch.passed(stop_at_turns=True, fresh=True) is not None
+
+
 def test_a_resumed_sessions_earlier_spend_is_not_the_new_jobs(tmp_path):
     store_with(tmp_path / "home", [("s1", 7, 7000, 700)])
     watch = watch_of(tmp_path, spend_base={"api_calls": 5, "tokens_in": 5000, "tokens_out": 500, "cost_usd": 0})

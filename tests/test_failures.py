@@ -17,10 +17,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from claude_hermes_bridge.config import START_GRACE_S, load_config
-from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore, observe
+from claude_hermes_bridge.config import START_GRACE_S, Config, load_config
+from claude_hermes_bridge.folder_changes import FolderWatch
+from claude_hermes_bridge.job_watching import JobWatch
+from claude_hermes_bridge.jobs import HEARTBEAT_S, JobRecord, JobState, JobStore, observe
 from claude_hermes_bridge.launch import prune_jobs
 from claude_hermes_bridge.safe_io import ProcessId
+from claude_hermes_bridge.supervised_job import SupervisedJob
 from claude_hermes_bridge.supervisor import Supervisor
 from harness import IN_CI, Bridge, BridgeClient, refused, wait_gone, wait_until
 
@@ -157,6 +160,27 @@ def test_a_full_disk_when_the_job_ends_keeps_the_outcome_until_space_comes_back(
     assert final.field("STATUS") in ("ok", "error") and final.field("EXIT_CODE") != "none", final.text
     assert "the jobs folder refused writes until then" in final.field("OUTCOME_NOTE")
     assert "No space left on device" in final.field("OUTCOME_NOTE")
+
+
+def test_a_record_write_the_disk_refused_is_tried_again_at_the_next_poll_not_the_next_heartbeat(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once space returns, the record catches up within a poll (0.1 s), not a heartbeat (5 s) later."""
+    store = JobStore(tmp_path / "jobs")
+    store.ensure()
+    store.write(JobRecord(id="20261205-000000-1", state=JobState.RUNNING))
+    job = SupervisedJob("20261205-000000-1", Config(path=tmp_path / "config.json"), store)
+    watch = JobWatch.__new__(JobWatch)  # the stamp alone: no Hermes, no tree
+    watch.job, watch.folder, watch.next_heartbeat = job, FolderWatch(str(tmp_path), [], 100, 5), 0.0
+    written = store.write
+
+    def refused(_: JobRecord) -> None:
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(store, "write", refused)
+    watch.stamp(100.0)
+    assert job.unsaved and job.record.heartbeat and store.read(job.job_id).heartbeat is None
+    monkeypatch.setattr(store, "write", written)
+    watch.stamp(100.0 + HEARTBEAT_S / 50)
+    assert not job.unsaved and store.read(job.job_id).heartbeat == job.record.heartbeat
 
 
 def test_a_full_disk_refuses_a_launch_clearly_and_leaves_no_claimed_file(small_disk, bridge):
