@@ -1,0 +1,215 @@
+"""Issue 50's one-line bugs, each written into the code in turn and run against the tests that pin it.
+
+    python tests/mutations.py [NUMBER ...]      (from the repository's top, with .venv)
+
+Each mutation replaces one exact text of a module (it must occur once: a mutation whose text the code no
+longer holds is STALE, to be written again where the behaviour now lives), runs its tests serially, and puts the
+module back whatever happens. CAUGHT: its tests failed, as they must. MISSED: they passed with the bug in. The
+exit code is 0 only when every mutation run was caught. It edits the working tree while it runs: not beside
+another run of the suite from the same folder.
+"""
+import dataclasses
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "claude_hermes_bridge"
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    number: int
+    bug: str  # what a user would see
+    module: str
+    old: str
+    new: str
+    tests: str  # the test files
+    select: str = ""  # pytest's -k expression among them
+
+    def run(self) -> str:
+        path = PACKAGE / self.module
+        text = path.read_text(encoding="utf-8")
+        if text.count(self.old) != 1:
+            return "STALE"
+        path.write_text(text.replace(self.old, self.new), encoding="utf-8")
+        try:
+            done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n0", "-x", "-p", "no:cacheprovider",
+                                   *self.tests.split(), *(["-k", self.select] if self.select else [])],
+                                  cwd=REPO, capture_output=True, text=True, timeout=1200, check=False)
+        finally:
+            path.write_text(text, encoding="utf-8")
+        return "CAUGHT" if done.returncode == 1 else "MISSED" if done.returncode == 0 else f"ERROR {done.returncode}"
+
+
+MUTATIONS = (
+    Mutation(1, 'a warm-started job runs unconfined while its SANDBOX line says its writes are limited',
+             'standby.py', '    writable = sandbox_writable(cfg, own, private_tmp, worktree) if private_tmp else []',
+             '    writable = []',
+             'tests/test_standby.py', 'held_by'),
+    Mutation(2, 'a sandboxed job can truncate a file outside its folders (truncate(2) by path)',
+             'sandbox.py', ' | (TRUNCATE if abi >= 3 else 0)',
+             '',
+             'tests/test_sandbox.py', 'every_escape'),
+    Mutation(3, 'inside its own folders a sandboxed job cannot move a file from one folder to another (EXDEV)',
+             'sandbox.py', 'rights | (REFER if abi >= 2 else 0) |',
+             'rights |',
+             'tests/test_sandbox.py', 'every_escape'),
+    Mutation(4, 'a sandboxed worktree job started in a subfolder cannot write the rest of its own worktree',
+             'job_planning.py', 'own = [record.worktree["path"]] if record.worktree else [folder]',
+             'own = [folder]',
+             'tests/test_worktrees.py', 'subfolder'),
+    Mutation(5, "a sandboxed worktree job can move or delete any of the user's branches",
+             'worktrees.py',
+             '"heads", WORKTREE_BRANCH_PREFIX.rstrip("/")),\n'
+             '               os.path.join(common, "logs", "refs", "heads", WORKTREE_BRANCH_PREFIX.rstrip("/"))]',
+             '"heads"),\n               os.path.join(common, "logs", "refs", "heads")]',
+             'tests/test_containment.py', 'cannot_touch_the_history'),
+    Mutation(6, 'a file put back loses its mode (a restored hook is no longer executable)',
+             'repo_guard.py', '        os.chmod(path, int(entry.get("mode", 0o644)))',
+             '        pass',
+             'tests/test_containment.py', 'hook_and_settings_put_back'),
+    Mutation(7, "a plugin a sandboxed job planted in Hermes' home stays",
+             'home_guard.py', '"cron", "plugins", "skills")',
+             '"cron", "skills")',
+             'tests/test_sandbox.py', 'hermes_settings or skills_hides or every_escape'),
+    Mutation(8, "after the user edits Hermes' config.yaml, the next job takes a warm Hermes started with the old one",
+             'standby.py', 'str(home), home_stamp(home), folder,',
+             'str(home), folder,',
+             'tests/test_standby.py', 'guarded_name or same_size'),
+    Mutation(9, 'a standby for one folder does not step aside when a job elsewhere wants one',
+             'standby.py', '\n                    or (wanted_key and wanted_key != standby.key)):',
+             '):',
+             'tests/test_standby_handover.py'),
+    Mutation(10, 'a steer sent before Hermes has claimed the turn is taken as the turn itself',
+             'acp_conversation.py', 'self.turn_seen or time.time() - prompt_sent >= STEER_AFTER_PROMPT_S)',
+             'True)',
+             'tests/test_acp_conversation.py', 'steer'),
+    Mutation(11, 'a steer Hermes refused is shown as taken',
+             'acp_conversation.py',
+             'steer["state"] = "refused" if steer["hermes"].startswith(STEER_REFUSALS) else "acknowledged"',
+             'steer["state"] = "acknowledged"',
+             'tests/test_acp_conversation.py', 'steer'),
+    Mutation(12, "a job that moves the user's branch is not reported",
+             'repo_guard.py', '"moved": [name for name in now if name in before and now[name] != before[name]],',
+             '"moved": [],',
+             'tests/test_containment.py',
+             'cannot_touch_the_history or rewrite_the_history or hook_and_settings_put_back'),
+    Mutation(13, "a file named by the user's includeIf that the job changed is not put back",
+             'repo_guard.py', '(name in INCLUDE_KEYS or (name.startswith("includeif.") and name.endswith(".path")))',
+             '(name in INCLUDE_KEYS)',
+             'tests/test_repository_guard.py', 'whatever_includes'),
+    Mutation(14, "an ext:: remote the repository's config allows runs a command through the bridge's git",
+             'git_calls.py', '("protocol.ext.allow", "never"), ',
+             '',
+             'tests/test_pins.py', 'ext_remote'),
+    Mutation(15, "the spend and the cap go down when a job rewrites Hermes' store",
+             'job_watching.py', 'record.spend = never_lower(found, record.spend)',
+             'record.spend = found',
+             'tests/test_budgets.py', 'rewrites_hermes or never_goes_down'),
+    Mutation(16, 'a multi-line command read from the content is shown by its first line',
+             'hermes_acp.py', 'return "\\n".join([line[2:], *lines[index + 1:]]).strip()',
+             'return line[2:].strip()',
+             'tests/test_acp_conversation.py', 'multi_line'),
+    Mutation(17, 'a sandbox_writable folder that does not exist yet makes every sandboxed job fail to start',
+             'drivers.py', 'if os.path.isabs(path) and os.path.isdir(path)]',
+             'if os.path.isabs(path)]',
+             'tests/test_sandbox.py', 'does_not_exist'),
+    Mutation(18, "a warm job's SANDBOX names a TMPDIR its Hermes does not use; the standby's folder is never removed",
+             'job_planning.py',
+             'self.private_tmp = self.warm.private_tmp if self.warm and self.warm.private_tmp else private_tmp_of(',
+             'self.private_tmp = private_tmp_of(',
+             'tests/test_standby.py', 'held_by or next_job_in_the_folder'),
+    Mutation(19, 'an untracked dangling link at a path the job adds is overwritten by the landing',
+             'landing.py', '        if os.path.lexists(os.path.join(top, name)) or blocking:',
+             '        if os.path.exists(os.path.join(top, name)) or blocking:',
+             'tests/test_repository_guard.py', 'never_overwrites'),
+    Mutation(20, "a discard deletes whatever folder now sits at the worktree's path",
+             'worktrees.py', '        elif is_own_folder(worktree):',
+             '        elif os.path.isdir(path):',
+             'tests/test_repository_guard.py', 'discard_removes_only'),
+    Mutation(21, "a discard removes another worktree's administrative folder",
+             'worktrees.py', '    return admin if os.path.normpath(os.path.dirname(named)) in expected else None',
+             '    return admin',
+             'tests/test_repository_guard.py', 'discard_removes_only'),
+    Mutation(22, "the drivers are read from the folder's repository, not the pinned --git-dir: a rewritten .git "
+                 "file hides them",
+             'git_calls.py', 'override_environment(driver_names(exe, folder, locating))',
+             'override_environment(driver_names(exe, folder, []))',
+             'tests/test_pins.py', 'pinned_repository'),
+    Mutation(23, "the server's GIT_* environment steers the bridge's git",
+             'git_calls.py', ' if not key.startswith("GIT_")}',
+             '}',
+             'tests/test_pins.py', 'git_environment'),
+    Mutation(24, 'a job claims a standby that replaced the one it checked',
+             'launch.py', 'if (read_json(claimed) or {}).get("marker") != record.standby_marker:',
+             'if False:',
+             'tests/test_standby_handover.py'),
+    Mutation(25, 'a standby that answered just after the deadline serves the job while the server also starts it cold',
+             'launch.py', '    return (folder / f"serving-{record.id}.json").exists()',
+             '    return False',
+             'tests/test_standby_handover.py'),
+    Mutation(26, 'a standby whose settings went stale keeps waiting',
+             'standby.py', 'stale = not still_fits(cfg, standby)',
+             'stale = False',
+             'tests/test_standby_handover.py'),
+    Mutation(27, "a warm job refused before Hermes got its task leaves the standby's Hermes running",
+             'standby.py', 'if standby.warm.hermes.proc.poll() is None:  # a job refused',
+             'if False:  # a job refused',
+             'tests/test_standby_handover.py'),
+    Mutation(28, 'guidance with replacement characters is sent as is',
+             'steer.py', 'if "\\ufffd" in guidance or count_hiding(guidance, "\\n\\t"):',
+             'if count_hiding(guidance, "\\n\\t"):',
+             'tests/test_pins.py', 'replacement'),
+    Mutation(29, 'the 21st steer is accepted and never sent or recorded',
+             'steer.py', '    if len(record.steers) >= STEERS_KEPT:\n        raise',
+             '    if False:\n        raise',
+             'tests/test_pins.py', 'past_the_last or steered_as_often'),
+    Mutation(30, "a steer relayed after the supervisor's last look is missing from the final block",
+             'acp_conversation.py', '        if late:\n',
+             '        if False:\n',
+             'tests/test_acp_conversation.py', 'relayed_after'),
+    Mutation(31, 'a file start that straddles a 1 MiB read is missed: the next page skips files',
+             'review.py', '        carried = chunk[-len(FILE_START):]',
+             '        carried = b""',
+             'tests/test_review.py', 'straddle'),
+    Mutation(32, "a running job's block has no SANDBOX line",
+             'render.py', '    lines += start_line(record) + sandbox_lines(record) + spend_line(record)',
+             '    lines += start_line(record) + spend_line(record)',
+             'tests/test_pins.py', 'running_jobs_block'),
+    Mutation(33, "START counts from Hermes' start, not the call",
+             'render.py', 'max(0.0, record.prompt_sent_at - record.created_at)',
+             'max(0.0, record.prompt_sent_at - (record.started_at or record.created_at))',
+             'tests/test_pins.py', 'start_counts'),
+    Mutation(34, "a steered job's SESSION_ID says none captured",
+             'render.py', 'f"SESSION_ID: {shown(session) if session else \'none captured\'}"',
+             'f"SESSION_ID: {shown(session) if session and not record.steers else \'none captured\'}"',
+             'tests/test_steer.py', 'reaches_the_running'),
+    Mutation(35, 'max_cost_usd=inf is accepted: a budget that never fires',
+             'tools.py', '            or not math.isfinite(value) or value <= 0:',
+             '            or value <= 0:',
+             'tests/test_pins.py', 'could_never_fire'),
+    Mutation(36, 'a write the disk refused is retried only at the next heartbeat',
+             'job_watching.py', 'if now >= self.next_heartbeat or self.job.unsaved:',
+             'if now >= self.next_heartbeat:',
+             'tests/test_failures.py', 'tried_again or full_disk or read_only or first_write'),
+)
+
+
+def main(numbers: list[int]) -> int:
+    results = []
+    for mutation in MUTATIONS:
+        if numbers and mutation.number not in numbers:
+            continue
+        started = time.monotonic()
+        result = mutation.run()
+        results.append(result)
+        print(f"{result:7} {mutation.number:2} {mutation.module}: {mutation.bug} ({time.monotonic() - started:.0f} s)",
+              flush=True)
+    print(f"{results.count('CAUGHT')} of {len(results)} caught")
+    return 0 if results and all(result == "CAUGHT" for result in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main([int(number) for number in sys.argv[1:]]))
