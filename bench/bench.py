@@ -1,7 +1,8 @@
 """How close the bridge runs to its floor, and how its cost grows: one table, measured side by side.
 
     python bench/bench.py            # the full run (about two minutes on two cores)
-    python bench/bench.py --tiny     # a few seconds, small sizes: checks that every row is produced
+    python bench/bench.py --tiny     # small sizes, one run each, the warm-start rows on the newest Hermes
+                                     # with ACP only: checks that every row is produced
 
 Each figure is the median of several runs, with its spread (min-max), next to a floor measured in the same
 run: the same SDK with a minimal one-tool server, a bare Popen, a seek, a folder listing, a bare
@@ -21,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -478,9 +479,10 @@ def first_request_s(client: BridgeClient, model: ScriptedModel, task: str, **arg
     return arrived - started, client.wait_final(job_id).field("START")
 
 
-def installed_acp_versions(rows_of: str) -> Iterator[tuple[str, Path]]:
-    """Each real Hermes with ACP that tests/install_e2e.sh installed, with its executable; a missing one is said."""
-    for version in REAL_ACP_VERSIONS:
+def installed_acp_versions(rows_of: str, versions: Sequence[str]) -> Iterator[tuple[str, Path]]:
+    """Each of these real Hermes versions with ACP that tests/install_e2e.sh installed, with its executable; a
+    missing one is said."""
+    for version in versions:
         exe = REAL_HERMES_VERSIONS[version]
         if exe.exists():
             yield version, exe
@@ -488,12 +490,12 @@ def installed_acp_versions(rows_of: str) -> Iterator[tuple[str, Path]]:
             print(f"{rows_of} rows: the real Hermes {version} is not installed (bash tests/install_e2e.sh)")
 
 
-def warm_start_rows(runs: int, worktree: bool = False) -> list[Row]:
+def warm_start_rows(runs: int, versions: Sequence[str], worktree: bool = False) -> list[Row]:
     """Issue 39: hermes_run until the model's first request with a warm Hermes against a cold start, alternating,
     for each real Hermes with ACP (installed by tests/install_e2e.sh), the next job in the same folder; with
     worktree (issue 51), the next worktree job on the same repository."""
     rows = []
-    for version, exe in installed_acp_versions("warm start"):
+    for version, exe in installed_acp_versions("warm start", versions):
         with tempfile.TemporaryDirectory() as tmp, ScriptedModel(Path(tmp)) as model:
             bridge = Bridge.create(Path(tmp))
             write_hermes_home(bridge.tmp / "real-home", model.base_url)
@@ -522,14 +524,14 @@ def warm_start_rows(runs: int, worktree: bool = False) -> list[Row]:
     return rows
 
 
-def session_new_rows(runs: int) -> list[Row]:
+def session_new_rows(runs: int, versions: Sequence[str]) -> list[Row]:
     """Issue 51: what `session/new` spends in a new folder on a `hermes acp` already warmed by a session in
     another folder (what a standby readied elsewhere would pay), against one more session in the warmed folder,
     alternating, for each real Hermes with ACP: whether a standby could serve any folder. It could not anyway: the
     sandbox's rules and 0.19.0's prompt are bound to the folder at Hermes' spawn, so a worktree standby readies the
     worktree first (warm_start_rows with worktree)."""
     rows = []
-    for version, exe in installed_acp_versions("session/new"):
+    for version, exe in installed_acp_versions("session/new", versions):
         with tempfile.TemporaryDirectory() as tmp, ScriptedModel(Path(tmp)) as model:
             home, warmed = Path(tmp) / "home", Path(tmp) / "warmed"
             write_hermes_home(home, model.base_url)
@@ -571,7 +573,8 @@ def machine() -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="Benchmark the bridge against its floors.")
-    parser.add_argument("--tiny", action="store_true", help="small sizes and few runs, to check every row")
+    parser.add_argument("--tiny", action="store_true",
+                        help="small sizes, one run each, the real Hermes rows on the newest version: checks every row")
     args = parser.parse_args(argv)
     runs, calls, log_mb = (1, 5, 8) if args.tiny else (7, 40, 1024)
     sizes = [100, 1000] if args.tiny else [1000, 10_000, 100_000]
@@ -598,9 +601,11 @@ def main(argv: list[str]) -> int:
         finally:
             bridge.kill_leftovers()
     rows += jobs_listing(sizes, runs)
-    rows += warm_start_rows(max(5, runs) if not args.tiny else runs)
-    rows += warm_start_rows(max(3, runs) if not args.tiny else runs, worktree=True)
-    rows += session_new_rows(runs * 3)
+    # a real Hermes start costs a few CPU-seconds; the rows' code is the same for every version
+    acp_versions = REAL_ACP_VERSIONS[-1:] if args.tiny else REAL_ACP_VERSIONS
+    rows += warm_start_rows(max(5, runs) if not args.tiny else runs, acp_versions)
+    rows += warm_start_rows(max(3, runs) if not args.tiny else runs, acp_versions, worktree=True)
+    rows += session_new_rows(runs * 3, acp_versions)
     print(f"machine: {machine()}")
     print(f"runs: {runs} per figure ({calls} for single calls); total {time.time() - started:.0f} s\n")
     header = ["figure", "bridge: median (min-max)", "floor: median (min-max)", "result", "target"]
