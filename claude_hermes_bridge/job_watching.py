@@ -199,6 +199,22 @@ class ResumeBackstop:
         return None
 
 
+class Heartbeat:
+    """The record's heartbeat, which readers tell a working supervisor by, with the changes so far; a record
+    write the disk refused is tried again at the next poll, not the next heartbeat."""
+
+    def __init__(self, job: SupervisedJob, folder: FolderWatch) -> None:
+        self.job, self.folder, self.due = job, folder, 0.0
+
+    def stamp(self, now: float) -> None:
+        if now >= self.due or self.job.unsaved:
+            self.due = now + HEARTBEAT_S
+            self.job.record.heartbeat = machine_clock()
+            if so_far := self.folder.changes_so_far():
+                self.job.record.changes = so_far  # what the job view lists while the job runs
+            self.job.save()
+
+
 class JobWatch:
     """Watches one started Hermes until it exits, and says how the job ended (an Outcome). The stop of a
     job's tree is the one act here that signals; it goes through Ownership, the proof that a process is the
@@ -207,13 +223,13 @@ class JobWatch:
     def __init__(self, job: SupervisedJob, hermes: psutil.Process, owner: Ownership, subreaper: bool,
                  windows_job: WindowsJob | None, folder: FolderWatch, network: JobNetwork) -> None:
         self.job, self.hermes, self.owner, self.subreaper = job, hermes, owner, subreaper
-        self.windows_job, self.folder, self.network = windows_job, folder, network
+        self.windows_job, self.network = windows_job, network
+        self.heartbeat = Heartbeat(job, folder)
         self.spend = SpendWatch(job.cfg, job.store, job.record)
         self.known_tree = set(job.record.tree)
         self.backstop = ResumeBackstop(job.store.log_path(job.job_id), job.roots) if job.record.session_requested \
             else None  # a plain run never moves
         self.log = BoundedLog(job.store.log_path(job.job_id), job.cfg.max_log_bytes)
-        self.next_heartbeat = 0.0
 
     def watch(self, proc: subprocess.Popen[bytes], run: HermesRun) -> Outcome:
         """Until Hermes exits: remember its tree, pump its driver, and stop it on cancel, timeout or a move
@@ -263,7 +279,7 @@ class JobWatch:
             run.pump()
             if self.network.pump():
                 self.job.save()
-            self.stamp(now)
+            self.heartbeat.stamp(now)
             if run.finished and close_by is None:
                 run.close()
                 close_by = now + run.exit_grace_s
@@ -278,15 +294,6 @@ class JobWatch:
                                    self.subreaper)
                 if report.survivors:
                     self.job.note(f"could not stop pids {report.survivors}")
-
-    def stamp(self, now: float) -> None:
-        """The heartbeat readers tell a working supervisor by, and any write the disk refused before."""
-        if now >= self.next_heartbeat or self.job.unsaved:
-            self.next_heartbeat = now + HEARTBEAT_S
-            self.job.record.heartbeat = machine_clock()
-            if so_far := self.folder.changes_so_far():
-                self.job.record.changes = so_far  # what the job view lists while the job runs
-            self.job.save()
 
     def keep_log_bounded(self) -> None:
         self.log.keep_bounded([proc for proc in [self.hermes, *(seen.process() for seen in self.job.record.tree)]

@@ -1,6 +1,6 @@
 """Issue 50's one-line bugs, each written into the code in turn and run against the tests that pin it.
 
-    python tests/mutations.py [NUMBER ...]      (from the repository's top, with .venv)
+    .venv/bin/python tests/mutations.py [NUMBER ...]      (from the repository's top)
 
 Each mutation replaces one exact text of a module (it must occur once: a mutation whose text the code no
 longer holds is STALE, to be written again where the behaviour now lives), runs its tests serially, and puts the
@@ -191,8 +191,8 @@ MUTATIONS = (
              '            or value <= 0:',
              'tests/test_pins.py', 'could_never_fire'),
     Mutation(36, 'a write the disk refused is retried only at the next heartbeat',
-             'job_watching.py', 'if now >= self.next_heartbeat or self.job.unsaved:',
-             'if now >= self.next_heartbeat:',
+             'job_watching.py', 'if now >= self.due or self.job.unsaved:',
+             'if now >= self.due:',
              'tests/test_failures.py', 'tried_again or full_disk or read_only or first_write'),
 )
 

@@ -19,7 +19,7 @@ import pytest
 
 from claude_hermes_bridge.config import START_GRACE_S, Config, load_config
 from claude_hermes_bridge.folder_changes import FolderWatch
-from claude_hermes_bridge.job_watching import JobWatch
+from claude_hermes_bridge.job_watching import Heartbeat
 from claude_hermes_bridge.jobs import HEARTBEAT_S, JobRecord, JobState, JobStore, observe
 from claude_hermes_bridge.launch import prune_jobs
 from claude_hermes_bridge.safe_io import ProcessId
@@ -169,17 +169,16 @@ def test_a_record_write_the_disk_refused_is_tried_again_at_the_next_poll_not_the
     store.ensure()
     store.write(JobRecord(id="20261205-000000-1", state=JobState.RUNNING))
     job = SupervisedJob("20261205-000000-1", Config(path=tmp_path / "config.json"), store)
-    watch = JobWatch.__new__(JobWatch)  # the stamp alone: no Hermes, no tree
-    watch.job, watch.folder, watch.next_heartbeat = job, FolderWatch(str(tmp_path), [], 100, 5), 0.0
+    heartbeat = Heartbeat(job, FolderWatch(str(tmp_path), [], 100, 5))
     written = store.write
 
     def refused(_: JobRecord) -> None:
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(store, "write", refused)
-    watch.stamp(100.0)
+    heartbeat.stamp(100.0)
     assert job.unsaved and job.record.heartbeat and store.read(job.job_id).heartbeat is None
     monkeypatch.setattr(store, "write", written)
-    watch.stamp(100.0 + HEARTBEAT_S / 50)
+    heartbeat.stamp(100.0 + HEARTBEAT_S / 50)
     assert not job.unsaved and store.read(job.job_id).heartbeat == job.record.heartbeat
 
 

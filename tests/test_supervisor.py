@@ -19,9 +19,8 @@ import psutil
 import pytest
 
 from claude_hermes_bridge.config import Config, load_config
-from claude_hermes_bridge.folder_changes import FolderWatch
 from claude_hermes_bridge.hermes_cli import describe_exit
-from claude_hermes_bridge.job_watching import JobWatch, ResumeBackstop
+from claude_hermes_bridge.job_watching import ResumeBackstop
 from claude_hermes_bridge.jobs import FINAL_STATES, JobRecord, JobState, JobStore
 from claude_hermes_bridge.launch import JobRequest, launch_job
 from claude_hermes_bridge.preflight import SERVER_DIR
@@ -574,25 +573,3 @@ def test_where_the_marker_is_the_proof_a_stop_never_signals_another_folders_job_
         for proc in (ours, other):
             proc.kill()
             proc.wait()
-
-
-def test_a_record_write_the_disk_refused_is_retried_at_the_next_poll_not_the_next_heartbeat(tmp_path, monkeypatch):
-    supervisor, _ = supervised(tmp_path, "print('done')")
-    store = supervisor.store
-    written = store.write
-    attempts: list[str] = []
-
-    def refused_once(record: JobRecord) -> Any:
-        attempts.append(record.reason or "")
-        if len(attempts) == 1:
-            raise OSError(28, "No space left on device")
-        return written(record)
-    monkeypatch.setattr(store, "write", refused_once)
-    watch = JobWatch(supervisor.job, psutil.Process(), supervisor.owner, False, None,
-                     FolderWatch(str(tmp_path / "root"), [], 100, 1), supervisor.network)
-    supervisor.record.reason = "what the disk refused"
-    supervisor.job.save()
-    watch.next_heartbeat = time.monotonic() + 3600  # the heartbeat is an hour away
-    watch.stamp(time.monotonic())
-    assert attempts == ["what the disk refused"] * 2
-    assert store.read(supervisor.job_id).reason == "what the disk refused"
