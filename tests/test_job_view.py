@@ -60,8 +60,9 @@ def host_url(tmp_path_factory) -> Iterator[str]:
     httpd.shutdown()
 
 
-@pytest.fixture
-def browser() -> Iterator[Any]:
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    """One Chromium for the module's tests on a worker: a launch costs a few CPU-seconds."""
     require_component(CHROMIUM, "Debian's chromium")
     from playwright.sync_api import sync_playwright
 
@@ -69,6 +70,15 @@ def browser() -> Iterator[Any]:
         launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
         yield launched
         launched.close()
+
+
+@pytest.fixture
+def browser(chromium: Any) -> Iterator[Any]:
+    """A browser context of the test's own (its storage, its pages), closed after it: no page of an earlier test
+    polls its closed client."""
+    context = chromium.new_context(viewport={"width": 800, "height": 700})
+    yield context
+    context.close()
 
 
 def raw_call(client: BridgeClient, tool: str, **arguments: Any) -> dict[str, Any]:
@@ -83,7 +93,7 @@ class View:
     def __init__(self, browser: Any, host_url: str, client: BridgeClient, result: dict[str, Any],
                  arguments: dict[str, Any], server_tools: bool = True, strip_meta: bool = False):
         """strip_meta: the host hands the view results without _meta, as Cursor does."""
-        self.page = browser.new_page(viewport={"width": 800, "height": 700})
+        self.page = browser.new_page()
         self.console: list[str] = []
         self.page.on("console", lambda message: self.console.append(message.text))
 
