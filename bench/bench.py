@@ -1,7 +1,7 @@
 """How close the bridge runs to its floor, and how its cost grows: one table, measured side by side.
 
     python bench/bench.py            # the full run (about two minutes on two cores)
-    python bench/bench.py --tiny     # small sizes, one run each, the warm-start rows on the newest Hermes
+    python bench/bench.py --tiny     # small sizes, one run each, the real Hermes rows on the newest Hermes
                                      # with ACP only: checks that every row is produced
 
 Each figure is the median of several runs, with its spread (min-max), next to a floor measured in the same
@@ -492,8 +492,8 @@ def installed_acp_versions(rows_of: str, versions: Sequence[str]) -> Iterator[tu
 
 def warm_start_rows(runs: int, versions: Sequence[str], worktree: bool = False) -> list[Row]:
     """Issue 39: hermes_run until the model's first request with a warm Hermes against a cold start, alternating,
-    for each real Hermes with ACP (installed by tests/install_e2e.sh), the next job in the same folder; with
-    worktree (issue 51), the next worktree job on the same repository."""
+    for each of these versions of the real Hermes with ACP (installed by tests/install_e2e.sh), the next job in the
+    same folder; with worktree (issue 51), the next worktree job on the same repository."""
     rows = []
     for version, exe in installed_acp_versions("warm start", versions):
         with tempfile.TemporaryDirectory() as tmp, ScriptedModel(Path(tmp)) as model:
@@ -527,9 +527,9 @@ def warm_start_rows(runs: int, versions: Sequence[str], worktree: bool = False) 
 def session_new_rows(runs: int, versions: Sequence[str]) -> list[Row]:
     """Issue 51: what `session/new` spends in a new folder on a `hermes acp` already warmed by a session in
     another folder (what a standby readied elsewhere would pay), against one more session in the warmed folder,
-    alternating, for each real Hermes with ACP: whether a standby could serve any folder. It could not anyway: the
-    sandbox's rules and 0.19.0's prompt are bound to the folder at Hermes' spawn, so a worktree standby readies the
-    worktree first (warm_start_rows with worktree)."""
+    alternating, for each of these versions of the real Hermes with ACP: whether a standby could serve any folder.
+    It could not anyway: the sandbox's rules and 0.19.0's prompt are bound to the folder at Hermes' spawn, so a
+    worktree standby readies the worktree first (warm_start_rows with worktree)."""
     rows = []
     for version, exe in installed_acp_versions("session/new", versions):
         with tempfile.TemporaryDirectory() as tmp, ScriptedModel(Path(tmp)) as model:

@@ -223,7 +223,7 @@ class JobWatch:
     def __init__(self, job: SupervisedJob, hermes: psutil.Process, owner: Ownership, subreaper: bool,
                  windows_job: WindowsJob | None, folder: FolderWatch, network: JobNetwork) -> None:
         self.job, self.hermes, self.owner, self.subreaper = job, hermes, owner, subreaper
-        self.windows_job, self.network = windows_job, network
+        self.windows_job, self.folder, self.network = windows_job, folder, network
         self.heartbeat = Heartbeat(job, folder)
         self.spend = SpendWatch(job.cfg, job.store, job.record)
         self.known_tree = set(job.record.tree)

@@ -152,7 +152,7 @@ class Supervisor:
 
     def _finish(self, outcome: Outcome) -> None:
         JobFinish(self.job, self.network, self.run_, self.planner.writable,
-                  self.watching.heartbeat.folder if self.watching else None, self.planner.private_tmp).finish(outcome)
+                  self.watching.folder if self.watching else None, self.planner.private_tmp).finish(outcome)
 
 
 def main(job_id: str) -> int:
