@@ -67,9 +67,9 @@ provision_packages() {
   [ -f "$LANE/site/.installed" ] && [ "$(cat "$LANE/site/.installed")" = "$wanted" ] && return
   echo "installing requirements.txt, ${TEST_TOOLS[*]} and ${WINDOWS_ONLY[*]} as Windows wheels"
   rm -rf "$LANE/site"
-  python3 -m pip install --quiet --disable-pip-version-check --target "$LANE/site" --platform win_amd64 \
-    --python-version 3.13 --implementation cp --only-binary=:all: -r requirements.txt "${TEST_TOOLS[@]}" \
-    "${WINDOWS_ONLY[@]}"
+  python3 -m pip install --quiet --disable-pip-version-check --no-compile --target "$LANE/site" \
+    --platform win_amd64 --python-version 3.13 --implementation cp --only-binary=:all: -r requirements.txt \
+    "${TEST_TOOLS[@]}" "${WINDOWS_ONLY[@]}"  # no bytecode: this Linux Python's would not serve the Windows one
   # Wine 8's propsys.dll lacks VariantToString: CPython's platform module asks WMI through it and the process
   # aborts (hypothesis calls platform.system() at import). Without _wmi, platform reads the registry instead.
   # A lane-only shim: the bridge never calls platform.
@@ -133,6 +133,10 @@ wine "$LANE/python/python.exe" -c "import sys; print('windows lane:', sys.versio
 # Wine hands the Unix environment to Windows processes: a Linux CA-bundle path means nothing there (kept for the
 # installs above, which run on Linux).
 unset SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE CURL_CA_BUNDLE
+# The Windows processes write the bytecode of what they import (the site's, Hermes'), once: the wheels carry none
+# for this CPython, and with PYTHONDONTWRITEBYTECODE (set on some machines) every server, supervisor and Hermes
+# under Wine compiled the MCP stack again (the lane alone: 543 CPU-s, 472 with the bytecode kept).
+unset PYTHONDONTWRITEBYTECODE
 status=0
 wine "$LANE/python/python.exe" -m pytest -p no:cacheprovider -n 3 "$@" </dev/null 2>&1 | cat || status=$?
 wineserver -k 2>/dev/null || true  # this prefix's own server: nothing outlives the lane
