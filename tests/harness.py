@@ -2,6 +2,7 @@
 hermes) and the official MCP client driving a real server process over stdio, callable from sync code."""
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
@@ -315,6 +316,7 @@ def zygote_socket() -> str:
         if process.poll() is not None:
             raise RuntimeError(f"the server zygote exited: {Path(folder, 'zygote.log').read_text()}")
         _zygote = (process, path)
+        atexit.register(shutil.rmtree, folder, True)  # its own clean-up is lost when something kills it first
     return _zygote[1]
 
 
