@@ -66,8 +66,9 @@ def test_a_worktree_job_after_head_moved_starts_cold_and_the_readied_worktree_go
         assert job.field("STATUS") == "ok", job.text
         assert "readied a worktree of another repository or commit (HEAD moved since)" in job.field("START")
         assert (bridge.jobs / "worktrees" / job.field("JOB_ID") / "b.txt").exists()  # made at the new HEAD
-        wait_until(lambda: not readied.exists() or None, 30, "the readied worktree to go with its standby")
-        assert f"hermes-bridge/{readied.name}" not in bridge_branches(repo)
+        # the folder goes first, then its branch (remove_worktree): both are waited for
+        wait_until(lambda: (not readied.exists() and f"hermes-bridge/{readied.name}" not in bridge_branches(repo))
+                   or None, 30, "the readied worktree and its branch to go with its standby")
         assert not (bridge.jobs / "worktree-objects" / readied.name).exists()
         fresh = ready(bridge)  # readied for the new HEAD
         assert fresh["worktree"]["base"] == git(repo, "rev-parse", "HEAD")
