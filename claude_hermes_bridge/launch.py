@@ -10,6 +10,7 @@ import time
 from typing import Any, cast
 
 from .config import Config, audit
+from .drivers import confinement_shape
 from .git_calls import GitFailed, git
 from .hermes_cli import locate_hermes
 from .job_queue import (
@@ -204,7 +205,9 @@ def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> dict[str, 
     else:
         ready = read_json(standby_folder(store) / "ready.json")
         place = worktree_place(record.worktree) if record.worktree else record.cwd or ""
-        why = standby_mismatch(cfg, ready, place) or (readied_mismatch(store, ready) if record.worktree else None)
+        shape = confinement_shape(record.network_mode, record.worktree)
+        why = (standby_mismatch(cfg, ready, place, shape)
+               or (readied_mismatch(store, ready) if record.worktree else None))
         if why is None:
             record.start, record.standby_marker = "warm", str(ready["marker"])
             if record.worktree:  # the standby moves its worktree to the job's place when it takes the job
@@ -214,8 +217,14 @@ def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> dict[str, 
     return None
 
 
-def standby_mismatch(cfg: Config, ready: Any, folder: str) -> str | None:
-    """Why this standby cannot take a job in folder, or None when it can."""
+def standby_mismatch(cfg: Config, ready: Any, folder: str, shape: dict[str, Any]) -> str | None:
+    """Why this standby cannot take a job in folder confined as shape (drivers.confinement_shape), or None when
+    it can."""
+    if shape["network"] != "open":
+        return (f"network {shape['network']} puts Hermes behind the job's own proxy from its start, which a warm "
+                "Hermes, started before the job, is not")
+    if shape["worktree"] == "resumed":
+        return "a resumed worktree job's Hermes is confined to that job's own worktree from its start"
     if not isinstance(ready, dict) or not is_standby_marker(ready.get("marker")):
         return "no warm Hermes is waiting (one is readied after a job starts, for the next in its folder)"
     if ready.get("folder") != folder:
@@ -226,7 +235,7 @@ def standby_mismatch(cfg: Config, ready: Any, folder: str) -> str | None:
         exe = locate_hermes(cfg).usable or ""
     except OSError:
         exe = ""
-    if ready.get("key") != launch_key(cfg, folder, exe):
+    if ready.get("key") != launch_key(cfg, folder, exe, shape):
         return "the warm Hermes waiting was started with other settings (config, Hermes, its home or environment)"
     if not is_alive_standby(ready):
         return "the warm Hermes waiting had exited"

@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 
 from .config import SETTINGS, Config, audit, load_config
-from .drivers import WarmStart, hermes_launch, private_tmp_of, sandbox_writable, start_hermes, usable_hermes
+from .drivers import WarmStart, confinement_shape, hermes_launch, private_tmp_of, sandbox_writable, start_hermes, usable_hermes
 from .git_calls import GitFailed, git_text
 from .hermes_acp import ACP_SESSION_RE, WarmHermes, approval_policy_dir
 from .hermes_cli import hermes_env
@@ -111,16 +111,17 @@ def home_stamp(home: Path) -> list[Any]:
     return found
 
 
-def launch_key(cfg: Config, folder: str, exe: str) -> str:
+def launch_key(cfg: Config, folder: str, exe: str, shape: dict[str, Any]) -> str:
     """Everything a warm Hermes was started with that a job's own start would set: the settings, Hermes (its
-    executable, every guarded name of its home as it is now), the folder, the environment Hermes inherits, the
-    bridge's code. A job whose key differs starts cold; the standby compares it again when a job takes it."""
+    executable, every guarded name of its home as it is now), the folder, the job's confinement_shape, the
+    environment Hermes inherits, the bridge's code. A job whose key differs starts cold; the standby compares it
+    again when a job takes it."""
     home = cfg.hermes_home_path
     environment = {key: value for key, value in hermes_env(cfg).items()
                    if key not in (JOB_MARKER, "HERMES_BRIDGE_CONFIG")}  # the config: its settings are in cfg
     code = [stamp(path) for path in sorted(PACKAGE_DIR.glob("*.py"))]
     settings = {key: getattr(cfg, key) for key in SETTINGS if key not in STANDBY_SETTINGS}
-    parts = [VERSION, settings, exe, stamp(exe), str(home), home_stamp(home), folder, sorted(environment.items()),
+    parts = [VERSION, settings, exe, stamp(exe), str(home), home_stamp(home), folder, shape, sorted(environment.items()),
              sandbox_mechanism().name, code]
     return hashlib.sha256(json.dumps(parts, default=str, sort_keys=True).encode()).hexdigest()
 
@@ -140,6 +141,7 @@ class Standby:
 
     key: str
     folder: str  # the folder it was readied for, or for worktree jobs, worktree_place
+    shape: dict[str, Any]  # the confinement_shape its Hermes was started with
     marker: str
     warm: WarmStart
     prepared_s: float
@@ -153,7 +155,7 @@ def copy_stream(stream: Any) -> None:
             os.write(2, chunk)
 
 
-def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str,
+def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str, shape: dict[str, Any],
             planned: dict[str, Any] | None = None) -> Standby:
     """Hermes started as a job's would be (the sandbox with a private temporary folder of its own, the managed
     policy, the environment), initialized, and warmed with a throw-away session in folder; given a worktree
@@ -189,7 +191,7 @@ def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str,
     except OSError:
         dismiss(cfg, warm, marker, worktree)
         raise
-    return Standby(key, place, marker, warm, round(time.monotonic() - started, 3), worktree)
+    return Standby(key, place, shape, marker, warm, round(time.monotonic() - started, 3), worktree)
 
 
 def sweep_leftovers(store: JobStore) -> None:
@@ -336,7 +338,7 @@ def handed_over(cfg: Config, store: JobStore, standby: Standby, job_id: str) -> 
 def still_fits(cfg: Config, standby: Standby) -> bool:
     """Whether a job started now would start Hermes as this standby's was started (the key, computed again)."""
     try:
-        return launch_key(load_config(), standby.folder, usable_hermes(cfg)) == standby.key
+        return launch_key(load_config(), standby.folder, usable_hermes(cfg), standby.shape) == standby.key
     except Exception:  # noqa: BLE001  (a config or Hermes that cannot be read now: not the one it was started with)
         return False
 
@@ -413,7 +415,8 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
     sweep_leftovers(store)
     wait_past_start(store, job_id)
     cwd = worktree_place(planned) if planned else where
-    key = launch_key(cfg, cwd, exe)
+    shape = confinement_shape("open", planned)
+    key = launch_key(cfg, cwd, exe, shape)
     published = read_json(folder / "ready.json")
     if is_alive_standby(published) and published.get("key") == key:
         return 0  # one is ready for this already
@@ -425,7 +428,7 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
                 return 0  # a later job asked for another
             (folder / "ready.json").unlink(missing_ok=True)  # a dead standby's: the lock says nobody holds it
             try:
-                standby = prepare(cfg, store, cwd, exe, key, planned)
+                standby = prepare(cfg, store, cwd, exe, key, shape, planned)
             except OSError as exc:
                 audit(cfg, event="standby", problem=f"not prepared: {exc}")
                 return 0

@@ -2,6 +2,7 @@
 by exactly one job, which its standby supervises as a cold one is; and every way a standby can fail leaves the
 job to a cold start, no process behind and no second standby."""
 import json
+import socketserver
 import sqlite3
 import threading
 import time
@@ -17,6 +18,7 @@ from test_worktrees import final
 from conftest import require_sandbox
 from harness import Bridge, BridgeClient, live_standbys, wait_until
 
+OPEN_SHAPE = {"network": "open", "worktree": None}  # a default job's confinement_shape with the network open
 pytestmark = pytest.mark.posix("the faults are shown on Linux; tests/test_windows.py takes a warm Hermes on Windows")
 
 
@@ -159,17 +161,17 @@ def test_the_key_sees_every_guarded_name_of_hermes_home_by_content(bridge: Bridg
     for name, text in (("config.yaml", "model: aaaa\n"), (".env", "KEY=1\n"), ("hooks/h.py", "pass\n")):
         (home / name).write_text(text)
     cfg = load_config(bridge.config)
-    before = launch_key(cfg, str(bridge.root), "/bin/true")
+    before = launch_key(cfg, str(bridge.root), "/bin/true", OPEN_SHAPE)
     for name, text in (("config.yaml", "model: bbbb\n"), (".env", "KEY=2\n"), ("hooks/h.py", "evil\n")):
         status = os.stat(home / name)
         original = (home / name).read_text()
         (home / name).write_text(text)
         os.utime(home / name, ns=(status.st_atime_ns, status.st_mtime_ns))
-        assert launch_key(cfg, str(bridge.root), "/bin/true") != before, name
+        assert launch_key(cfg, str(bridge.root), "/bin/true", OPEN_SHAPE) != before, name
         (home / name).write_text(original)
         os.utime(home / name, ns=(status.st_atime_ns, status.st_mtime_ns))
     (home / "plugins").mkdir()
-    assert launch_key(cfg, str(bridge.root), "/bin/true") != before, "a plugins folder made"
+    assert launch_key(cfg, str(bridge.root), "/bin/true", OPEN_SHAPE) != before, "a plugins folder made"
 
 
 def test_a_same_size_config_change_with_its_time_set_back_makes_the_next_job_cold(bridge: Bridge) -> None:
@@ -288,3 +290,37 @@ def test_a_jobs_folder_that_refuses_the_standby_leaves_jobs_cold_and_starts_noth
         started = [" ".join(child.cmdline()) for child in psutil.Process(client.server_pid).children(recursive=True)]
     assert not [line for line in started if "--standby" in line], started
     assert (bridge.jobs / "standby").read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("mode", ["model-only", "allow-list"])
+def test_a_network_limited_job_after_an_open_one_starts_cold_behind_its_proxy(bridge: Bridge, mode: str) -> None:
+    """Issue 64 (a per-job network limit skipped on a warm start): a warm Hermes waits in the folder, readied
+    after an open job; a job that narrows its network does not take it (its Hermes must start behind the job's
+    own proxy), says so on START, and the server it may not reach sees no connection."""
+    require_sandbox()
+    connections: list[str] = []
+
+    class Counted(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            connections.append("connected")
+            self.request.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Counted)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    script = bridge.tmp / "fetch.sh"
+    script.write_text(f"curl -s -m 5 -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{server.server_address[1]}/ "
+                      f"> {bridge.root}/code.txt\n")
+    bridge.configure(hermes_driver="acp", warm_start=True, network="open", approval_timeout_s=5)
+    try:
+        with acp_client(bridge) as client:
+            assert final(client, task="first !write=one.txt:1", cwd=str(bridge.root)).field("STATUS") == "ok"
+            waiting = ready(bridge)
+            job = final(client, task=f"limited !shell={script}", cwd=str(bridge.root), network=mode)
+    finally:
+        server.shutdown()
+    assert job.field("STATUS") == "ok", job.text
+    assert job.field("START").startswith("cold (") and f"network {mode} puts Hermes behind the job's own proxy" \
+        in job.field("START"), job.field("START")
+    assert connections == [], job.text
+    assert (bridge.root / "code.txt").read_text() != "200"
+    assert json.loads((bridge.jobs / "standby" / "ready.json").read_text())["pid"] == waiting["pid"]  # not taken
