@@ -3,6 +3,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any, Callable, cast
 
 from .acp_conversation import AcpConversation
 from .config import Config
+from .git_calls import GitFailed
 from .hermes_acp import (
     ACP_CANCEL_GRACE_S,
     ACP_EXIT_GRACE_S,
@@ -38,10 +40,11 @@ from .hermes_store import StoreUnavailable, Usage, blocked_commands, read_store,
 from .jobs import JobRecord, JobState, JobStore, Outcome, write_record
 from .network import NO_PROXY_VARIABLES, proxy_environment
 from .processes import WindowsJob, hermes_creation_flags, interrupt_group, popen_kwargs
-from .safe_io import IS_WINDOWS, Refused, open_regular, shown_whole
+from .repo_guard import repository_around
+from .safe_io import IS_WINDOWS, Refused, open_regular, shown_whole, within_any
 from .sandbox import SESSION_SERVICES, step_argv, unreadable_paths
 from .sandbox import devices as sandbox_devices
-from .worktrees import worktree_git_paths
+from .worktrees import common_git_folder, worktree_git_paths
 
 
 # The ways to drive Hermes, behind one seam: `hermes chat` with the task on its command line or stdin (CliRun)
@@ -90,9 +93,10 @@ class WarmStart:
 
 def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str], private_tmp: Path | None,
                   extra_env: dict[str, str] | None = None, proxy_port: int | None = None,
-                  confine_network: bool = False) -> tuple[list[str], dict[str, str]]:
+                  confine_network: bool = False, mounts: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
     """Hermes' command and environment (with extra_env): through the sandbox's step when writable is given, with
-    its private temporary folder and without the addresses of the user's session services; given proxy_port,
+    its private temporary folder, its mounts (sandbox_mounts) and without the addresses of the user's session
+    services; given proxy_port,
     every HTTP client pointed at the job's proxy (nothing sent around it), and with confine_network the
     operating system holding the job to it."""
     env = {**hermes_env(cfg, marker), **(extra_env or {})}
@@ -105,7 +109,7 @@ def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str]
     env.update(TMPDIR=str(private_tmp), TEMP=str(private_tmp), TMP=str(private_tmp))
     env.update(cache_environment(tool_cache(cast(Path, private_tmp))))
     unreadable = unreadable_paths(os.path.expanduser("~"), cfg.sandbox_unreadable)
-    return step_argv(writable, argv, unreadable, proxy_port if confine_network else None), env
+    return step_argv(writable, argv, unreadable, proxy_port if confine_network else None, mounts), env
 
 
 # Where the tools a job runs keep their caches, redirected from the user's home (which a sandboxed job cannot
@@ -144,6 +148,74 @@ def sandbox_writable(cfg: Config, folder: str, private_tmp: Path, worktree: dict
     cache.mkdir(exist_ok=True)
     return [folder, str(private_tmp), str(home), str(cache), *worktree_git_paths(worktree), *sandbox_extra(cfg),
             *sandbox_devices()]
+
+
+# Daemons that act for whoever connects to their socket (Docker, podman, containerd and buildkit are
+# root-equivalent; the session bus starts programs): Landlock does not govern connect() to a named socket, so a
+# sandboxed job's mount namespace hides each under /dev/null, as bubblewrap-based sandboxes do. System-wide, and
+# beneath the user's runtime folder.
+DAEMON_SOCKETS = ("/run/docker.sock", "/var/run/docker.sock", "/run/podman/podman.sock",
+                  "/run/containerd/containerd.sock", "/run/buildkit/buildkitd.sock", "/run/crio/crio.sock")
+RUNTIME_SOCKETS = ("docker.sock", "podman/podman.sock", "containerd/containerd.sock", "buildkit/buildkitd.sock", "bus")
+
+
+def daemon_sockets() -> list[str]:
+    """The daemons' sockets on this machine now (resolved), the one DOCKER_HOST names included."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid() if hasattr(os, 'getuid') else 0}"
+    found = [*DAEMON_SOCKETS, *(os.path.join(runtime, name) for name in RUNTIME_SOCKETS)]
+    docker_host = os.environ.get("DOCKER_HOST", "")
+    if docker_host.startswith("unix://"):
+        found.append(docker_host[len("unix://"):])
+    return list(dict.fromkeys(os.path.realpath(path) for path in found if is_socket(path)))
+
+
+def is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def git_folder_mounts(folder: str, worktree: dict[str, Any] | None) -> list[str]:
+    """What of a job's repository its mount namespace holds read-only: a job in its folder gets the repository's
+    whole git folder read-only (`.git`, a gitdir file and the folder it names, the common folder: hooks, config,
+    refs, modules/ and worktrees/ with them), so it cannot commit; a worktree job gets the common folder
+    read-only but for what its commits need (worktree_git_paths: its admin folder, its branch's ref and reflog
+    folders), with its admin folder's commondir and its worktree's .git file read-only too."""
+    if worktree:
+        if "admin" not in worktree:
+            return []
+        admin = worktree["admin"]
+        common = os.path.dirname(os.path.dirname(admin))
+        regranted = [path for path in worktree_git_paths(worktree) if path.startswith(common + os.sep)]
+        return [f"ro:{common}", *(f"rw:{path}" for path in regranted), f"ro:{os.path.join(admin, 'commondir')}",
+                f"ro:{os.path.join(worktree['path'], '.git')}"]
+    top = repository_around(folder)
+    if top is None:
+        return []
+    dot_git = os.path.join(top, ".git")
+    found = [dot_git, os.path.realpath(dot_git)]
+    with contextlib.suppress(GitFailed):
+        found.append(common_git_folder(top))
+    return [f"ro:{path}" for path in dict.fromkeys(found) if os.path.lexists(path)]
+
+
+def install_mounts(exe: str, writable: list[str]) -> list[str]:
+    """Hermes' install read-only when it lies inside a folder the job may write (its official installer puts it
+    in Hermes' home): the environment its executable runs from, found from the executable's real path."""
+    real = os.path.realpath(exe)
+    install = os.path.dirname(os.path.dirname(real))  # <env>/bin/hermes
+    inside = any(within_any(install, [os.path.realpath(folder)]) or within_any(real, [os.path.realpath(folder)])
+                 for folder in writable if os.path.isdir(folder))
+    return [f"ro:{install}"] if inside else []
+
+
+def sandbox_mounts(exe: str, folder: str, worktree: dict[str, Any] | None, writable: list[str]) -> list[str]:
+    """Everything a sandboxed job's mount namespace makes (sandbox.private_devices), in order: its repository's
+    git folder, Hermes' install, the daemons' sockets. The cold start, the warm start and the resume all take it
+    from here."""
+    return [*git_folder_mounts(folder, worktree), *install_mounts(exe, writable),
+            *(f"hide:{path}" for path in daemon_sockets())]
 
 
 def sandbox_extra(cfg: Config) -> list[str]:

@@ -11,6 +11,7 @@ from .drivers import (
     plan_launch,
     private_tmp_of,
     sandbox_extra,
+    sandbox_mounts,
     sandbox_writable,
     tool_cache,
     usable_hermes,
@@ -22,7 +23,7 @@ from .jobs import MAX_TASK_BYTES, JobState, Outcome
 from .repo_guard import guard_repository, repository_around
 from .safe_io import Refused, plural, read_capped, shown, within_any
 from .sandbox import mechanism as sandbox_mechanism
-from .sandbox import unreadable_paths
+from .sandbox import private_devices_refusal, unreadable_paths
 from .supervised_job import SupervisedJob
 from .worktrees import add_worktree, own_objects
 
@@ -34,6 +35,7 @@ class JobPlanner:
     def __init__(self, job: SupervisedJob, network: JobNetwork, warm: WarmStart | None) -> None:
         self.job, self.network, self.warm = job, network, warm
         self.writable: list[str] = []
+        self.mounts: list[str] = []  # what the job's mount namespace makes (drivers.sandbox_mounts)
         self.private_tmp: Path | None = None
 
     def plan(self) -> LaunchPlan | Outcome:
@@ -62,7 +64,7 @@ class JobPlanner:
                 guard_repository(job.store, record)
             task_path = job.store.task_path(job.job_id)
             task = read_capped(task_path, MAX_TASK_BYTES).decode("utf-8")
-            if refusal := self.plan_sandbox(folder):
+            if refusal := self.plan_sandbox(folder, exe):
                 return refusal
             if refused := self.network.start(sandboxed=bool(self.writable)):
                 return Outcome(JobState.ERROR, None, refused)
@@ -96,9 +98,10 @@ class JobPlanner:
         self.job.note(f"worktree {worktree['path']} on branch {worktree['branch']} at {worktree['base'][:12]}")
         self.job.save()
 
-    def plan_sandbox(self, folder: str) -> Outcome | None:
-        """Where the operating system will let the job write (self.writable), and what its blocks say about it
-        (record.sandbox); an Outcome when the setting requires a sandbox this machine cannot give."""
+    def plan_sandbox(self, folder: str, exe: str) -> Outcome | None:
+        """Where the operating system will let the job write (self.writable), what its mount namespace holds
+        read-only (self.mounts), and what its blocks say about them (record.sandbox, record.read_only); an
+        Outcome when the setting requires a sandbox this machine cannot give."""
         job = self.job
         cfg, record = job.cfg, job.record
         if cfg.sandbox == "off":
@@ -116,6 +119,8 @@ class JobPlanner:
         self.private_tmp = self.warm.private_tmp if self.warm and self.warm.private_tmp else private_tmp_of(
             job.store, job.job_id)
         self.writable = sandbox_writable(cfg, own[0], self.private_tmp, record.worktree)
+        self.mounts = sandbox_mounts(exe, folder, record.worktree, self.writable)
+        record.read_only = read_only_words(self.mounts, bool(record.worktree))
         home = cfg.hermes_home_path
         extra = sandbox_extra(cfg)
         try:
@@ -132,6 +137,40 @@ class JobPlanner:
                           + (f", {shown(', '.join(extra), 600)}" if extra else "") + f" ({found.name}{scoped}); "
                           + reading_words(cfg, self.writable))
         return None
+
+
+def read_only_words(mounts: list[str], worktree: bool) -> str | None:
+    """What the job's mount namespace holds read-only, or why it holds nothing (then the repository guard alone
+    keeps the git folder, put back at the end); None when there is nothing to hold."""
+    if not mounts:
+        return None
+    refusal = namespace_refusal()
+    if refusal:
+        return (f"nothing: no mount namespace can be made here ({refusal}); the repository's git folder is guarded "
+                "instead (what the job changes there is put back at the end and named under REPOSITORY)")
+    held = [path for kind, _, path in (spec.partition(":") for spec in mounts) if kind == "ro"]
+    hidden = [path for kind, _, path in (spec.partition(":") for spec in mounts) if kind == "hide"]
+    words = []
+    if held:
+        words.append(shown(", ".join(held[:4]), 500) + (" (but the job's own branch, index and objects)" if worktree
+                                                       else ""))
+    if hidden:
+        words.append(f"the daemons' sockets hidden ({shown(', '.join(hidden), 300)}: no command of the job reaches "
+                     "them)")
+    if held and not worktree:
+        words.append("a `git commit` in this job is refused: commits belong in isolation=\"worktree\" jobs, "
+                     "reviewed before they land")
+    return "; ".join(words) + " (the job's own mount namespace)"
+
+
+NAMESPACE_REFUSAL: list[str] = []  # the probe's answer, once per process
+
+
+def namespace_refusal() -> str:
+    """Why no mount namespace can be made here ("" when one can), probed once per process."""
+    if not NAMESPACE_REFUSAL:
+        NAMESPACE_REFUSAL.append(private_devices_refusal())
+    return NAMESPACE_REFUSAL[0]
 
 
 def reading_words(cfg: Config, writable: list[str]) -> str:

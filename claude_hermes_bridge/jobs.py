@@ -303,6 +303,7 @@ class JobRecord:
     dequeued_at: float | None = checked(is_number)  # a queued job's start: when a slot freed (wall clock)
     dequeued_clock: float | None = checked(is_number)  # and on machine_clock, from which its start grace counts
     guarded_repo: str | None = checked(is_text)  # the repository a job without a worktree works in, kept as it was
+    read_only: str | None = checked(is_text)  # what the job's mount namespace held read-only, in words
     hermes_home: list[str] = checked(is_guard_notes, factory=list)  # what a sandboxed job changed of Hermes' settings
     standby_marker: str | None = checked(is_standby_marker)  # a warm job's: the marker its standby gave Hermes
     start: str | None = checked(is_text)  # warm, or cold and why: how Hermes came to the job

@@ -205,7 +205,7 @@ def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> dict[str, 
     else:
         ready = read_json(standby_folder(store) / "ready.json")
         place = worktree_place(record.worktree) if record.worktree else record.cwd or ""
-        shape = confinement_shape(record.network_mode, record.worktree)
+        shape = confinement_shape(record.network_mode or "open", record.worktree)
         why = (standby_mismatch(cfg, ready, place, shape)
                or (readied_mismatch(store, ready) if record.worktree else None))
         if why is None:

@@ -247,6 +247,8 @@ def sandbox_lines(record: JobRecord) -> list[str]:
     """What the operating system confined the job to, and what it changed of Hermes' settings and of its
     repository's git folder (put back)."""
     lines = [f"SANDBOX: {shown(record.sandbox, SANDBOX_CHARS)}"] if record.sandbox else []
+    if record.read_only:
+        lines.append(f"READ_ONLY: {shown(record.read_only, 1000)}")
     denied = []
     if refused := record.sandbox_refused:
         denied.append(f"the sandbox refused writes to {plural(len(refused), 'path')} outside the job's folders, as its "

@@ -243,18 +243,20 @@ CONNECT_MARK = "--connect"  # before the writable paths: the one TCP port the jo
 
 
 def step_argv(writable: list[str], argv: list[str], unreadable: list[str] | None = None,
-              connect_port: int | None = None) -> list[str]:
+              connect_port: int | None = None, mounts: list[str] | None = None) -> list[str]:
     """The command that confines itself to `writable` (and, given `unreadable`, reading to everything else: see
     read_grants, listed by the step itself right before it confines; given `connect_port`, the network to that
-    port), then becomes argv (same process, same pid, same environment). Linux: `python -I -S -B` spends no time
+    port; given `mounts`, those made in its mount namespace: see private_devices), then becomes argv (same process,
+    same pid, same environment). Linux: `python -I -S -B` spends no time
     on site packages and writes no bytecode beside the package (compiling this module costs less than reading
     the per-user cache, which -X pycache_prefix would extend to every standard module). macOS: sandbox-exec with
     the profile made from the same lists."""
     if sys.platform == "darwin":
         return [SANDBOX_EXEC, "-p", seatbelt_profile(writable, unreadable or [], connect_port), *argv]
     network = [CONNECT_MARK, str(connect_port)] if connect_port is not None else []
+    mounting = [word for spec in mounts or [] for word in (MOUNT_MARK, spec)]
     reading = [UNREADABLE_MARK, *unreadable] if unreadable is not None else []
-    return [*this_module_calling("step"), *network, *writable, *reading, "--", *argv]
+    return [*this_module_calling("step"), *network, *mounting, *writable, *reading, "--", *argv]
 
 
 def this_module_calling(function: str) -> list[str]:
@@ -285,25 +287,34 @@ def seatbelt_profile(writable: list[str], unreadable: list[str] | None = None, c
 
 # A mount namespace of the job's own (Linux's stable ABI through libc; the standard library has no unshare or
 # mount): a new devpts instance over /dev/pts, which /dev/ptmx then opens its ptys in (Linux 4.7 and later), so the
-# user's terminals are not there to write to; a tmpfs over /dev/shm, gone when the job's last process is. Root
-# makes the namespace itself; a user makes it in a user namespace of its own that maps only its own ids.
+# user's terminals are not there to write to; a tmpfs over /dev/shm, gone when the job's last process is; and the
+# job's mounts (Mount): what must not change bound read-only over itself (a repository's git folder, Hermes'
+# install), what it must still write bound again writable beneath, and the daemons' sockets hidden under
+# /dev/null. Root makes the namespace itself; a user makes it in a user namespace of its own that maps only its
+# own ids. Made before Landlock applies, the job cannot undo them: a thread Landlock restricts may not mount.
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
+MS_REC, MS_PRIVATE = 0x4000, 1 << 18
+# statvfs's flags that a user namespace locks on a mount (a remount must repeat them), as mount(2)'s flags
+LOCKED_FLAGS = {2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: 1024, 2048: 2048, 4096: 1 << 21}
 PRIVATE_MOUNTS = ((b"devpts", b"/dev/pts", MS_NOSUID | MS_NOEXEC, b"newinstance,ptmxmode=0666,mode=0620"),
                   (b"tmpfs", b"/dev/shm", MS_NOSUID | MS_NODEV, b"mode=1777"))
+MOUNT_MARK = "--mount"  # before one "ro:PATH", "rw:PATH" or "hide:PATH" of the step's command, in order
+MOUNT_KINDS = ("ro", "rw", "hide")
 
 
-def private_devices() -> None:
-    """Give this process (and all it starts) a /dev/pts and a /dev/shm of its own; OSError naming the step that
-    failed. A user tries first in a child: a user namespace left without its ids would make every file the job
-    writes fail, so this process enters one only where the child's whole attempt succeeded."""
+def private_devices(mounts: tuple[str, ...] = ()) -> None:
+    """Give this process (and all it starts) a /dev/pts and a /dev/shm of its own, and make its mounts ("ro:PATH"
+    read-only, "rw:PATH" writable again beneath one, "hide:PATH" /dev/null over a socket), in order; OSError
+    naming the step that failed. A user tries first in a child: a user namespace left without its ids would make
+    every file the job writes fail, so this process enters one only where the child's whole attempt succeeded."""
     user = os.geteuid() != 0
     if user:
         reading, writing = os.pipe()
         child = os.fork()
         if child == 0:
             try:
-                enter_private_devices(user)
+                enter_private_devices(user, mounts)
             except OSError as exc:
                 os.write(writing, str(exc).encode())
                 os._exit(1)
@@ -313,19 +324,19 @@ def private_devices() -> None:
         os.close(reading)
         if os.waitpid(child, 0)[1] != 0:
             raise OSError(failure or "the attempt in a child failed")
-    enter_private_devices(user)
+    enter_private_devices(user, mounts)
 
 
 def private_devices_refusal() -> str:
-    """Why a job here shares the user's /dev/pts and /dev/shm ("" when it has its own), tried as the step does,
-    in a process of its own."""
+    """Why a job here shares the user's /dev/pts and /dev/shm and gets no read-only mounts ("" when it has its
+    own), tried as the step does, in a process of its own."""
     import subprocess
 
     tried = subprocess.run(this_module_calling("private_devices"), capture_output=True, timeout=30)
     return "" if tried.returncode == 0 else tried.stderr.decode(errors="replace").strip().splitlines()[-1]
 
 
-def enter_private_devices(user: bool) -> None:
+def enter_private_devices(user: bool, mounts: tuple[str, ...]) -> None:
     call = libc()
     ids = os.getuid(), os.getgid()
     if call.unshare(CLONE_NEWNS | (CLONE_NEWUSER if user else 0)) != 0:
@@ -339,21 +350,47 @@ def enter_private_devices(user: bool) -> None:
     for kind, target, flags, options in ((None, b"/", MS_REC | MS_PRIVATE, None), *PRIVATE_MOUNTS):
         if call.mount(kind, target, kind, ctypes.c_ulong(flags), options) != 0:
             raise OSError(ctypes.get_errno(), f"mount {target.decode()}: {os.strerror(ctypes.get_errno())}")
+    for spec in mounts:
+        how, _, path = spec.partition(":")
+        if os.path.lexists(path):  # nothing there: nothing to keep
+            bind(call, "/dev/null" if how == "hide" else path, path, read_only=how != "rw")
+
+
+def bind(call: ctypes.CDLL, source: str, target: str, read_only: bool) -> None:
+    """source bound over target, read-only or writable, keeping the flags the namespace locks on target's mount."""
+    if call.mount(source.encode(), target.encode(), None, ctypes.c_ulong(MS_BIND), None) != 0:
+        raise OSError(ctypes.get_errno(), f"bind {target}: {os.strerror(ctypes.get_errno())}")
+    status = os.statvfs(target).f_flag
+    locked = sum(flag for bit, flag in LOCKED_FLAGS.items() if status & bit)
+    flags = MS_REMOUNT | MS_BIND | locked | (MS_RDONLY if read_only else 0)
+    if call.mount(None, target.encode(), None, ctypes.c_ulong(flags), None) != 0:
+        raise OSError(ctypes.get_errno(), f"remount {target}: {os.strerror(ctypes.get_errno())}")
 
 
 def step() -> None:
     """The program step_argv runs: confine, then exec Hermes; if Landlock refuses, Hermes is not started."""
-    separator = sys.argv.index("--")  # writable paths are absolute: none is "--"
-    paths, argv = sys.argv[1:separator], sys.argv[separator + 1:]
-    connect_port = int(paths[1]) if paths[:1] == [CONNECT_MARK] else None
-    paths = paths[2:] if connect_port is not None else paths
-    unreadable = paths[paths.index(UNREADABLE_MARK) + 1:] if UNREADABLE_MARK in paths else None
-    writable = paths[:paths.index(UNREADABLE_MARK)] if UNREADABLE_MARK in paths else paths
+    separator = sys.argv.index("--")  # writable paths are absolute: none is a mark
+    given, argv = sys.argv[1:separator], sys.argv[separator + 1:]
+    connect_port, mounts, writable, unreadable = None, [], [], None
+    index = 0
+    while index < len(given):
+        token = given[index]
+        if token == CONNECT_MARK:
+            connect_port, index = int(given[index + 1]), index + 2
+        elif token == MOUNT_MARK:
+            mounts.append(given[index + 1])
+            index += 2
+        elif token == UNREADABLE_MARK:
+            unreadable, index = given[index + 1:], len(given)
+        else:
+            writable.append(token)
+            index += 1
     try:
-        private_devices()
+        private_devices(tuple(mounts))
     except OSError as exc:
-        sys.stderr.write(f"[bridge] this job shares your /dev/pts and /dev/shm (a mount namespace of its own could "
-                         f"not be made: {exc}); typing into your terminals stays refused\n")
+        sys.stderr.write(f"[bridge] this job shares your /dev/pts and /dev/shm and has no read-only mounts (a mount "
+                         f"namespace of its own could not be made: {exc}); typing into your terminals stays refused, "
+                         "and its repository's git folder is guarded and put back instead\n")
     try:
         confine(writable, read_grants(unreadable) if unreadable is not None else None, connect_port)
     except OSError as exc:

@@ -27,7 +27,16 @@ from typing import Any
 import psutil
 
 from .config import SETTINGS, Config, audit, load_config
-from .drivers import WarmStart, confinement_shape, hermes_launch, private_tmp_of, sandbox_writable, start_hermes, usable_hermes
+from .drivers import (
+    WarmStart,
+    confinement_shape,
+    hermes_launch,
+    private_tmp_of,
+    sandbox_mounts,
+    sandbox_writable,
+    start_hermes,
+    usable_hermes,
+)
 from .git_calls import GitFailed, git_text
 from .hermes_acp import ACP_SESSION_RE, WarmHermes, approval_policy_dir
 from .hermes_cli import hermes_env
@@ -121,8 +130,8 @@ def launch_key(cfg: Config, folder: str, exe: str, shape: dict[str, Any]) -> str
                    if key not in (JOB_MARKER, "HERMES_BRIDGE_CONFIG")}  # the config: its settings are in cfg
     code = [stamp(path) for path in sorted(PACKAGE_DIR.glob("*.py"))]
     settings = {key: getattr(cfg, key) for key in SETTINGS if key not in STANDBY_SETTINGS}
-    parts = [VERSION, settings, exe, stamp(exe), str(home), home_stamp(home), folder, shape, sorted(environment.items()),
-             sandbox_mechanism().name, code]
+    parts = [VERSION, settings, exe, stamp(exe), str(home), home_stamp(home), folder, shape,
+             sorted(environment.items()), sandbox_mechanism().name, code]
     return hashlib.sha256(json.dumps(parts, default=str, sort_keys=True).encode()).hexdigest()
 
 
@@ -175,8 +184,9 @@ def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str, shape
     private_tmp = private_tmp_of(store, owned) if found and found.name else None
     own = worktree["path"] if worktree else folder
     writable = sandbox_writable(cfg, own, private_tmp, worktree) if private_tmp else []
+    mounts = sandbox_mounts(exe, folder, worktree, writable) if private_tmp else []
     git_environment = object_environment(worktree["objects"], worktree["repo"]) if worktree else None
-    argv, env = hermes_launch(cfg, [exe, "acp"], marker, writable, private_tmp, git_environment)
+    argv, env = hermes_launch(cfg, [exe, "acp"], marker, writable, private_tmp, git_environment, mounts=mounts)
     policy = approval_policy_dir(int(cfg.approval_timeout_s), store.policy_path(owned))
     proc = start_hermes(argv, folder, dict(env, HERMES_MANAGED_DIR=str(policy)), subprocess.PIPE, subprocess.PIPE,
                         subprocess.PIPE)

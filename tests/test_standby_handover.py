@@ -104,7 +104,8 @@ class Waiting:
         self.folder.mkdir(parents=True)
         self.hermes = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         warm = SimpleNamespace(hermes=SimpleNamespace(proc=self.hermes, warm_session=None))
-        self.standby = standby.Standby("key-1", str(tmp_path), {"network": "open", "worktree": None}, MARKER, cast(Any, warm), 0.1)
+        shape = {"network": "open", "worktree": None}
+        self.standby = standby.Standby("key-1", str(tmp_path), shape, MARKER, cast(Any, warm), 0.1)
         monkeypatch.setattr(standby, "still_fits", lambda _cfg, _held: fits)
         monkeypatch.setattr(standby, "STALE_CHECK_S", 0.0)
         monkeypatch.setattr(standby, "LOOK_S", 0.0)

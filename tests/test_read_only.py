@@ -1,0 +1,120 @@
+"""Issue 63: what must not change is read-only in the job's own mount namespace, not put back after. A sandboxed
+job in its folder cannot write its repository's git folder (commondir, hooks, a submodule's git folder, another
+worktree's, a commit), a worktree job commits on its own branch and nothing else, and the daemons' sockets are
+hidden from the job's commands. A planted program proves it ran by writing MARK outside every writable folder."""
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+from test_worktrees import final, git, make_repo
+
+from claude_hermes_bridge.drivers import git_folder_mounts, install_mounts
+from conftest import require_sandbox
+from harness import Bridge
+
+pytestmark = pytest.mark.posix("the fake Hermes' shell directive and a mount namespace are Linux's")
+
+
+def planted_program(bridge: Bridge) -> tuple[Path, Path]:
+    mark = bridge.tmp / "MARK"
+    program = bridge.tmp / "planted.sh"
+    program.write_text(f"#!/bin/sh\necho ran >> '{mark}'\n")
+    program.chmod(0o755)
+    return program, mark
+
+
+def test_a_default_job_cannot_write_its_repositorys_git_folder_and_says_so(bridge: Bridge) -> None:
+    require_sandbox()
+    repo = make_repo(bridge.root / "repo")
+    (repo / ".git" / "modules" / "sub").mkdir(parents=True)
+    (repo / ".git" / "modules" / "sub" / "config").write_text("[core]\n\tbare = false\n")
+    git(repo, "worktree", "add", "-q", str(bridge.root / "other"), "-b", "other")
+    program, mark = planted_program(bridge)
+    planted = bridge.tmp / "planted-common"
+    script = bridge.tmp / "plant.sh"
+    script.write_text(f"""
+try() {{ if sh -c "$2" 2>/dev/null; then echo "$1 done" >> tried.txt; else echo "$1 refused" >> tried.txt; fi; }}
+try commondir 'echo {planted} > .git/commondir'
+try hook 'cp {program} .git/hooks/pre-commit'
+try submodule 'printf "[core]\\n\\tfsmonitor = {program}\\n" >> .git/modules/sub/config'
+try worktree 'echo {planted} > .git/worktrees/other/commondir'
+try gitfile 'mv .git .git-moved'
+try commit 'git -c core.hooksPath=/dev/null commit -q --allow-empty -m planted'
+echo new > new.txt
+""")
+    bridge.configure(sandbox="auto")
+    with bridge.client() as client:
+        job = final(client, task=f"plant !shell={script}", cwd=str(repo))
+    assert job.field("STATUS") == "ok", job.text
+    tried = (repo / "tried.txt").read_text().split("\n")
+    for attempt in ("commondir", "hook", "submodule", "worktree", "gitfile", "commit"):
+        assert f"{attempt} refused" in tried, (attempt, tried)
+    assert (repo / "new.txt").read_text() == "new\n"  # the job's own folder stays writable
+    read_only = job.field("READ_ONLY")
+    assert str(repo / ".git") in read_only and "a `git commit` in this job is refused" in read_only, read_only
+    assert "REPOSITORY" not in job.text  # nothing to put back: nothing changed
+    assert not (repo / ".git" / "commondir").exists() and (repo / ".git").is_dir()
+    git(repo, "status")
+    git(bridge.root / "other", "status")
+    assert not mark.exists()
+
+
+def test_the_daemons_sockets_are_hidden_from_a_job_while_they_exist(bridge: Bridge) -> None:
+    """A sandboxed `docker ps` is refused while the daemon's socket exists: here a socket at the user's runtime
+    folder's docker.sock, listening, which the job's curl cannot reach (the test's own connect can)."""
+    require_sandbox()
+    runtime = bridge.tmp / "runtime"
+    runtime.mkdir()
+    daemon = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    daemon.bind(str(runtime / "docker.sock"))
+    daemon.listen(8)
+    script = bridge.tmp / "docker.sh"
+    script.write_text(f"curl -s -m 3 --unix-socket {runtime}/docker.sock http://d/v1/containers/json "
+                      "> /dev/null 2> err.txt; echo $? > code.txt\n")
+    client = bridge.client()
+    client.params.env = dict(bridge.env, XDG_RUNTIME_DIR=str(runtime))
+    try:
+        with client:
+            job = final(client, task=f"docker !shell={script}", cwd=str(bridge.root))
+        assert job.field("STATUS") == "ok", job.text
+        assert (bridge.root / "code.txt").read_text().strip() == "7", (bridge.root / "err.txt").read_text()
+        assert f"{runtime}/docker.sock" in job.field("READ_ONLY"), job.text
+        assert stat.S_ISSOCK((runtime / "docker.sock").stat().st_mode)
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.connect(str(runtime / "docker.sock"))  # the user's own programs still reach it
+        probe.close()
+    finally:
+        daemon.close()
+
+
+def test_a_worktree_job_commits_on_its_branch_but_cannot_rewrite_its_admin_folders_commondir(bridge: Bridge) -> None:
+    require_sandbox()
+    repo = make_repo(bridge.root / "repo")
+    script = bridge.tmp / "admin.sh"
+    script.write_text("admin=$(git rev-parse --git-dir)\n"
+                      "(echo /tmp > \"$admin/commondir\") 2>/dev/null && echo done > tried.txt || echo refused > tried.txt\n"
+                      "(echo x > \"$(git rev-parse --git-common-dir)/config\") 2>/dev/null || echo config-refused >> tried.txt\n")
+    with bridge.client() as client:
+        job = final(client, task=f"!shell={script} !write=b.txt:bee !commit=work", cwd=str(repo),
+                    isolation="worktree")
+    assert job.field("STATUS") == "ok", job.text
+    tried = (bridge.jobs / "worktrees" / job.field("JOB_ID") / "tried.txt").read_text()
+    assert tried == "refused\nconfig-refused\n", tried
+    assert git(repo, "log", "-1", "--format=%s", f"hermes-bridge/{job.field('JOB_ID')}") == "work"
+    assert "(but the job's own branch, index and objects)" in job.field("READ_ONLY"), job.text
+
+
+def test_the_mounts_name_the_git_folder_a_gitdir_file_names_and_hermes_inside_a_writable_folder(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    moved = tmp_path / "elsewhere.git"
+    (repo / ".git").rename(moved)
+    (repo / ".git").write_text(f"gitdir: {moved}\n")
+    assert git_folder_mounts(str(repo), None) == [f"ro:{repo / '.git'}", f"ro:{moved}"]
+    assert git_folder_mounts(str(tmp_path), None) == []
+    home = tmp_path / "hermes-home"
+    exe = home / "hermes-agent" / "venv" / "bin" / "hermes"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/bin/sh\n")
+    assert install_mounts(str(exe), [str(home)]) == [f"ro:{home / 'hermes-agent' / 'venv'}"]
+    assert install_mounts(str(exe), [str(tmp_path / "repo")]) == []
