@@ -92,9 +92,10 @@ def test_a_worktree_job_commits_on_its_branch_but_cannot_rewrite_its_admin_folde
     require_sandbox()
     repo = make_repo(bridge.root / "repo")
     script = bridge.tmp / "admin.sh"
-    script.write_text("admin=$(git rev-parse --git-dir)\n"
-                      "(echo /tmp > \"$admin/commondir\") 2>/dev/null && echo done > tried.txt || echo refused > tried.txt\n"
-                      "(echo x > \"$(git rev-parse --git-common-dir)/config\") 2>/dev/null || echo config-refused >> tried.txt\n")
+    script.write_text("admin=$(git rev-parse --git-dir); common=$(git rev-parse --git-common-dir)\n"
+                      "(echo /tmp > \"$admin/commondir\") 2>/dev/null && echo done > tried.txt "
+                      "|| echo refused > tried.txt\n"
+                      "(echo x > \"$common/config\") 2>/dev/null || echo config-refused >> tried.txt\n")
     with bridge.client() as client:
         job = final(client, task=f"!shell={script} !write=b.txt:bee !commit=work", cwd=str(repo),
                     isolation="worktree")
