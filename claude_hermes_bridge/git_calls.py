@@ -30,6 +30,14 @@ FIXED_OVERRIDES = (
 # if they were.
 DRIVER_OVERRIDES = {"filter": (("clean", ""), ("smudge", ""), ("process", ""), ("required", "false")),
                     "merge": (("driver", "false"),), "diff": (("textconv", "false"), ("command", "false"))}
+# No transport: a partial clone's promisor remote makes git fetch a missing object on demand through the remote's
+# transport, and with the local one `remote.<name>.uploadpack` is a shell command (a job that wrote a common
+# folder of its own made the bridge's rev-parse run it). protocol.allow=never refuses every transport, lazy
+# fetches included, on any git; a repository's config may allow a transport by name, which outranks it, so each
+# is named too. GIT_NO_LAZY_FETCH (git 2.45+) says the same where git has it. Only a call that must reach a
+# remote (a submodule's clone, at a worktree's making) passes transport=True.
+NO_TRANSPORT = (("protocol.allow", "never"), *((f"protocol.{name}.allow", "never")
+                                               for name in ("file", "http", "https", "ssh", "git", "ext")))
 LOCATING_OPTIONS = ("--git-dir=", "--work-tree=")  # leading options the config read must repeat
 
 
@@ -51,12 +59,24 @@ def clean_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     return environment
 
 
+def pinned_common(locating: list[str]) -> dict[str, str]:
+    """For a call pinned to a linked worktree's admin folder (--git-dir=<common>/worktrees/<name>), that folder's
+    common folder as GIT_COMMON_DIR, which outranks the admin folder's commondir file (a job's worktree could
+    rewrite it to name a common folder of its own)."""
+    for option in locating:
+        admin = option.removeprefix("--git-dir=")
+        if option.startswith("--git-dir=") and os.path.basename(os.path.dirname(admin)) == "worktrees":
+            return {"GIT_COMMON_DIR": os.path.dirname(os.path.dirname(admin))}
+    return {}
+
+
 def driver_names(exe: str, folder: str, locating: list[str]) -> dict[str, set[str]]:
     """The filter, merge and diff driver names the repository's config defines (every scope, includes
     followed): reading config runs nothing."""
     done = subprocess.run([exe, "--no-pager", "-C", folder, *locating, "config", "--includes", "--name-only", "-z",
                            "--get-regexp", r"^(filter|merge|diff)\..*\."], stdin=subprocess.DEVNULL,
-                          capture_output=True, env=clean_environment(), timeout=GIT_TIMEOUT_S, check=False)
+                          capture_output=True, env=clean_environment(pinned_common(locating)), timeout=GIT_TIMEOUT_S,
+                          check=False)
     if done.returncode not in (0, 1):  # 1: none defined
         said = done.stderr.decode("utf-8", "replace").strip().splitlines()
         raise GitFailed(f"git could not read the repository's config: {shown(said[-1] if said else '', 300)}")
@@ -69,13 +89,14 @@ def driver_names(exe: str, folder: str, locating: list[str]) -> dict[str, set[st
     return names
 
 
-def override_environment(names: dict[str, set[str]]) -> dict[str, str]:
-    """FIXED_OVERRIDES and each defined driver's DRIVER_OVERRIDES as GIT_CONFIG_COUNT/KEY/VALUE (git 2.31+):
-    a key travels apart from its value, so no driver name can be misread as a value."""
-    pairs = list(FIXED_OVERRIDES)
+def override_environment(names: dict[str, set[str]], transport: bool = False) -> dict[str, str]:
+    """FIXED_OVERRIDES (and NO_TRANSPORT unless transport) and each defined driver's DRIVER_OVERRIDES as
+    GIT_CONFIG_COUNT/KEY/VALUE (git 2.31+): a key travels apart from its value, so no driver name can be misread
+    as a value."""
+    pairs = [*FIXED_OVERRIDES, *(() if transport else NO_TRANSPORT)]
     for kind, settings in DRIVER_OVERRIDES.items():
         pairs += [(f"{kind}.{name}.{key}", value) for name in sorted(names.get(kind, ())) for key, value in settings]
-    environment = {"GIT_CONFIG_COUNT": str(len(pairs))}
+    environment = {"GIT_CONFIG_COUNT": str(len(pairs)), **({} if transport else {"GIT_NO_LAZY_FETCH": "1"})}
     for index, (key, value) in enumerate(pairs):
         environment[f"GIT_CONFIG_KEY_{index}"] = key
         environment[f"GIT_CONFIG_VALUE_{index}"] = value
@@ -83,15 +104,17 @@ def override_environment(names: dict[str, set[str]]) -> dict[str, str]:
 
 
 def git(folder: str, *args: str, env: dict[str, str] | None = None, timeout_s: float = GIT_TIMEOUT_S,
-        stdout: Any = None, check: bool = True, given: Any = None) -> subprocess.CompletedProcess[bytes]:
-    """git in folder with every program-running setting overridden (see FIXED_OVERRIDES), none of the
-    caller's git environment, and no prompt. Leading --git-dir=/--work-tree= options in args pin the
-    repository. stdout: a file to stream into (a patch can be large); given: its input (bytes, or a file to
-    stream from)."""
+        stdout: Any = None, check: bool = True, given: Any = None,
+        transport: bool = False) -> subprocess.CompletedProcess[bytes]:
+    """git in folder with every program-running setting overridden (see FIXED_OVERRIDES), no transport unless
+    asked for (NO_TRANSPORT), none of the caller's git environment, and no prompt. Leading --git-dir=/--work-tree=
+    options in args pin the repository (and a worktree's common folder: pinned_common). stdout: a file to stream
+    into (a patch can be large); given: its input (bytes, or a file to stream from)."""
     exe = git_executable()
     locating = [arg for arg in args[:2] if arg.startswith(LOCATING_OPTIONS)]
     try:
-        environment = clean_environment({**override_environment(driver_names(exe, folder, locating)), **(env or {})})
+        overrides = override_environment(driver_names(exe, folder, locating), transport)
+        environment = clean_environment({**overrides, **pinned_common(locating), **(env or {})})
         streamed = given is not None and not isinstance(given, bytes)
         done = subprocess.run([exe, "--no-pager", "-C", folder, *args], input=None if streamed else given,
                               stdin=given if streamed else None if given is not None else subprocess.DEVNULL,

@@ -25,7 +25,7 @@ from .safe_io import Refused, plural, read_capped, shown, within_any
 from .sandbox import mechanism as sandbox_mechanism
 from .sandbox import private_devices_refusal, unreadable_paths
 from .supervised_job import SupervisedJob
-from .worktrees import add_worktree, own_objects
+from .worktrees import add_worktree, common_folder_refusal, own_objects
 
 
 class JobPlanner:
@@ -60,6 +60,8 @@ class JobPlanner:
                                "itself inside the allowed roots (moved, removed or replaced by a symlink); Hermes "
                                "was not started")
             if not record.worktree and (top := repository_around(folder)):
+                if refusal := common_folder_refusal(top):
+                    raise Refused(refusal)
                 record.guarded_repo = top
                 guard_repository(job.store, record)
             task_path = job.store.task_path(job.job_id)

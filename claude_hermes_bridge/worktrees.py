@@ -50,6 +50,8 @@ def repository_of(cwd: str) -> Repository:
     except GitFailed as exc:
         raise Refused(f"isolation \"worktree\" needs cwd inside a git repository, and {shown(cwd)} is not in one "
                       f"({exc}). Run `git init` and commit, or use isolation \"none\"") from None
+    if refusal := common_folder_refusal(top):
+        raise Refused(refusal)
     try:
         head = git_text(top, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
     except GitFailed:
@@ -215,7 +217,7 @@ def add_worktree(store: "JobStore", job_id: str, worktree: dict[str, Any]) -> li
         worktree["identity"] = identity_words(path)
     if worktree.get("submodules") == "present":
         try:
-            git(path, "submodule", "update", "--init", "--recursive", timeout_s=GIT_CHECKOUT_TIMEOUT_S)
+            git(path, "submodule", "update", "--init", "--recursive", timeout_s=GIT_CHECKOUT_TIMEOUT_S, transport=True)
             worktree["submodules"] = "initialised"
         except GitFailed as exc:
             worktree["submodules"] = f"not initialised ({exc}): empty in the worktree"
@@ -326,6 +328,9 @@ def save_worktree_work(store: "JobStore", record: "JobRecord") -> None:
     path, top = worktree["path"], worktree["repo"]
     if not os.path.isdir(path) or "admin" not in worktree:
         return
+    if changed := admin_folder_change(worktree):
+        raise GitFailed(f"{changed}: the bridge does not run git on what the job may have redirected, so its work "
+                        "was not saved (the worktree is kept as it is)")
     pinned = worktree_git(worktree)
     objects = object_environment(str(store.worktree_objects_path(worktree.get("job", record.id))), top)
     head = git_text(path, *pinned, "rev-parse", "--verify", "HEAD^{commit}", env=objects)
@@ -353,6 +358,32 @@ def save_worktree_work(store: "JobStore", record: "JobRecord") -> None:
     record.diff = {"files": files, "insertions": insertions, "deletions": deletions, "patch": str(patch),
                    "patch_bytes": patch.stat().st_size}
     record.changes = worktree_changes(top, base, work)
+
+
+def admin_folder_change(worktree: dict[str, Any]) -> str | None:
+    """What of the worktree's administrative folder no longer says what git wrote when it was made (its commondir
+    naming the repository's common folder, its gitdir naming the worktree), in words; None when all holds."""
+    admin = worktree["admin"]
+    expected = {"commondir": os.path.dirname(os.path.dirname(admin)), "gitdir": os.path.join(worktree["path"], ".git")}
+    for name, wanted in expected.items():
+        try:
+            said = Path(admin, name).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            return f"the worktree's {name} file could not be read"
+        if os.path.realpath(os.path.join(admin, said)) != os.path.realpath(wanted):
+            return f"the worktree's {name} file names {shown(said, 200)}, not {shown(wanted, 200)} as git wrote it"
+    return None
+
+
+def common_folder_refusal(top: str) -> str | None:
+    """Why the bridge will not work on a repository whose git folder redirects git (None: it does not): a
+    commondir file in its .git folder makes git take config, hooks and refs from the folder it names (a job in
+    the folder may have planted it). Worded for Refused."""
+    planted = os.path.join(top, ".git", "commondir")
+    if os.path.isdir(os.path.join(top, ".git")) and os.path.lexists(planted):
+        return (f"the repository {shown(top)} has a .git/commondir file, which makes git take its config, hooks and "
+                "refs from another folder (a job may have planted it). Look at it, remove it, and try again")
+    return None
 
 
 def worktree_changes(top: str, base: str, work: str) -> dict[str, Any]:

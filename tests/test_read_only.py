@@ -4,12 +4,17 @@ worktree's, a commit), a worktree job commits on its own branch and nothing else
 hidden from the job's commands. A planted program proves it ran by writing MARK outside every writable folder."""
 import socket
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 from test_worktrees import final, git, make_repo
 
 from claude_hermes_bridge.drivers import git_folder_mounts, install_mounts
+from claude_hermes_bridge.git_calls import git as bridge_git
+from claude_hermes_bridge.git_calls import git_text
+from claude_hermes_bridge.safe_io import Refused
+from claude_hermes_bridge.worktrees import admin_folder_change, repository_of, worktree_git
 from conftest import require_sandbox
 from harness import Bridge
 
@@ -119,3 +124,49 @@ def test_the_mounts_name_the_git_folder_a_gitdir_file_names_and_hermes_inside_a_
     exe.write_text("#!/bin/sh\n")
     assert install_mounts(str(exe), [str(home)]) == [f"ro:{home / 'hermes-agent' / 'venv'}"]
     assert install_mounts(str(exe), [str(tmp_path / "repo")]) == []
+
+
+def partial_clone_with_a_command_remote(tmp_path: Path, mark: Path) -> tuple[Path, str]:
+    """A partial clone whose promisor remote's uploadpack is a program that leaves mark, and a blob it lacks."""
+    source = make_repo(tmp_path / "source", {"big.txt": "the blob left out\n"})
+    git(source, "config", "uploadpack.allowFilter", "true")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--filter=blob:none", "--no-checkout", f"file://{source}", str(clone)],
+                   check=True)
+    blob = git(source, "rev-parse", "HEAD:big.txt")
+    program = tmp_path / "uploadpack.sh"
+    program.write_text(f"#!/bin/sh\necho ran >> '{mark}'\nexec git-upload-pack \"$@\"\n")
+    program.chmod(0o755)
+    git(clone, "config", "remote.origin.uploadpack", str(program))
+    return clone, blob
+
+
+def test_the_bridges_git_never_fetches_lazily_through_a_remote_a_job_wrote(tmp_path: Path) -> None:
+    """DESIGN 21: any git call that needs a missing object of a partial clone runs its promisor remote's
+    transport; the bridge's own git refuses every transport, so the remote's command never runs."""
+    mark = tmp_path / "MARK"
+    clone, blob = partial_clone_with_a_command_remote(tmp_path, mark)
+    assert bridge_git(str(clone), "cat-file", "-t", blob, check=False).returncode != 0
+    assert not mark.exists()
+    subprocess.run(["git", "-C", str(clone), "cat-file", "-t", blob], capture_output=True, check=False)
+    assert mark.exists(), "the test's remote would run under a plain git"
+    assert bridge_git(str(clone), "submodule", "status", transport=True).returncode == 0  # a call that may reach out
+
+
+def test_a_worktree_whose_admin_folder_names_another_common_folder_is_not_saved_and_a_planted_commondir_refused(
+        tmp_path: Path) -> None:
+    mark = tmp_path / "MARK"
+    repo = make_repo(tmp_path / "repo")
+    worktree = {"repo": str(repo), "path": str(tmp_path / "wt"), "branch": "hermes-bridge/x", "base":
+                git(repo, "rev-parse", "HEAD")}
+    git(repo, "worktree", "add", "-q", "-b", worktree["branch"], worktree["path"], worktree["base"])
+    worktree["admin"] = str(repo / ".git" / "worktrees" / "wt")
+    assert admin_folder_change(worktree) is None
+    clone, _ = partial_clone_with_a_command_remote(tmp_path, mark)
+    (Path(worktree["admin"]) / "commondir").write_text(f"{clone / '.git'}\n")
+    assert "the worktree's commondir file names" in str(admin_folder_change(worktree))
+    assert git_text(worktree["path"], *worktree_git(worktree), "rev-parse", "--git-common-dir") == str(repo / ".git")
+    (repo / ".git" / "commondir").write_text(f"{clone / '.git'}\n")
+    with pytest.raises(Refused, match=r"has a \.git/commondir file"):
+        repository_of(str(repo))
+    assert not mark.exists()
