@@ -60,8 +60,8 @@ class JobPlanner:
                                "itself inside the allowed roots (moved, removed or replaced by a symlink); Hermes "
                                "was not started")
             if not record.worktree and (top := repository_around(folder)):
-                if refusal := common_folder_refusal(top):
-                    raise Refused(refusal)
+                if planted := common_folder_planted(top):
+                    raise Refused(planted)
                 record.guarded_repo = top
                 guard_repository(job.store, record)
             task_path = job.store.task_path(job.job_id)
