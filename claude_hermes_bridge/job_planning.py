@@ -60,7 +60,7 @@ class JobPlanner:
                                "itself inside the allowed roots (moved, removed or replaced by a symlink); Hermes "
                                "was not started")
             if not record.worktree and (top := repository_around(folder)):
-                if planted := common_folder_planted(top):
+                if planted := common_folder_refusal(top):
                     raise Refused(planted)
                 record.guarded_repo = top
                 guard_repository(job.store, record)
