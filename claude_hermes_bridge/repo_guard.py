@@ -22,12 +22,25 @@ from .worktrees import (
 )
 
 # A worktree shares its repository's common folder with the main tree: what a job writes there reaches the
-# user's next git command (a hook, core.hooksPath, core.fsmonitor, filter and merge drivers, an include).
-GUARDED_FILES = ("config", "config.worktree", "info/attributes")
+# user's next git command (a hook, core.hooksPath, core.fsmonitor, filter and merge drivers, an include). Where the
+# job's mount namespace holds the git folder read-only (drivers.git_folder_mounts) nothing there can change; this
+# guard is what holds where none can be made, and says what changed either way. It keeps the repository's shape,
+# not a list of files: every file through which git decides where config, hooks, refs and objects come from, in
+# the common folder, in each linked worktree's admin folder and in each submodule's git folder.
+SHAPE_FILES = ("config", "config.worktree", "info/attributes", "commondir", "objects/info/alternates")
+ADMIN_FILES = ("commondir", "gitdir", "config.worktree")  # in each worktrees/<name>/
 GUARDED_FOLDER = "hooks"
+# git's own hook names (githooks(5)), walked first so that no number of other files pushes one out of the walk
+NAMED_HOOKS = ("applypatch-msg", "pre-applypatch", "post-applypatch", "pre-commit", "pre-merge-commit",
+               "prepare-commit-msg", "commit-msg", "post-commit", "pre-rebase", "post-checkout", "post-merge",
+               "pre-push", "pre-receive", "update", "proc-receive", "post-receive", "post-update",
+               "reference-transaction", "push-to-checkout", "pre-auto-gc", "post-rewrite", "sendemail-validate",
+               "fsmonitor-watchman", "p4-changelist", "p4-prepare-changelist", "p4-post-changelist", "p4-pre-submit",
+               "post-index-change")
 INCLUDE_KEYS = ("include.path",)  # and includeif.<condition>.path
 GUARDED_FILE_BYTES = 1 << 20  # a larger file is compared by its size and time, and not put back
-GUARDED_ENTRIES = 500  # files kept from the hooks folder and includes, all told
+HOOK_ENTRIES = 500  # entries kept of one hooks folder; past it the folder is put back whole (put_back_folder)
+GIT_FOLDERS = 200  # linked worktrees' admin folders, and submodules' git folders, each kept
 REFS_KEPT = 20000
 CHANGES_NAMED = 12
 
@@ -72,18 +85,86 @@ def includes_of(path: str, entries: list[str]) -> list[str]:
     return found
 
 
+def hooks_of(folder: str) -> tuple[list[str], bool]:
+    """A hooks folder's entries, git's named hooks first, at most HOOK_ENTRIES; and whether the walk was cut."""
+    named = (os.path.join(folder, name) for name in NAMED_HOOKS)
+    paths = [folder, *(path for path in named if os.path.lexists(path))]
+    if not os.path.isdir(folder) or os.path.islink(folder):
+        return paths, False
+    for parent, subfolders, files in os.walk(folder):
+        for name in sorted(files + subfolders):
+            path = os.path.join(parent, name)
+            if path not in paths:
+                if len(paths) > HOOK_ENTRIES:
+                    return paths, True
+                paths.append(path)
+    return paths, False
+
+
+def git_folders(common: str) -> list[str]:
+    """Every git folder git may run something from besides the common folder: each linked worktree's admin
+    folder and each submodule's git folder (modules/**, nested ones too), at most GIT_FOLDERS."""
+    found = []
+    worktrees = os.path.join(common, "worktrees")
+    if os.path.isdir(worktrees) and not os.path.islink(worktrees):
+        found += [os.path.join(worktrees, name) for name in sorted(os.listdir(worktrees))]
+    modules = os.path.join(common, "modules")
+    if os.path.isdir(modules) and not os.path.islink(modules):
+        for parent, subfolders, files in os.walk(modules):
+            if "HEAD" in files or "config" in files:
+                found.append(parent)
+            subfolders[:] = [name for name in sorted(subfolders) if name not in ("objects", "refs", "logs", "hooks")]
+            if len(found) >= GIT_FOLDERS:
+                break
+    return found[:GIT_FOLDERS]
+
+
 def guarded_paths(common: str, configs: dict[str, list[str]]) -> list[str]:
-    """Every path kept: the guarded files, whatever is in the hooks folder, and the includes the configs name
-    (configs: none when looking for what a job added, as an include it added may name any file of the user's)."""
-    paths = [os.path.join(common, name) for name in GUARDED_FILES]
-    hooks = os.path.join(common, GUARDED_FOLDER)
-    paths.append(hooks)
-    if os.path.isdir(hooks) and not os.path.islink(hooks):
-        for folder, subfolders, files in os.walk(hooks):
-            paths += [os.path.join(folder, name) for name in sorted(files + subfolders)]
+    """Every path kept: the shape files of the common folder, its hooks, each worktree's admin files, each
+    submodule's config and hooks, and the includes the configs name (configs: none when looking for what a job
+    added, as an include it added may name any file of the user's)."""
+    paths = [os.path.join(common, name) for name in SHAPE_FILES]
+    paths += hooks_of(os.path.join(common, GUARDED_FOLDER))[0]
+    for folder in git_folders(common):
+        if os.path.basename(os.path.dirname(folder)) == "worktrees":
+            paths += [os.path.join(folder, name) for name in ADMIN_FILES]
+        else:
+            paths += [os.path.join(folder, "config"), *hooks_of(os.path.join(folder, GUARDED_FOLDER))[0]]
     for config, entries in configs.items():
         paths += includes_of(config, entries)
-    return list(dict.fromkeys(paths))[:GUARDED_ENTRIES]
+    return list(dict.fromkeys(paths))
+
+
+def dot_git_identity(top: str) -> dict[str, Any] | None:
+    """The repository's .git as it is: a folder's identity, or a gitdir file's content; None when absent."""
+    dot_git = os.path.join(top, ".git")
+    if os.path.isdir(dot_git) and not os.path.islink(dot_git):
+        status = os.stat(dot_git)
+        return {"kind": "folder", "identity": [status.st_dev, status.st_ino]}
+    return read_entry(dot_git)
+
+
+def put_back_dot_git(top: str, kept: dict[str, Any] | None) -> str | None:
+    """The repository's .git folder back where a job moved it from (a gitdir file put in its place naming it), in
+    words; None when .git is as it was."""
+    now = dot_git_identity(top)
+    if kept is None or now == kept:
+        return None
+    dot_git = os.path.join(top, ".git")
+    if kept.get("kind") != "folder" or now is None or now.get("kind") != "file":
+        return ".git is not what it was when the job started, and cannot be put back: look at it before running git"
+    named = base64.b64decode(now.get("data", "")).decode("utf-8", "replace").removeprefix("gitdir:").strip()
+    moved = os.path.join(top, named)
+    try:
+        status = os.stat(moved)
+        if [status.st_dev, status.st_ino] != kept["identity"] or not os.path.isdir(moved):
+            raise OSError("not the folder .git was")
+        os.unlink(dot_git)
+        os.rename(moved, dot_git)
+    except OSError as exc:
+        return (f"the job replaced .git by a gitdir file naming {shown(named, 200)}; NOT restored ({exc}): look at it "
+                "before running git")
+    return f"the job moved .git to {shown(named, 200)} and put a gitdir file in its place; moved back"
 
 
 def list_refs(top: str) -> dict[str, str]:
@@ -98,7 +179,7 @@ def take_snapshot(top: str) -> dict[str, Any]:
     configs = {path: config_entries(path) for path in (os.path.join(common, "config"),
                                                         os.path.join(common, "config.worktree"))}
     return {"common": common, "files": {path: read_entry(path) for path in guarded_paths(common, configs)},
-            "configs": configs, "refs": list_refs(top)}
+            "configs": configs, "refs": list_refs(top), "dot_git": dot_git_identity(top)}
 
 
 def save_snapshot(path: Path, snapshot: dict[str, Any]) -> None:
@@ -179,8 +260,10 @@ def restore_repository(top: str, snapshot: dict[str, Any], kept_at: Path) -> lis
     under kept_at; the changes in words, one per path (empty when nothing changed)."""
     common = snapshot["common"]
     files: dict[str, Any] = snapshot["files"]
+    said = [moved] if (moved := put_back_dot_git(top, snapshot.get("dot_git"))) else []
     now_configs = {path: config_entries(path) for path in snapshot["configs"]}
-    said = []
+    said += [put_back_folder(os.path.join(folder, GUARDED_FOLDER), files, top, kept_at)
+             for folder in [common, *git_folders(common)] if hooks_of(os.path.join(folder, GUARDED_FOLDER))[1]]
     for path, before, after in changed_entries(files, guarded_paths(common, {})):
         if after is not None and after.get("kind") == "file" and os.path.isabs(path) and path.startswith(common):
             keep_job_version(path, kept_at / os.path.relpath(path, common))
@@ -195,6 +278,22 @@ def restore_repository(top: str, snapshot: dict[str, Any], kept_at: Path) -> lis
         said.append(f"the job {change_verb(before, after)} {where(path, top)}{what}; "
                     + ("restored" if restored else "NOT restored (too large to have been kept)"))
     return said
+
+
+def put_back_folder(folder: str, files: dict[str, Any], top: str, kept_at: Path) -> str:
+    """A hooks folder holding more than a walk keeps: moved aside whole (kept under kept_at) and made again from
+    what the snapshot recorded of it, in words."""
+    aside = kept_at / "whole" / os.path.relpath(folder, os.path.dirname(os.path.dirname(folder)))
+    try:
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(folder, aside)
+        inside = (path for path in files if path == folder or path.startswith(folder + os.sep))
+        for path in sorted(inside, key=lambda path: path.count(os.sep)):
+            put_back(path, files[path])
+    except OSError as exc:
+        return f"{where(folder, top)} held more than {HOOK_ENTRIES} entries and could not be put back ({exc})"
+    return (f"{where(folder, top)} held more than {HOOK_ENTRIES} entries after the job: replaced whole by its copy "
+            "from before the job (the job's version kept aside)")
 
 
 def where(path: str, top: str) -> str:

@@ -229,6 +229,18 @@ MUTATIONS = (
              'drivers.py', '            *(f"hide:{path}" for path in daemon_sockets())]',
              '            ]',
              'tests/test_read_only.py', 'sockets'),
+    Mutation(44, "600 files in .git/hooks leave a planted hook in place (the guard's walk cut, not put back whole)",
+             'repo_guard.py', ' if hooks_of(os.path.join(folder, GUARDED_FOLDER))[1]]',
+             ' if False]',
+             'tests/test_repository_guard.py', 'planted_hook_past'),
+    Mutation(45, "a submodule's git folder is not guarded: its config's fsmonitor runs at the user's git status",
+             'repo_guard.py', '                found.append(parent)',
+             '                pass',
+             'tests/test_repository_guard.py', 'every_file'),
+    Mutation(46, '.git moved aside behind a gitdir file stays so',
+             'repo_guard.py', '    said = [moved] if (moved := put_back_dot_git(top, snapshot.get("dot_git"))) else []',
+             '    said = []',
+             'tests/test_repository_guard.py', 'moved_aside'),
 )
 
 

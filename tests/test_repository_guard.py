@@ -434,3 +434,56 @@ def test_a_file_the_users_config_includes_is_put_back_whatever_includes_it(tmp_p
     said = restore_repository(str(repo), snapshot, tmp_path / "kept")
     assert included.read_text() == "[user]\n\tname = the user\n"
     assert said == [f"the job changed {included}; restored"], said
+
+
+def guarded_change(tmp_path: Path, change: Any) -> tuple[Path, list[str]]:
+    """A repository with a submodule's git folder and another linked worktree, snapshotted, changed by
+    `change(repo)` as a job without a mount namespace could, then restored: the repository and what was said."""
+    repo = make_repo(tmp_path / "repo", USER_FILES)
+    (repo / ".git" / "modules" / "sub" / "hooks").mkdir(parents=True)
+    (repo / ".git" / "modules" / "sub" / "config").write_text("[core]\n\tbare = false\n")
+    (repo / ".git" / "modules" / "sub" / "HEAD").write_text("ref: refs/heads/main\n")
+    git(repo, "worktree", "add", "-q", str(tmp_path / "other"), "-b", "other")
+    snapshot = take_snapshot(str(repo))
+    change(repo)
+    return repo, restore_repository(str(repo), snapshot, tmp_path / "kept")
+
+
+def test_no_number_of_files_in_hooks_pushes_a_planted_hook_past_the_guard(tmp_path: Path) -> None:
+    """Issue 63: 600 empty files in .git/hooks pushed a planted pre-commit past the guard's cut of 500."""
+    def fill(repo: Path) -> None:
+        for number in range(600):
+            (repo / ".git" / "hooks" / f"aaa-{number:03}").write_text("")
+        (repo / ".git" / "hooks" / "pre-commit").write_text("#!/bin/sh\ntouch planted\n")
+    repo, said = guarded_change(tmp_path, fill)
+    assert not (repo / ".git" / "hooks" / "pre-commit").exists()
+    assert not list((repo / ".git" / "hooks").glob("aaa-*"))
+    assert said[0] == (".git/hooks held more than 500 entries after the job: replaced whole by its copy from before "
+                       "the job (the job's version kept aside)"), said
+    assert (tmp_path / "kept" / "whole" / ".git" / "hooks" / "pre-commit").exists()
+
+
+@pytest.mark.parametrize("where", ["modules/sub/config", "worktrees/other/commondir", "commondir",
+                                   "objects/info/alternates", "modules/sub/hooks/pre-commit"])
+def test_the_guard_keeps_every_file_through_which_git_finds_config_hooks_and_objects(tmp_path: Path,
+                                                                                       where: str) -> None:
+    """Issue 63: a submodule's git folder, another worktree's admin folder, commondir and alternates."""
+    def plant(repo: Path) -> None:
+        path = repo / ".git" / where
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("[core]\n\tfsmonitor = touch planted\n")
+    repo, said = guarded_change(tmp_path, plant)
+    original = {"modules/sub/config": "[core]\n\tbare = false\n", "worktrees/other/commondir": "../..\n"}
+    path = repo / ".git" / where
+    assert (path.read_text() == original[where]) if where in original else not path.exists(), where
+    assert any(f".git/{where}" in line and line.endswith("restored") for line in said), said
+
+
+def test_a_git_folder_moved_aside_behind_a_gitdir_file_is_moved_back(tmp_path: Path) -> None:
+    def move(repo: Path) -> None:
+        (repo / ".git").rename(repo / ".hidden-git")
+        (repo / ".git").write_text("gitdir: .hidden-git\n")
+    repo, said = guarded_change(tmp_path, move)
+    assert (repo / ".git").is_dir() and not (repo / ".hidden-git").exists()
+    assert said[0] == "the job moved .git to .hidden-git and put a gitdir file in its place; moved back", said
+    git(repo, "status")
