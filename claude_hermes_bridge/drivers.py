@@ -93,10 +93,11 @@ class WarmStart:
 
 def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str], private_tmp: Path | None,
                   extra_env: dict[str, str] | None = None, proxy_port: int | None = None,
-                  confine_network: bool = False, mounts: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
+                  confine_network: bool = False, mounts: list[str] | None = None,
+                  cache: Path | None = None) -> tuple[list[str], dict[str, str]]:
     """Hermes' command and environment (with extra_env): through the sandbox's step when writable is given, with
-    its private temporary folder, its mounts (sandbox_mounts) and without the addresses of the user's session
-    services; given proxy_port,
+    its private temporary folder, its mounts (sandbox_mounts), its project's tool cache (project_cache) and
+    without the addresses of the user's session services; given proxy_port,
     every HTTP client pointed at the job's proxy (nothing sent around it), and with confine_network the
     operating system holding the job to it."""
     env = {**hermes_env(cfg, marker), **(extra_env or {})}
@@ -107,28 +108,40 @@ def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str]
         return argv, env
     env = {key: value for key, value in env.items() if key not in SESSION_SERVICES}
     env.update(TMPDIR=str(private_tmp), TEMP=str(private_tmp), TMP=str(private_tmp))
-    env.update(cache_environment(tool_cache(cast(Path, private_tmp))))
+    env.update(cache_environment(cast(Path, cache)))
     unreadable = unreadable_paths(os.path.expanduser("~"), cfg.sandbox_unreadable)
     return step_argv(writable, argv, unreadable, proxy_port if confine_network else None, mounts), env
 
 
 # Where the tools a job runs keep their caches, redirected from the user's home (which a sandboxed job cannot
-# write: npm, uv, pip, go, cargo's registry, gradle, pre-commit and most others through XDG_CACHE_HOME) to one
-# cache the bridge owns, shared by its jobs and never read by the user's own tools, so a job cannot poison them.
-CACHE_VARIABLES = {"XDG_CACHE_HOME": "xdg", "npm_config_cache": "npm", "YARN_CACHE_FOLDER": "yarn",
-                   "npm_config_store_dir": "pnpm-store", "UV_CACHE_DIR": "uv", "PIP_CACHE_DIR": "pip",
+# write: npm, uv, pip, go, cargo's registry, gradle, pre-commit and most others through XDG_CACHE_HOME, pnpm's
+# store and uv's tools through XDG_DATA_HOME) to a cache the bridge owns, one per project (project_cache), never
+# read by the user's own tools: a job cannot poison them, nor another project's jobs. uv installs from it by copy
+# (UV_LINK_MODE), not by hard link, so no environment shares a file with the cache.
+CACHE_VARIABLES = {"XDG_CACHE_HOME": "xdg", "XDG_DATA_HOME": "xdg-data", "npm_config_cache": "npm",
+                   "YARN_CACHE_FOLDER": "yarn", "UV_CACHE_DIR": "uv", "PIP_CACHE_DIR": "pip",
                    "GOMODCACHE": "go/mod", "GOCACHE": "go/build", "CARGO_HOME": "cargo",
                    "GRADLE_USER_HOME": "gradle", "PRE_COMMIT_HOME": "pre-commit"}
 
 
 def tool_cache(private_tmp: Path) -> Path:
-    """The bridge's tool cache: beside the jobs' private temporary folders, in the jobs folder."""
+    """The bridge's tool caches: beside the jobs' private temporary folders, in the jobs folder."""
     return private_tmp.parent.parent / "cache"
+
+
+def project_cache(private_tmp: Path, folder: str, worktree: dict[str, Any] | None) -> Path:
+    """The tool cache of the project a job works in (a worktree job's repository, or the job's folder), made now."""
+    import hashlib  # here: it maps OpenSSL into the process, which only a sandboxed job's start needs
+
+    project = os.path.realpath(worktree["repo"] if worktree else folder)
+    cache = tool_cache(private_tmp) / hashlib.sha256(project.encode()).hexdigest()[:20]
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache
 
 
 def cache_environment(cache: Path) -> dict[str, str]:
     return {name: str(cache / folder) for name, folder in CACHE_VARIABLES.items()} | {
-        "npm_config_update_notifier": "false"}
+        "npm_config_update_notifier": "false", "UV_LINK_MODE": "copy"}
 
 
 def private_tmp_of(store: JobStore, name: str) -> Path:
@@ -140,12 +153,11 @@ def private_tmp_of(store: JobStore, name: str) -> Path:
 
 def sandbox_writable(cfg: Config, folder: str, private_tmp: Path, worktree: dict[str, Any] | None) -> list[str]:
     """Everything a sandboxed job may write, in this order: its folder (a worktree job's worktree), its private
-    temporary folder, Hermes' home, the bridge's tool cache, what git needs for a worktree job's commits,
+    temporary folder, Hermes' home, its project's tool cache, what git needs for a worktree job's commits,
     sandbox_writable, devices."""
     home = cfg.hermes_home_path
     home.mkdir(parents=True, exist_ok=True)
-    cache = tool_cache(private_tmp)
-    cache.mkdir(exist_ok=True)
+    cache = project_cache(private_tmp, folder, worktree)
     return [folder, str(private_tmp), str(home), str(cache), *worktree_git_paths(worktree), *sandbox_extra(cfg),
             *sandbox_devices()]
 

@@ -10,10 +10,10 @@ from .drivers import (
     WarmStart,
     plan_launch,
     private_tmp_of,
+    project_cache,
     sandbox_extra,
     sandbox_mounts,
     sandbox_writable,
-    tool_cache,
     usable_hermes,
 )
 from .git_calls import GitFailed
@@ -36,6 +36,7 @@ class JobPlanner:
         self.job, self.network, self.warm = job, network, warm
         self.writable: list[str] = []
         self.mounts: list[str] = []  # what the job's mount namespace makes (drivers.sandbox_mounts)
+        self.cache: Path | None = None  # its project's tool cache (drivers.project_cache)
         self.private_tmp: Path | None = None
 
     def plan(self) -> LaunchPlan | Outcome:
@@ -121,6 +122,7 @@ class JobPlanner:
         self.private_tmp = self.warm.private_tmp if self.warm and self.warm.private_tmp else private_tmp_of(
             job.store, job.job_id)
         self.writable = sandbox_writable(cfg, own[0], self.private_tmp, record.worktree)
+        self.cache = project_cache(self.private_tmp, own[0], record.worktree)
         self.mounts = sandbox_mounts(exe, folder, record.worktree, self.writable)
         record.read_only = read_only_words(self.mounts, bool(record.worktree))
         home = cfg.hermes_home_path
@@ -134,7 +136,7 @@ class JobPlanner:
         scoped = "; no signal to a process outside the job" if found.signals_scoped else ""
         record.sandbox = (f"writes limited to {shown(own[0])}, {shown(str(self.private_tmp))} (TMPDIR), Hermes' home "
                           f"{shown(str(home))} (its settings, skills, hooks and cron put back at the end), the tool "
-                          f"cache {shown(str(tool_cache(self.private_tmp)))} (npm, uv, pip, go, cargo, ...)"
+                          f"cache {shown(str(self.cache))} (this project's: npm, uv, pip, go, cargo, ...)"
                           + (", the job's own git objects and branch" if record.worktree else "")
                           + (f", {shown(', '.join(extra), 600)}" if extra else "") + f" ({found.name}{scoped}); "
                           + reading_words(cfg, self.writable))

@@ -32,6 +32,7 @@ from .drivers import (
     confinement_shape,
     hermes_launch,
     private_tmp_of,
+    project_cache,
     sandbox_mounts,
     sandbox_writable,
     start_hermes,
@@ -186,7 +187,9 @@ def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str, shape
     writable = sandbox_writable(cfg, own, private_tmp, worktree) if private_tmp else []
     mounts = sandbox_mounts(exe, folder, worktree, writable) if private_tmp else []
     git_environment = object_environment(worktree["objects"], worktree["repo"]) if worktree else None
-    argv, env = hermes_launch(cfg, [exe, "acp"], marker, writable, private_tmp, git_environment, mounts=mounts)
+    cache = project_cache(private_tmp, own, worktree) if private_tmp else None
+    argv, env = hermes_launch(cfg, [exe, "acp"], marker, writable, private_tmp, git_environment, mounts=mounts,
+                              cache=cache)
     policy = approval_policy_dir(int(cfg.approval_timeout_s), store.policy_path(owned))
     proc = start_hermes(argv, folder, dict(env, HERMES_MANAGED_DIR=str(policy)), subprocess.PIPE, subprocess.PIPE,
                         subprocess.PIPE)

@@ -241,6 +241,10 @@ MUTATIONS = (
              'repo_guard.py', '    said = [moved] if (moved := put_back_dot_git(top, snapshot.get("dot_git"))) else []',
              '    said = []',
              'tests/test_repository_guard.py', 'moved_aside'),
+    Mutation(47, "uv hard-links a job's packages from the cache: a job writing the cache's copy changes the venv",
+             'drivers.py', '"npm_config_update_notifier": "false", "UV_LINK_MODE": "copy"}',
+             '"npm_config_update_notifier": "false"}',
+             'tests/test_containment.py', 'npm_install_and_uv'),
 )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from test_worktrees import client_of, final, git, make_repo
 
+from claude_hermes_bridge.drivers import project_cache
 from conftest import require_sandbox
 from harness import Bridge
 
@@ -421,7 +422,15 @@ attempt import .venv/bin/python -c 'import tinymod'
         tried, (bridge.root / "installs.log").read_text()[-2000:])
     assert (bridge.root / "node_modules" / "tiny" / "index.js").exists()
     assert not (home / ".npm").exists() and not (home / ".cache" / "uv").exists()  # the bridge keeps bytecode there
-    assert "the tool cache" in job.field("SANDBOX") and (bridge.jobs / "cache" / "uv").is_dir()
+    cache = project_cache_of(bridge, bridge.root)
+    assert f"the tool cache {cache} (this project's" in job.field("SANDBOX") and (cache / "uv").is_dir()
+    installed = next((bridge.root / ".venv").rglob("tinymod*.py"))
+    assert installed.stat().st_nlink == 1, "uv linked the package from the cache (UV_LINK_MODE=copy)"
+
+
+def project_cache_of(bridge: Bridge, folder: Path) -> Path:
+    """The bridge's tool cache for jobs in folder (drivers.project_cache)."""
+    return project_cache(bridge.jobs / "tmp" / "any", str(folder), None)
 
 
 def local_cargo_registry(folder: Path) -> Path:
@@ -481,7 +490,7 @@ attempt cargo {cargo} run -q --offline
     tried, log = (bridge.root / "tried.txt").read_text(), (bridge.root / "build.log").read_text()
     assert "FAILED cargo-home" in tried and "Permission denied" in log, (tried, log[-2000:])
     assert "DONE cargo" in tried and log.rstrip().endswith("42"), (tried, log[-2000:])
-    assert not (home / ".cargo").exists() and (bridge.jobs / "cache" / "cargo" / "registry").is_dir()
+    assert not (home / ".cargo").exists() and (project_cache_of(bridge, bridge.root) / "cargo" / "registry").is_dir()
 
 
 def local_go_proxy(folder: Path) -> Path:
@@ -530,7 +539,7 @@ attempt go {go} run .
     assert "FAILED go-home" in tried and "permission denied" in log.lower(), (tried, log[-2000:])
     assert "DONE go" in tried and log.rstrip().endswith("42"), (tried, log[-2000:])
     assert not (home / "go").exists() and not (home / ".cache" / "go-build").exists()
-    assert (bridge.jobs / "cache" / "go" / "mod" / "example.com" / "tinymod@v1.0.0").is_dir()
+    assert (project_cache_of(bridge, bridge.root) / "go" / "mod" / "example.com" / "tinymod@v1.0.0").is_dir()
 
 
 def test_pre_commit_and_pytest_run_in_a_sandboxed_job_through_the_bridges_cache(bridge: Bridge) -> None:
@@ -566,7 +575,7 @@ attempt pytest {sys.executable} -m pytest -q -p no:xdist test_tiny.py
     assert "DONE pre-commit" in tried and (bridge.root / "hooked.txt").read_text() == "hooked\n", (tried, log)
     assert "DONE pytest" in tried and "1 passed" in log, (tried, log[-2000:])
     assert not (home / ".cache" / "pre-commit").exists()
-    assert (bridge.jobs / "cache" / "pre-commit" / "db.db").exists()
+    assert (project_cache_of(bridge, bridge.root) / "pre-commit" / "db.db").exists()
 
 
 def require_component_path(path: Path, what: str) -> Path:
@@ -615,3 +624,13 @@ def test_refused_paths_are_read_from_the_tools_own_words() -> None:
                                                        "/repo/.git/config"]
     assert refused_paths(texts, ["/work/job"], 2) == ["/home/u/.npm/_cacache", "/home/u/.cache/uv"]
 
+
+
+def test_each_project_has_a_tool_cache_of_its_own(tmp_path: Path) -> None:
+    """Issue 63: a package a job poisons in its cache reaches no other project's jobs: the cache is per project
+    (a worktree job's is its repository's, as a job in the repository's folder has)."""
+    private_tmp = tmp_path / "jobs" / "tmp" / "job"
+    first, second = (project_cache(private_tmp, str(tmp_path / name), None) for name in ("a", "b"))
+    assert first != second and first.parent == second.parent == tmp_path / "jobs" / "cache"
+    worktree = {"repo": str(tmp_path / "a"), "path": str(tmp_path / "jobs" / "worktrees" / "job")}
+    assert project_cache(private_tmp, worktree["path"], worktree) == first
