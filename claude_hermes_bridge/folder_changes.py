@@ -12,20 +12,60 @@ from .jobs import CHANGED_LINES
 
 # Files that other programs run or load later, outside any sandbox: named in the block (RUNS_LATER) whenever a job
 # changed them, never put back (a job asked to set up CI, a debugger or a hook must be able to; the planner and
-# the person are told before they open the folder or run anything). Folders by name at any depth, files by name.
-RUNS_LATER_FOLDERS = (".vscode", ".idea", ".claude", ".cursor", ".codex", ".gemini", ".devcontainer", ".husky")
-RUNS_LATER_FILES = (".envrc", ".mcp.json", ".gitmodules", ".pre-commit-config.yaml", ".bashrc", ".profile", ".npmrc")
-RUNS_LATER_PREFIXES = (".github/workflows/",)
+# the person are told before they open the folder or run anything). The rule: a file by its name at any depth, a
+# folder by its name at any depth (everything in it), a path by its start; and the folder the repository's
+# core.hooksPath names (hooks_path_folder). Each entry says which program loads it.
+RUNS_LATER_FILES = {
+    "CLAUDE.md": "Claude Code, as instructions", "AGENTS.md": "Codex and other agents, as instructions",
+    "GEMINI.md": "Gemini CLI, as instructions", ".cursorrules": "Cursor, as rules",
+    ".windsurfrules": "Windsurf, as rules", ".clinerules": "Cline, as rules", ".aider.conf.yml": "aider, its settings",
+    ".mcp.json": "MCP hosts, the servers they start", ".envrc": "direnv, run on entering the folder",
+    ".bashrc": "bash, at every shell", ".zshrc": "zsh, at every shell", ".profile": "login shells",
+    ".gitmodules": "git, the submodules' URLs it clones", ".pre-commit-config.yaml": "pre-commit, the hooks it runs",
+    ".npmrc": "npm, its settings (scripts, registries)", ".yarnrc.yml": "yarn, its settings and plugins",
+    "package.json": "npm and yarn, its scripts (install hooks too)", "Makefile": "make", "makefile": "make",
+    "GNUmakefile": "make", "Justfile": "just", "justfile": "just", "Taskfile.yml": "task",
+    "conftest.py": "pytest, imported at every run", "setup.py": "pip and setuptools, run at every install",
+    "pyproject.toml": "pip, uv and build backends, its build hooks", "tox.ini": "tox", "noxfile.py": "nox",
+    "sitecustomize.py": "Python, imported at every start", "build.rs": "cargo, run at every build",
+    "Cargo.toml": "cargo, its build scripts", "build.gradle": "gradle", "build.gradle.kts": "gradle",
+    "pom.xml": "maven, its plugins", "Dockerfile": "docker build", "docker-compose.yml": "docker compose",
+    "compose.yaml": "docker compose", "Jenkinsfile": "Jenkins", ".gitlab-ci.yml": "GitLab CI",
+}
+RUNS_LATER_FOLDERS = {
+    ".vscode": "VS Code, its tasks, launch configurations and settings", ".idea": "JetBrains IDEs, run configurations",
+    ".claude": "Claude Code, its settings, hooks, commands and agents", ".cursor": "Cursor, its rules and MCP servers",
+    ".codex": "Codex, its settings", ".gemini": "Gemini CLI, its settings", ".continue": "Continue, its settings",
+    ".zed": "Zed, its tasks and settings", ".devcontainer": "dev containers, what they build and run",
+    ".husky": "husky, the git hooks it installs", ".githooks": "git, where core.hooksPath commonly points",
+    ".circleci": "CircleCI", ".buildkite": "Buildkite",
+}
+RUNS_LATER_PREFIXES = {".github/workflows/": "GitHub Actions",
+                       ".github/copilot-instructions.md": "GitHub Copilot, as instructions"}
 
 
-def runs_later(paths: list[str]) -> list[str]:
-    """The paths (relative, / or the system's separator) that another program runs or loads later."""
+def who_runs(path: str) -> str:
+    """Which program runs or loads a path runs_later found (a git hook when none of the table's entries names it)."""
+    parts = path.split("/")
+    if parts[-1] in RUNS_LATER_FILES:
+        return RUNS_LATER_FILES[parts[-1]]
+    for part in parts[:-1]:
+        if part in RUNS_LATER_FOLDERS:
+            return RUNS_LATER_FOLDERS[part]
+    return next((who for prefix, who in RUNS_LATER_PREFIXES.items() if f"/{prefix}" in f"/{path}"),
+                "git, as a hook (core.hooksPath)")
+
+
+def runs_later(paths: list[str], hooks_folder: str | None = None) -> list[str]:
+    """The paths (relative, / or the system's separator) that another program runs or loads later; hooks_folder:
+    the folder core.hooksPath names, relative to the same place, whose every file git runs as a hook."""
     found = []
     for path in paths:
         posix = path.replace(os.sep, "/")
         parts = posix.split("/")
         if (parts[-1] in RUNS_LATER_FILES or any(part in RUNS_LATER_FOLDERS for part in parts[:-1])
-                or any(f"/{prefix}" in f"/{posix}" for prefix in RUNS_LATER_PREFIXES)):
+                or any(f"/{prefix}" in f"/{posix}" for prefix in RUNS_LATER_PREFIXES)
+                or (hooks_folder and posix.startswith(hooks_folder.rstrip("/") + "/"))):
             found.append(posix)
     return found
 
@@ -101,9 +141,10 @@ def human_size(size: int) -> str:
     return f"{scaled:.1f} GB"
 
 
-def compare_snapshots(before: FolderSnapshot, after: FolderSnapshot) -> dict[str, Any]:
-    """What changed between two snapshots, ready for the record: counts and at most CHANGED_LINES lines.
-    A file changed while the first snapshot was being taken counts as created by the job."""
+def compare_snapshots(before: FolderSnapshot, after: FolderSnapshot, hooks_folder: str | None = None) -> dict[str, Any]:
+    """What changed between two snapshots, ready for the record: counts and at most CHANGED_LINES lines (and
+    what runs later: runs_later). A file changed while the first snapshot was being taken counts as created by the
+    job."""
     if before.note or after.note:
         return {"note": before.note or after.note}
     if before.identity != after.identity:
@@ -117,7 +158,7 @@ def compare_snapshots(before: FolderSnapshot, after: FolderSnapshot) -> dict[str
              + [f"- {path}" for path in deleted])
     return {"created": len(created), "modified": len(modified), "deleted": len(deleted),
             "lines": lines[:CHANGED_LINES], "more": max(0, len(lines) - CHANGED_LINES),
-            "runs_later": runs_later(created + modified + deleted)[:CHANGED_LINES]}
+            "runs_later": runs_later(created + modified + deleted, hooks_folder)[:CHANGED_LINES]}
 
 
 QUICK_LISTING_S = 0.5  # a folder listed faster than this as the job starts is listed again while it runs
@@ -129,8 +170,10 @@ class FolderWatch:
     LOOK_AGAIN_S while it runs where that first listing was quick (what the job view shows as changed so far),
     and at its end (CHANGED_FILES)."""
 
-    def __init__(self, folder: str, skip: list[str], max_entries: int, max_s: float) -> None:
+    def __init__(self, folder: str, skip: list[str], max_entries: int, max_s: float,
+                 hooks_folder: str | None = None) -> None:
         self.folder, self.skip, self.max_entries, self.max_s = folder, skip, max_entries, max_s
+        self.hooks_folder = hooks_folder  # core.hooksPath's folder, relative to folder
         self.before: FolderSnapshot | None = None
         self.first_listing_s = math.inf
         self.so_far: dict[str, Any] | None = None
@@ -159,11 +202,11 @@ class FolderWatch:
         return self.so_far
 
     def look(self, before: FolderSnapshot) -> None:
-        self.so_far = compare_snapshots(before, self.listing())
+        self.so_far = compare_snapshots(before, self.listing(), self.hooks_folder)
 
     def changes(self) -> dict[str, Any]:
         """What the job changed, once it has ended."""
         self.first.join(self.max_s + 5)
         if self.before is None:
             return {"note": "not tracked (the start listing did not finish)"}
-        return compare_snapshots(self.before, self.listing())
+        return compare_snapshots(self.before, self.listing(), self.hooks_folder)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from .config import Config
-from .folder_changes import human_size
+from .folder_changes import human_size, who_runs
 from .hermes_cli import read_tail, retry_advice
 from .hermes_store import (
     StoreUnavailable,
@@ -166,7 +166,8 @@ def changes_lines(record: JobRecord) -> list[str]:
         lines.append(f"... and {changes['more']} more")
     if runs_later := changes.get("runs_later"):
         lines.append(f"RUNS_LATER: the job changed {plural(len(runs_later), 'file')} that other programs run or load "
-                     "later, outside any sandbox: " + ", ".join(shown(path, 200) for path in runs_later[:CHANGED_LINES])
+                     "later, outside any sandbox: " + ", ".join(f"{shown(path, 200)} ({who_runs(path)})"
+                                                                for path in runs_later[:CHANGED_LINES])
                      + (" ..." if len(runs_later) > CHANGED_LINES else "")
                      + ". Read them before you open the folder in an editor or agent, or run anything there")
     return lines
@@ -421,13 +422,15 @@ def containment_facts(record: "JobRecord") -> list[list[str]]:
         rows.append(["refused by the sandbox", ", ".join(shown(path, 200) for path in record.sandbox_refused)])
     if record.sandbox_unread:
         rows.append(["kept from reading", ", ".join(shown(path, 200) for path in record.sandbox_unread)])
+    if record.read_only:
+        rows.append(["read-only", shown(record.read_only, 1000)])
     if record.network:
         rows.append(["network", shown(record.network, 1500)])
     if record.repository and not record.worktree:
         rows.append(["repository", " | ".join(shown(note, 1000) for note in record.repository)])
     if runs_later := (record.changes or {}).get("runs_later"):
         rows.append(["runs later", "read before you open the folder or run anything there: "
-                     + ", ".join(shown(path, 200) for path in runs_later)])
+                     + ", ".join(f"{shown(path, 200)} ({who_runs(path)})" for path in runs_later)])
     return rows
 
 

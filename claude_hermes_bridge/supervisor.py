@@ -24,7 +24,7 @@ from .jobs import JobRecord, JobState, JobStore, Outcome, validate_job_id
 from .processes import Ownership, StopReport, WindowsJob, become_subreaper, held_in_job_object, stop_tree
 from .safe_io import IS_WINDOWS, DamagedRecord, ProcessId, disk_error, is_number, machine_clock, shown
 from .supervised_job import SupervisedJob
-from .worktrees import object_environment
+from .worktrees import hooks_path_folder, object_environment
 
 # `server.py --supervise <id>`: one detached process per job that owns it from start to outcome.
 
@@ -98,8 +98,9 @@ class Supervisor:
     def _start(self, plan: LaunchPlan, run: HermesRun) -> tuple[subprocess.Popen[bytes], JobWatch]:
         """Start Hermes as planned, after the folder listing has begun, record who it is, and watch it."""
         record, cfg, planner = self.record, self.cfg, self.planner
+        hooks = hooks_path_folder(record.guarded_repo, plan.folder) if record.guarded_repo else None
         folder = FolderWatch(plan.folder, cfg.changed_files_skip, cfg.changed_files_max_entries,
-                             cfg.changed_files_max_s)
+                             cfg.changed_files_max_s, hooks)
         record.argv = plan.shown_argv
         if record.session_requested:  # a resumed session's earlier spend is not this job's, budgeted or not
             with contextlib.suppress(StoreUnavailable):

@@ -386,6 +386,19 @@ def common_folder_refusal(top: str) -> str | None:
     return None
 
 
+def hooks_path_folder(top: str, relative_to: str) -> str | None:
+    """The folder the repository's core.hooksPath names, relative to relative_to (with /), when it lies there:
+    git runs every file in it as a hook (husky and many projects keep it tracked). None when unset or outside."""
+    config = os.path.join(common_git_folder(top), "config")  # the file alone: the bridge's own git overrides it
+    done = git(top, "config", "--file", config, "--get", "core.hooksPath", check=False)
+    named = done.stdout.decode("utf-8", "replace").strip()
+    if done.returncode != 0 or not named:
+        return None
+    folder = os.path.normpath(os.path.join(top, os.path.expanduser(named)))
+    relative = os.path.relpath(folder, relative_to)
+    return None if relative.startswith("..") or os.path.isabs(relative) else Path(relative).as_posix()
+
+
 def worktree_changes(top: str, base: str, work: str) -> dict[str, Any]:
     """CHANGED_FILES of a worktree job: what its work changed against the base, as git sees it."""
     listing = git(top, "diff", "--name-status", "-z", "--no-renames", "--no-textconv", base, work).stdout
@@ -396,9 +409,9 @@ def worktree_changes(top: str, base: str, work: str) -> dict[str, Any]:
     marked = [(kinds.get(status[:1], "~"), name) for status, name in pairs if status]
     lines = [f"{mark} {name}" for order in "+~-" for mark, name in marked if mark == order]  # as compare_snapshots
     count = {mark: sum(1 for found, _ in marked if found == mark) for mark in "+~-"}
+    later = runs_later([name for _, name in marked], hooks_path_folder(top, top))
     return {"created": count["+"], "modified": count["~"], "deleted": count["-"], "lines": lines[:CHANGED_LINES],
-            "more": max(0, len(lines) - CHANGED_LINES), "runs_later": runs_later([name for _, name in marked])[
-                :CHANGED_LINES]}
+            "more": max(0, len(lines) - CHANGED_LINES), "runs_later": later[:CHANGED_LINES]}
 
 
 def identity_words(path: str) -> str | None:

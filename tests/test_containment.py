@@ -13,6 +13,8 @@ import pytest
 from test_worktrees import client_of, final, git, make_repo
 
 from claude_hermes_bridge.drivers import project_cache
+from claude_hermes_bridge.folder_changes import runs_later, who_runs
+from claude_hermes_bridge.worktrees import hooks_path_folder
 from conftest import require_sandbox
 from harness import Bridge
 
@@ -145,7 +147,8 @@ PLANTS = {
 def test_a_job_in_the_users_repository_has_its_hook_and_settings_put_back_and_said(bridge: Bridge,
                                                                                   sandbox: str) -> None:
     """Without a worktree the job works in the user's repository itself: what it plants in .git runs at the
-    user's next git command, outside any sandbox, unless it is put back. It is, sandbox or not, and said."""
+    user's next git command, outside any sandbox. Sandboxed, the job's mount namespace holds .git read-only, so
+    nothing is planted (READ_ONLY says so); without the sandbox it is put back, and said."""
     if sandbox == "auto":
         require_sandbox()
     repo = make_repo(bridge.root / "repo")
@@ -167,12 +170,15 @@ def test_a_job_in_the_users_repository_has_its_hook_and_settings_put_back_and_sa
     assert (repo / ".git" / "hooks" / "post-checkout").read_text() == "#!/bin/sh\nexit 0\n"
     assert (repo / ".git" / "hooks" / "post-checkout").stat().st_mode & 0o111, "a restored hook lost its mode"
     assert (repo / ".git" / "config").read_bytes() == config_before
-    reported = job.field("REPOSITORY")
-    assert "the job created .git/hooks/pre-commit; restored" in reported, job.text
-    assert "the job removed .git/hooks/post-checkout; restored" in reported, job.text
-    assert "the job changed .git/config (alias.st, core.fsmonitor); restored" in reported, job.text
-    kept = bridge.jobs / f"{job.field('JOB_ID')}.repository-changes"
-    assert f"touch {mark}" in (kept / "hooks" / "pre-commit").read_text()  # the job's version, kept aside
+    if sandbox == "auto":
+        assert "REPOSITORY:" not in job.text and "a `git commit` in this job is refused" in job.field("READ_ONLY")
+    else:
+        reported = job.field("REPOSITORY")
+        assert "the job created .git/hooks/pre-commit; restored" in reported, job.text
+        assert "the job removed .git/hooks/post-checkout; restored" in reported, job.text
+        assert "the job changed .git/config (alias.st, core.fsmonitor); restored" in reported, job.text
+        kept = bridge.jobs / f"{job.field('JOB_ID')}.repository-changes"
+        assert f"touch {mark}" in (kept / "hooks" / "pre-commit").read_text()  # the job's version, kept aside
     runs_later = job.field("RUNS_LATER")
     for name in (".envrc", ".vscode/tasks.json", ".claude/settings.json"):
         assert name in runs_later, job.text
@@ -634,3 +640,24 @@ def test_each_project_has_a_tool_cache_of_its_own(tmp_path: Path) -> None:
     assert first != second and first.parent == second.parent == tmp_path / "jobs" / "cache"
     worktree = {"repo": str(tmp_path / "a"), "path": str(tmp_path / "jobs" / "worktrees" / "job")}
     assert project_cache(private_tmp, worktree["path"], worktree) == first
+
+
+def test_runs_later_names_by_rule_what_agents_tools_and_ci_load_and_the_hooks_path_folder(tmp_path: Path) -> None:
+    """Issue 63: RUNS_LATER named none of 31 files that agents, editors, shells, package managers, test runners
+    and CI load or run later; each is named now with the program that loads it, and so is what lies in the folder
+    the repository's core.hooksPath names."""
+    later = ["CLAUDE.md", "AGENTS.md", "GEMINI.md", ".cursorrules", ".windsurfrules", ".clinerules",
+             ".github/copilot-instructions.md", ".continue/config.json", ".zed/tasks.json", ".aider.conf.yml",
+             "package.json", "Makefile", "tests/conftest.py", "setup.py", "pyproject.toml", "tox.ini", "noxfile.py",
+             ".husky/pre-commit", "Dockerfile", ".devcontainer/devcontainer.json", "sub/CLAUDE.md",
+             ".github/workflows/ci.yml", "tools/hooks/pre-push"]
+    plain = ["src/main.py", "README.md", "docs/index.md", "tests/test_x.py"]
+    assert runs_later(later + plain, "tools/hooks") == later
+    assert who_runs("sub/CLAUDE.md") == "Claude Code, as instructions"
+    assert who_runs("tools/hooks/pre-push") == "git, as a hook (core.hooksPath)"
+    repo = make_repo(tmp_path / "repo")
+    git(repo, "config", "core.hooksPath", "tools/hooks")
+    assert hooks_path_folder(str(repo), str(repo)) == "tools/hooks"
+    assert hooks_path_folder(str(repo), str(repo / "tools")) == "hooks"
+    git(repo, "config", "core.hooksPath", "/elsewhere")
+    assert hooks_path_folder(str(repo), str(repo)) is None
