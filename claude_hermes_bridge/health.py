@@ -3,6 +3,7 @@ import os
 import sys
 
 from .config import HOST_SETTING_KEYS, Config, path_advice, roots_missing
+from .drivers import install_mounts
 from .hermes_acp import driver_line, known_acp
 from .hermes_cli import command_preview, hermes_version_on_disk, known_cli, left_out_credentials, locate_hermes
 from .jobs import JobStore, disk_problem
@@ -124,6 +125,11 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
     if at_start is not None and cfg.file_stamp != at_start.file_stamp:
         lines.append("CONFIG_CHANGED: the config file changed after this server started; the settings above are "
                      "read from it now. If you did not change it, a job may have: check it")
+    if exe and install_mounts(exe, [str(cfg.hermes_home_path)]):
+        lines.append("HERMES_INSTALL: inside Hermes' home, which every sandboxed job may write (as Hermes' own "
+                     "installer lays it out): a job's mount namespace holds it read-only where one can be made (see "
+                     "SANDBOX); where none can, a job could change the `hermes` you and the bridge run later. Install "
+                     "Hermes outside its home (`uv tool install` or a virtual environment of its own) to be safe")
     if advice := path_advice(os.environ.get("PATH", ""), sys.platform, os.path.expanduser("~")):
         lines.append(f"PATH_NOTE: {shown(advice, 500)}")
     lines += [f"  - {shown(problem, 500)}" for problem in cfg.problems]

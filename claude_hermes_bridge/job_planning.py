@@ -148,7 +148,7 @@ def read_only_words(mounts: list[str], worktree: bool) -> str | None:
     keeps the git folder, put back at the end); None when there is nothing to hold."""
     if not mounts:
         return None
-    refusal = namespace_refusal()
+    refusal = private_devices_refusal()
     if refusal:
         return (f"nothing: no mount namespace can be made here ({refusal}); the repository's git folder is guarded "
                 "instead (what the job changes there is put back at the end and named under REPOSITORY)")
@@ -165,16 +165,6 @@ def read_only_words(mounts: list[str], worktree: bool) -> str | None:
         words.append("a `git commit` in this job is refused: commits belong in isolation=\"worktree\" jobs, "
                      "reviewed before they land")
     return "; ".join(words) + " (the job's own mount namespace)"
-
-
-NAMESPACE_REFUSAL: list[str] = []  # the probe's answer, once per process
-
-
-def namespace_refusal() -> str:
-    """Why no mount namespace can be made here ("" when one can), probed once per process."""
-    if not NAMESPACE_REFUSAL:
-        NAMESPACE_REFUSAL.append(private_devices_refusal())
-    return NAMESPACE_REFUSAL[0]
 
 
 def reading_words(cfg: Config, writable: list[str]) -> str:

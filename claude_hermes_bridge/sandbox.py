@@ -327,13 +327,20 @@ def private_devices(mounts: tuple[str, ...] = ()) -> None:
     enter_private_devices(user, mounts)
 
 
+REFUSALS_FOUND: dict[str, str] = {}  # private_devices_refusal's answer, once per process
+
+
 def private_devices_refusal() -> str:
     """Why a job here shares the user's /dev/pts and /dev/shm and gets no read-only mounts ("" when it has its
-    own), tried as the step does, in a process of its own."""
+    own), tried as the step does, in a process of its own: once per process (hermes_health starts no process
+    after its first call)."""
     import subprocess
 
-    tried = subprocess.run(this_module_calling("private_devices"), capture_output=True, timeout=30)
-    return "" if tried.returncode == 0 else tried.stderr.decode(errors="replace").strip().splitlines()[-1]
+    if "found" not in REFUSALS_FOUND:
+        tried = subprocess.run(this_module_calling("private_devices"), capture_output=True, timeout=30)
+        REFUSALS_FOUND["found"] = ("" if tried.returncode == 0 else
+                                   tried.stderr.decode(errors="replace").strip().splitlines()[-1])
+    return REFUSALS_FOUND["found"]
 
 
 def enter_private_devices(user: bool, mounts: tuple[str, ...]) -> None:

@@ -13,10 +13,11 @@ from test_worktrees import final, git, make_repo
 from claude_hermes_bridge.drivers import git_folder_mounts, install_mounts
 from claude_hermes_bridge.git_calls import git as bridge_git
 from claude_hermes_bridge.git_calls import git_text
+from claude_hermes_bridge.health import health
 from claude_hermes_bridge.safe_io import Refused
 from claude_hermes_bridge.worktrees import admin_folder_change, repository_of, worktree_git
 from conftest import require_sandbox
-from harness import Bridge
+from harness import Bridge, config_for
 
 pytestmark = pytest.mark.posix("the fake Hermes' shell directive and a mount namespace are Linux's")
 
@@ -170,3 +171,15 @@ def test_a_worktree_whose_admin_folder_names_another_common_folder_is_not_saved_
     with pytest.raises(Refused, match=r"has a \.git/commondir file"):
         repository_of(str(repo))
     assert not mark.exists()
+
+
+def test_health_says_when_hermes_is_installed_inside_its_own_home(tmp_path: Path) -> None:
+    home = tmp_path / "hermes-home"
+    exe = home / "hermes-agent" / "venv" / "bin" / "hermes"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/bin/sh\necho 'Hermes Agent v0.22.2'\n")
+    exe.chmod(0o755)
+    inside = health(config_for(tmp_path, hermes_exe=str(exe), hermes_home=str(home)))
+    assert "HERMES_INSTALL: inside Hermes' home, which every sandboxed job may write" in inside, inside
+    elsewhere = health(config_for(tmp_path, hermes_exe=str(exe), hermes_home=str(tmp_path / "other-home")))
+    assert "HERMES_INSTALL" not in elsewhere
