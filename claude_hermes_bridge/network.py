@@ -424,8 +424,10 @@ def relay(one: socket.socket, other: socket.socket) -> None:
             deadline = time.monotonic() + IDLE_TIMEOUT_S
 
 
-ENFORCED_LINUX = ("Landlock: TCP connections to the proxy's port only, no listening; seccomp: no UDP, raw or other "
-                  "sockets, no io_uring")
+# listen() is not refused: seccomp cannot tell a TCP socket's from a Unix socket's, and Hermes' own code tool
+# listens on a Unix socket (0.22.2, tools/code_kernel.py); a listen() on a TCP socket never bound gets a free port.
+ENFORCED_LINUX = ("Landlock: TCP connections to the proxy's port only, no port bound by the job (a listen() without "
+                  "a bind still gets a free port); seccomp: no UDP, raw or other sockets, no io_uring")
 
 
 def enforcement(sandboxed: bool, platform: str = sys.platform) -> tuple[bool, str]:
