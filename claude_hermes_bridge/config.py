@@ -114,6 +114,9 @@ class Config:
     pass_credentials: list[str] = setting([], "a list of environment variable names", (list,),
                                           "credentials in the server's environment a job may have (others are "
                                           "left out of Hermes' environment)")
+    pass_environment: list[str] = setting([], "a list of environment variable names (NAME* for a prefix)", (list,),
+                                          "more of the server's environment a job is handed (it gets only what a "
+                                          "shell, a toolchain and Hermes need)")
     jobs_dir: str | None = setting(None, *FOLDER_OR_NULL, "the jobs folder (else the per-user state folder)")
     logs_dir: str | None = setting(None, *FOLDER_OR_NULL, "the audit log's folder (else the per-user one)")
     read_anywhere: bool = setting(False, *FLAG, "let hermes_read read outside the allowed roots")

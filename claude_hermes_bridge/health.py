@@ -5,7 +5,7 @@ import sys
 from .config import HOST_SETTING_KEYS, Config, path_advice, roots_missing
 from .drivers import install_mounts
 from .hermes_acp import driver_line, known_acp
-from .hermes_cli import command_preview, hermes_version_on_disk, known_cli, left_out_credentials, locate_hermes
+from .hermes_cli import command_preview, hermes_version_on_disk, known_cli, left_out_environment, locate_hermes
 from .jobs import JobStore, disk_problem
 from .launch import worktree_count
 from .network import support_line as network_support
@@ -65,11 +65,12 @@ def warm_start_line(cfg: Config, store: JobStore) -> str:
 
 def credentials_line(cfg: Config) -> str:
     """What of the server's environment a job is not handed, by name (never a value)."""
-    left_out = left_out_credentials(cfg)
+    left_out = left_out_environment(cfg)
     if not left_out:
-        return "none of the server's environment is left out of a job's (no credentials found in it)"
-    return (f"{plural(len(left_out), 'variable')} left out of a job's environment: "
-            f"{shown(', '.join(left_out), 600)} (pass_credentials passes one through)")
+        return "none of the server's environment is left out of a job's"
+    return (f"a job is handed only what a shell, a toolchain and Hermes need of the server's environment; "
+            f"{plural(len(left_out), 'variable')} left out: {shown(', '.join(left_out), 1500)} (pass_credentials "
+            "passes a credential through, pass_environment any other name)")
 
 
 def health(cfg: Config, at_start: Config | None = None) -> str:

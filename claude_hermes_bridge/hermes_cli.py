@@ -230,33 +230,63 @@ def executable_problem(exe: str, windows: bool = IS_WINDOWS) -> str | None:
     return None
 
 
-# The credentials a job is not handed (cloud, git hosting, package registries: AWS_ACCESS_KEY_ID and any *_TOKEN,
-# *_SECRET, *_PASSWORD, *_API_KEY, *_CREDENTIALS; not a setting such as AWS_CA_BUNDLE), unless pass_credentials
-# names them. Hermes' model providers' keys pass: Hermes needs its own, and
-# strips them from its tools' environment itself (its provider blocklist, 0.19 to 0.22).
+# A job's Hermes is handed what a shell, a toolchain and Hermes need of the server's environment, by name, prefix
+# or suffix; everything else is left out, known or not (a list of secrets always misses one: API_KEY, TOKEN,
+# DATABASE_URL, BW_SESSION, SENTRY_DSN, PIP_INDEX_URL with a password in it, ...). Hermes' model providers' keys
+# pass (Hermes needs its own, and strips them from its tools' environment itself: its provider blocklist, 0.19 to
+# 0.22); pass_credentials and pass_environment add names.
+ENVIRONMENT_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "USERNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "COLORTERM", "TERM_PROGRAM",
+    "COLUMNS", "LINES", "TZ", "TMPDIR", "TEMP", "TMP", "PWD", "EDITOR", "VISUAL", "PAGER", "LD_LIBRARY_PATH",
+    "DISPLAY", "WAYLAND_DISPLAY", "XAUTHORITY", "NO_COLOR", "FORCE_COLOR", "CLICOLOR", "DO_NOT_TRACK",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+    "VIRTUAL_ENV", "GOROOT", "GOPATH", "JAVA_HOME", "RUSTUP_HOME", "NVM_DIR", "DEBIAN_FRONTEND",
+    # Windows: what its programs and Python need to start at all
+    "SYSTEMROOT", "WINDIR", "COMSPEC", "PATHEXT", "SYSTEMDRIVE", "USERPROFILE", "APPDATA", "LOCALAPPDATA",
+    "PROGRAMDATA", "PROGRAMFILES", "PROGRAMFILES(X86)", "PROGRAMW6432", "COMMONPROGRAMFILES", "ALLUSERSPROFILE",
+    "PUBLIC", "HOMEDRIVE", "HOMEPATH", "COMPUTERNAME", "USERDOMAIN", "OS", "NUMBER_OF_PROCESSORS",
+    "PROCESSOR_ARCHITECTURE", "PROCESSOR_IDENTIFIER", "PROCESSOR_LEVEL", "PROCESSOR_REVISION"})
+ENVIRONMENT_PREFIXES = ("LC_", "XDG_", "HERMES_", "PYTHON", "WINE")  # HERMES_: Hermes' own settings
+ENVIRONMENT_SUFFIXES = ("_CA_BUNDLE", "_BASE_URL", "_API_BASE")  # certificate bundles; model endpoints
+# Of the names above, those shaped as a credential are still left out (HERMES_GITHUB_TOKEN), unless passed.
 CREDENTIAL_NAME_RE = re.compile(r"AWS_ACCESS_KEY_ID|\w*(_TOKEN|_SECRET|_SECRET_KEY|_PASSWORD|_PASSWD|_API_KEY|"
-                                r"_ACCESS_KEY|_CREDENTIALS|_AUTH)|NETRC|PGPASSWORD|MYSQL_PWD", re.IGNORECASE)
+                                r"_ACCESS_KEY|_CREDENTIALS|_AUTH|_PAT|_PASS|_PWD)|NETRC|PGPASSWORD|MYSQL_PWD",
+                                re.IGNORECASE)
 PROVIDER_KEYS = frozenset({
     "OPENAI_API_KEY", "OPENROUTER_API_KEY", "ANTHROPIC_API_KEY", "ANTHROPIC_TOKEN", "GOOGLE_API_KEY", "GEMINI_API_KEY",
     "DEEPSEEK_API_KEY", "MISTRAL_API_KEY", "GROQ_API_KEY", "TOGETHER_API_KEY", "PERPLEXITY_API_KEY",
     "COHERE_API_KEY", "FIREWORKS_API_KEY", "XAI_API_KEY", "NOUS_API_KEY", "QWEN_API_KEY", "CUSTOM_API_KEY",
     "OLLAMA_API_KEY", "LLM_API_KEY"})
+LEFT_OUT_ALWAYS = frozenset({SETTINGS_ENV, "HERMES_KANBAN_TASK"})  # the bridge's own; a mode of Hermes' exits
 
 
-def left_out_credentials(cfg: Config, environment: dict[str, str] | None = None) -> list[str]:
-    """The names in the environment that a job is not handed (credentials not passed by pass_credentials)."""
-    passed = {name.upper() for name in cfg.pass_credentials if isinstance(name, str)}
-    return sorted(name for name in (os.environ if environment is None else environment)
-                  if CREDENTIAL_NAME_RE.fullmatch(name) and name.upper() not in PROVIDER_KEYS | passed
-                  and not name.startswith("HERMES_"))
+def is_handed(cfg: Config, name: str) -> bool:
+    """Whether a job's Hermes is handed the server's variable of this name."""
+    upper = name.upper()
+    passed = {entry.upper() for entry in cfg.pass_credentials if isinstance(entry, str)}
+    if upper in passed or upper in PROVIDER_KEYS:
+        return True
+    if name in LEFT_OUT_ALWAYS or CREDENTIAL_NAME_RE.fullmatch(name):
+        return False
+    for entry in cfg.pass_environment:
+        if isinstance(entry, str) and (upper == entry.upper()
+                                       or (entry.endswith("*") and upper.startswith(entry[:-1].upper()))):
+            return True
+    return (upper in ENVIRONMENT_NAMES or name in ENVIRONMENT_NAMES or upper.startswith(ENVIRONMENT_PREFIXES)
+            or upper.endswith(ENVIRONMENT_SUFFIXES))
+
+
+def left_out_environment(cfg: Config, environment: dict[str, str] | None = None) -> list[str]:
+    """The names in the environment that a job is not handed (is_handed), sorted."""
+    return sorted(name for name in (os.environ if environment is None else environment) if not is_handed(cfg, name))
 
 
 def hermes_env(cfg: Config, marker: str | None = None) -> dict[str, str]:
-    """Hermes inherits the server's environment but the user's credentials (left_out_credentials); a job's
-    processes also carry its marker, part of the proof that lets the bridge signal them (see Ownership)."""
-    left_out = {SETTINGS_ENV, "HERMES_KANBAN_TASK", *left_out_credentials(cfg)}
-    env = {key: value for key, value in os.environ.items() if key not in left_out}
-    if cfg.approval_mode != "yolo":  # HERMES_KANBAN_TASK above: it gives Hermes' exit codes other meanings
+    """What Hermes is handed of the server's environment (is_handed: an allow-list); a job's processes also carry
+    its marker, part of the proof that lets the bridge signal them (see Ownership)."""
+    env = {key: value for key, value in os.environ.items() if is_handed(cfg, key)}
+    if cfg.approval_mode != "yolo":
         env.pop("HERMES_YOLO_MODE", None)  # an approval bypass the user did not choose for the bridge
     if cfg.hermes_home:
         env["HERMES_HOME"] = str(cfg.hermes_home_path)

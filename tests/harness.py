@@ -138,7 +138,8 @@ class Bridge:
         bridge.configure(hermes_exe=str(hermes), hermes_home=str(tmp_path / "hermes-home"),
                          allowed_roots=[str(root)], jobs_dir=str(bridge.jobs), logs_dir=str(tmp_path / "logs"),
                          kill_grace_s=1, default_timeout_s=120, sandbox_writable=[str(trace)],
-                         warm_start=False)  # tests/test_standby.py turns it on
+                         warm_start=False,  # tests/test_standby.py turns it on
+                         pass_environment=["FAKE_*"])  # the fake Hermes' own settings
         return bridge
 
     def kill_leftovers(self) -> None:

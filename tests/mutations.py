@@ -245,6 +245,10 @@ MUTATIONS = (
              'drivers.py', '"npm_config_update_notifier": "false", "UV_LINK_MODE": "copy"}',
              '"npm_config_update_notifier": "false"}',
              'tests/test_containment.py', 'npm_install_and_uv'),
+    Mutation(48, "a job is handed every variable not shaped as a secret (DATABASE_URL, SENTRY_DSN, BW_SESSION, ...)",
+             'hermes_cli.py', '            or upper.endswith(ENVIRONMENT_SUFFIXES))',
+             '            or upper.endswith(ENVIRONMENT_SUFFIXES) or True)',
+             'tests/test_secrets.py', 'left_out'),
 )
 
 

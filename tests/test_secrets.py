@@ -111,11 +111,18 @@ def test_the_macos_profile_denies_reading_the_unreadable_paths(tmp_path: Path) -
     assert f'(deny file-read-data (subpath "{tmp_path / ".ssh"}"))' in profile
 
 
+# Issue 64: variables a list of secrets missed, each handed to a job before the environment became an allow-list
+UNLISTED_SECRETS = {name: f"leaked-secret-{number}" for number, name in enumerate((
+    "API_KEY", "TOKEN", "SECRET_KEY", "GITHUB_PAT", "DATABASE_URL", "BW_SESSION", "OP_SESSION_my", "SSH_PRIVATE_KEY",
+    "SENTRY_DSN", "SLACK_WEBHOOK_URL", "SMTP_PASS", "DOCKER_AUTH_CONFIG", "CI_JOB_JWT", "HERMES_GITHUB_TOKEN",
+    "PIP_INDEX_URL", "PGPASSWORD", "MYSQL_PWD"))}
+
+
 def test_the_users_credentials_are_left_out_of_hermes_environment_and_named(bridge: Bridge) -> None:
     bridge.extra_env.update(GITHUB_TOKEN="ghp-secret", AWS_SECRET_ACCESS_KEY="aws-secret", NPM_TOKEN="npm-secret",
                             MY_SERVICE_PASSWORD="pw", OPENROUTER_API_KEY="model-key", DO_NOT_TRACK="1",
-                            AWS_CA_BUNDLE="/etc/ssl/bundle.pem")
-    bridge.configure(pass_credentials=["NPM_TOKEN"])
+                            AWS_CA_BUNDLE="/etc/ssl/bundle.pem", MY_TOOL_SETTING="kept", **UNLISTED_SECRETS)
+    bridge.configure(pass_credentials=["NPM_TOKEN"], pass_environment=["FAKE_*", "MY_TOOL_SETTING"])
     script = bridge.tmp / "env.sh"
     script.write_text("env > env.txt\n")
     with bridge.client() as client:
@@ -123,11 +130,12 @@ def test_the_users_credentials_are_left_out_of_hermes_environment_and_named(brid
         health = client.call("hermes_health").field("CREDENTIALS")
     assert job.field("STATUS") == "ok", job.text
     seen = (bridge.root / "env.txt").read_text()
-    for secret in ("ghp-secret", "aws-secret", "=pw"):
+    for secret in ("ghp-secret", "aws-secret", "=pw", *UNLISTED_SECRETS.values()):
         assert secret not in seen, secret
+    assert "MY_TOOL_SETTING=kept" in seen  # pass_environment hands a name the allow-list does not hold
     assert "OPENROUTER_API_KEY=model-key" in seen and "NPM_TOKEN=npm-secret" in seen and "DO_NOT_TRACK=1" in seen
     assert "AWS_CA_BUNDLE=/etc/ssl/bundle.pem" in seen  # a setting, not a credential
-    for name in ("AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "MY_SERVICE_PASSWORD"):
+    for name in ("AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "MY_SERVICE_PASSWORD", *UNLISTED_SECRETS):
         assert name in health, health
     assert "NPM_TOKEN" not in health and "OPENROUTER_API_KEY" not in health and "secret" not in health
 
