@@ -105,7 +105,10 @@ class Config:
     sandbox_writable: list[str] = setting([], "a list of folder paths", (list,),
                                           "more folders a sandboxed job may write (a shared cache)")
     sandbox_unreadable: list[str] = setting([], "a list of absolute paths", (list,),
-                                            "more paths a sandboxed job may not read (besides ~/.ssh, ~/.aws, ...)")
+                                            "more paths a sandboxed job may not read, outside your home too")
+    sandbox_readable: list[str] = setting([], "a list of absolute paths", (list,),
+                                          "more of your home a sandboxed job may read (it reads only the "
+                                          "toolchains' public files there, its own folders and Hermes')")
     network: str = setting("open", "", (str,), "what a job may reach over the network (open; allow-list: "
                            "network_allow and Hermes' model; ask: the user is asked about any other host; model-only)",
                            choices=NETWORK_MODES)

@@ -42,7 +42,7 @@ from .network import NO_PROXY_VARIABLES, proxy_environment
 from .processes import WindowsJob, hermes_creation_flags, interrupt_group, popen_kwargs
 from .repo_guard import repository_around
 from .safe_io import IS_WINDOWS, Refused, open_regular, shown_whole, within_any
-from .sandbox import SESSION_SERVICES, step_argv, unreadable_paths
+from .sandbox import READABLE_IN_HOME, SESSION_SERVICES, step_argv, unreadable_paths
 from .sandbox import devices as sandbox_devices
 from .worktrees import common_git_folder, worktree_git_paths
 
@@ -109,7 +109,7 @@ def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str]
     env = {key: value for key, value in env.items() if key not in SESSION_SERVICES}
     env.update(TMPDIR=str(private_tmp), TEMP=str(private_tmp), TMP=str(private_tmp))
     env.update(cache_environment(cast(Path, cache)))
-    unreadable = unreadable_paths(os.path.expanduser("~"), cfg.sandbox_unreadable)
+    unreadable = job_unreadable(cfg, writable, argv[0])
     return step_argv(writable, argv, unreadable, proxy_port if confine_network else None, mounts), env
 
 
@@ -228,6 +228,47 @@ def sandbox_mounts(exe: str, folder: str, worktree: dict[str, Any] | None, writa
     from here."""
     return [*git_folder_mounts(folder, worktree), *install_mounts(exe, writable),
             *(f"hide:{path}" for path in daemon_sockets())]
+
+
+def python_prefixes(exe: str) -> list[str]:
+    """The installs a Python program runs from: its environment (found from its executable's real path), that
+    environment's base Python (pyvenv.cfg's home), and this process's own."""
+    install = os.path.dirname(os.path.dirname(os.path.realpath(exe)))
+    found = [install, sys.prefix, sys.base_prefix]
+    try:
+        with open(os.path.join(install, "pyvenv.cfg"), encoding="utf-8") as config:
+            for line in config:
+                key, _, value = line.partition("=")
+                if key.strip() == "home" and value.strip():
+                    found.append(os.path.dirname(value.strip()))
+    except OSError:
+        pass
+    return found
+
+
+def readable_paths(cfg: Config, writable: list[str], exe: str) -> list[str]:
+    """What a sandboxed job may read inside the private folders (sandbox.unreadable_paths): the toolchains' public
+    files in the home (READABLE_IN_HOME), what it may write, Hermes' home, install and Python, and
+    sandbox_readable."""
+    return [*(os.path.join(home, name) for home in homes() for name in READABLE_IN_HOME), *writable,
+            str(cfg.hermes_home_path), *python_prefixes(exe),
+            *(path for path in cfg.sandbox_readable if os.path.isabs(path))]
+
+
+def homes() -> list[str]:
+    """The home HOME names and the account's own (they differ where a host or a test sets HOME)."""
+    found = [os.path.expanduser("~")]
+    with contextlib.suppress(ImportError, KeyError):
+        import pwd
+
+        found.append(pwd.getpwuid(os.getuid()).pw_dir)
+    return list(dict.fromkeys(found))
+
+
+def job_unreadable(cfg: Config, writable: list[str], exe: str) -> list[str]:
+    """What a sandboxed job may not read: everything of the private folders but readable_paths, and
+    sandbox_unreadable."""
+    return unreadable_paths(os.path.expanduser("~"), cfg.sandbox_unreadable, readable_paths(cfg, writable, exe))
 
 
 def sandbox_extra(cfg: Config) -> list[str]:

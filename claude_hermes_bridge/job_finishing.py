@@ -4,13 +4,12 @@ listed or the worktree's work saved, the usage read; then the outcome written wh
 the job's files removed, and the next queued job started."""
 import contextlib
 import dataclasses
-import os
 import shutil
 import time
 from pathlib import Path
 
 from .config import audit
-from .drivers import HermesRun
+from .drivers import HermesRun, job_unreadable
 from .folder_changes import FolderWatch
 from .hermes_cli import read_tail
 from .hermes_store import StoreUnavailable, read_store, refusal_texts
@@ -20,7 +19,7 @@ from .job_queue import start_queued
 from .jobs import GUARD_NOTES_KEPT, LATE_ANSWERS_KEPT, REFUSED_PATHS_KEPT, Outcome
 from .repo_guard import check_repository
 from .safe_io import DamagedRecord, clean_text, disk_error, within_any
-from .sandbox import refused_paths, unreadable_paths
+from .sandbox import refused_paths
 from .supervised_job import SupervisedJob
 from .worktrees import save_worktree_work
 
@@ -117,7 +116,7 @@ class JobFinish:
             with contextlib.suppress(StoreUnavailable):
                 texts += read_store(self.job.cfg, lambda db: refusal_texts(db, session_id, since))
         refused = refused_paths(texts, self.writable, REFUSED_PATHS_KEPT)
-        unreadable = unreadable_paths(os.path.expanduser("~"), self.job.cfg.sandbox_unreadable)
+        unreadable = job_unreadable(self.job.cfg, self.writable, self.run.exe if self.run else "")
         self.job.record.sandbox_unread = [path for path in refused
                                           if within_any(path, unreadable) or path.startswith("/proc/")]
         self.job.record.sandbox_refused = [path for path in refused if path not in self.job.record.sandbox_unread]

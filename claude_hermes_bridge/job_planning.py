@@ -8,6 +8,7 @@ from .config import Config
 from .drivers import (
     LaunchPlan,
     WarmStart,
+    job_unreadable,
     plan_launch,
     private_tmp_of,
     project_cache,
@@ -23,7 +24,7 @@ from .jobs import MAX_TASK_BYTES, JobState, Outcome
 from .repo_guard import guard_repository, repository_around
 from .safe_io import Refused, plural, read_capped, shown, within_any
 from .sandbox import mechanism as sandbox_mechanism
-from .sandbox import private_devices_refusal, unreadable_paths
+from .sandbox import private_devices_refusal, private_folders
 from .supervised_job import SupervisedJob
 from .worktrees import add_worktree, common_folder_refusal, own_objects
 
@@ -139,7 +140,7 @@ class JobPlanner:
                           f"cache {shown(str(self.cache))} (this project's: npm, uv, pip, go, cargo, ...)"
                           + (", the job's own git objects and branch" if record.worktree else "")
                           + (f", {shown(', '.join(extra), 600)}" if extra else "") + f" ({found.name}{scoped}); "
-                          + reading_words(cfg, self.writable))
+                          + reading_words(cfg, self.writable, exe))
         return None
 
 
@@ -167,14 +168,18 @@ def read_only_words(mounts: list[str], worktree: bool) -> str | None:
     return "; ".join(words) + " (the job's own mount namespace)"
 
 
-def reading_words(cfg: Config, writable: list[str]) -> str:
-    """What a sandboxed job cannot read, and which of it the job's own folders hold (and so it can)."""
-    unreadable = unreadable_paths(os.path.expanduser("~"), cfg.sandbox_unreadable)
-    present = [path for path in unreadable if os.path.lexists(path)]
-    exposed = [path for path in present if any(path == folder or path.startswith(folder.rstrip("/") + "/")
-                                                for folder in map(os.path.realpath, writable))]
-    words = (f"reading: your credentials unreadable ({plural(len(present), 'path')} here, as "
-             f"{shown(', '.join(present[:6]), 400)}{', ...' if len(present) > 6 else ''})" if present else
-             "reading: your credentials unreadable (none of ~/.ssh, ~/.aws, ... is here now; made later, still "
-             "unreadable)")
-    return words + (f"; EXCEPT {shown(', '.join(exposed), 400)}, inside what the job may write" if exposed else "")
+def reading_words(cfg: Config, writable: list[str], exe: str) -> str:
+    """What a sandboxed job may read of your home and the other private folders, and which of them lie inside
+    what the job may write (and so are readable whole)."""
+    unreadable = job_unreadable(cfg, writable, exe)
+    home = os.path.realpath(os.path.expanduser("~"))
+    present = sorted(("~/" + os.path.relpath(path, home) if path.startswith(home + os.sep) else path
+                      for path in unreadable if os.path.lexists(path)), key=lambda path: (path[:1] != "~", path))
+    exposed = [path for path in private_folders(os.path.expanduser("~"))
+               if within_any(path, [os.path.realpath(folder) for folder in writable])]
+    words = ("reading: of your home only the toolchains' public files, the job's own folders and Hermes' ("
+             + (f"{plural(len(present), 'path')} unreadable here, as {shown(', '.join(present[:6]), 400)}"
+                f"{', ...' if len(present) > 6 else ''}" if present else "nothing else is there now")
+             + "; sandbox_readable adds more)")
+    return words + (f"; EXCEPT {shown(', '.join(exposed), 400)}, inside what the job may write: readable whole"
+                    if exposed else "")

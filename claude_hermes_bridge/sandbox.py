@@ -457,19 +457,62 @@ def refused_paths(texts: list[str], writable: list[str], limit: int) -> list[str
     return found
 
 
-# What a sandboxed job may not read (Landlock grants reading, it cannot deny a path): the user's credentials and
-# keys, relative to the home. sandbox_unreadable adds absolute paths.
-UNREADABLE_IN_HOME = (".ssh", ".aws", ".gnupg", ".config/gcloud", ".azure", ".kube", ".docker/config.json", ".netrc",
-                      ".git-credentials", ".config/gh", ".config/hub", ".password-store", ".mozilla",
-                      ".config/google-chrome", ".config/chromium", ".config/BraveSoftware", ".local/share/keyrings",
-                      ".npmrc", ".pypirc", ".cargo/credentials", ".cargo/credentials.toml", ".gem/credentials",
-                      ".terraform.d/credentials.tfrc.json", ".vault-token", ".config/op", ".pgpass", ".my.cnf")
+# What a sandboxed job may read in the user's home (Landlock's read rules are allow-only, which fits): the
+# toolchains' public configuration and installs, relative to the home; everything else there, known or not (keys,
+# hosts' logins, other servers' MCP configs, registries' tokens), is unreadable. The job's own folders, Hermes' home
+# and install, the Python it runs on and sandbox_readable are added per job (drivers.readable_paths); so is every
+# folder outside the private ones (PRIVATE_FOLDERS): the system stays readable.
+READABLE_IN_HOME = (
+    ".gitconfig", ".config/git/config", ".config/git/ignore", ".config/git/attributes",  # git's (no credentials)
+    ".bashrc", ".bash_profile", ".profile", ".zshrc", ".zprofile", ".inputrc", ".editorconfig", ".vimrc",  # shells
+    ".local/bin", ".local/lib", ".local/share/uv/python", ".local/share/uv/tools",  # pip --user, uv's Pythons
+    ".pyenv", ".rustup", ".cargo/bin", ".nvm", ".volta", ".bun/bin", ".deno/bin", ".asdf", ".rbenv", ".sdkman",
+    ".m2/repository", ".terminfo")
+# Folders that hold other people's or the system's secrets, read by the same rule as the home (their entries that
+# the job needs, as a Python under /root/.pyenv, stay readable).
+PRIVATE_FOLDERS = ("/root", "/var/run/secrets", "/run/secrets")
 READ_GRANTS_MAX = 5000
 
 
-def unreadable_paths(home: str, extra: list[str]) -> list[str]:
-    """The paths a sandboxed job may not read: the defaults in the home, and extra (absolute) ones, resolved."""
-    found = [os.path.join(home, name) for name in UNREADABLE_IN_HOME] + [path for path in extra if os.path.isabs(path)]
+def private_folders(home: str) -> list[str]:
+    """The folders read by allow-list: the home, other users' homes, root's, the system's secrets."""
+    try:
+        others = [os.path.join("/home", name) for name in sorted(os.listdir("/home"))]
+    except OSError:
+        others = []
+    found = [home, *others, *PRIVATE_FOLDERS]
+    return list(dict.fromkeys(os.path.realpath(path) for path in found if os.path.isdir(path)))
+
+
+def unreadable_paths(home: str, extra: list[str], readable: list[str]) -> list[str]:
+    """The paths a sandboxed job may not read: in each private folder (private_folders), every entry but what
+    readable holds or leads to (a folder on the way to a readable path is walked: its other entries are
+    unreadable), and extra (absolute) ones; resolved. A symlink is no entry: what it leads to is judged where it
+    lies."""
+    allowed = [os.path.realpath(path) for path in readable]
+
+    def inside(path: str, folder: str) -> bool:
+        return path == folder or path.startswith(folder.rstrip("/") + "/")
+    found: list[str] = []
+    for private in private_folders(home) if os.path.dirname(os.path.realpath(home)) != os.path.realpath(home) else []:
+        if any(inside(private, folder) for folder in allowed):
+            continue
+        pending = [private]
+        while pending and len(found) < READ_GRANTS_MAX:
+            folder = pending.pop()
+            try:
+                names = sorted(os.listdir(folder))
+            except OSError:
+                continue
+            for name in names:
+                path = os.path.join(folder, name)
+                if os.path.islink(path) or any(inside(path, granted) for granted in allowed):
+                    continue
+                if os.path.isdir(path) and any(inside(granted, path) for granted in allowed):
+                    pending.append(path)
+                else:
+                    found.append(path)
+    found += [path for path in extra if os.path.isabs(path)]
     return list(dict.fromkeys(os.path.realpath(path) for path in found))
 
 

@@ -539,7 +539,8 @@ def test_a_click_on_allow_reaches_the_real_hermes_over_acp(bridge, browser, host
 
 
 def test_the_view_shows_what_the_sandbox_refused_put_back_and_what_runs_later(bridge, browser, host_url):
-    """Issue 47: the block's SANDBOX, SANDBOX_DENIED, REPOSITORY and RUNS_LATER as the view's rows."""
+    """Issue 47: the block's SANDBOX, SANDBOX_DENIED, READ_ONLY and RUNS_LATER as the view's rows (the job's write
+    to .git is refused by its mount namespace: nothing to put back)."""
     from conftest import require_sandbox
 
     require_sandbox()
@@ -555,5 +556,6 @@ def test_the_view_shows_what_the_sandbox_refused_put_back_and_what_runs_later(br
         facts = view.text("#facts")
     assert "sandbox\nwrites limited to" in facts, facts
     assert f"refused by the sandbox\n{bridge.tmp}/outside.txt" in facts, facts
-    assert "repository\nthe job created .git/hooks/pre-commit; restored" in facts, facts
-    assert "runs later\nread before you open the folder or run anything there: .envrc" in facts, facts
+    assert f"read-only\n{repo / '.git'}" in facts and "a `git commit` in this job is refused" in facts, facts
+    assert "runs later\nread before you open the folder or run anything there: .envrc (direnv, run on entering the " \
+           "folder)" in facts, facts

@@ -106,7 +106,8 @@ def test_what_a_job_plants_to_run_later_is_put_back_or_named_and_it_writes_no_te
     """Issue 47 with the real Hermes: a job in the user's own repository plants a hook, core.fsmonitor and an
     alias, writes .claude/settings.json, .mcp.json, .envrc and .vscode/tasks.json, writes and types into a
     terminal the test has open, leaves a file in /dev/shm, and writes 6,000 skills before a hook and a cron job
-    into Hermes' home. The git folder and Hermes' home are put back, the project's files named, the terminal out
+    into Hermes' home. The git folder is read-only (its writes refused), Hermes' home put back, the project's files
+    named, the terminal out
     of reach, the /dev/shm file gone with the job; its own work stays."""
     import os
     import uuid
@@ -143,7 +144,7 @@ mkdir -p {home}/hooks/evil {home}/cron && echo pwned > {home}/hooks/evil/handler
     assert (repo / "work.txt").read_text() == "work\n" and (repo / "typed.txt").read_text() == "typing-refused\n"
     assert (repo / ".git" / "config").read_bytes() == config_before
     assert not (repo / ".git" / "hooks" / "pre-commit").exists()
-    assert "the job created .git/hooks/pre-commit; restored" in job.field("REPOSITORY"), job.text
+    assert "REPOSITORY:" not in job.text and "a `git commit` in this job is refused" in job.field("READ_ONLY")
     for name in (".envrc", ".mcp.json", ".vscode/tasks.json", ".claude/settings.json"):
         assert name in job.field("RUNS_LATER"), job.text
     assert not (home / "hooks" / "evil").exists() and not (home / "cron" / "jobs.json").exists(), job.text

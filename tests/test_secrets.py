@@ -18,24 +18,33 @@ from harness import Bridge, wait_until
 pytestmark = pytest.mark.posix("Landlock is Linux's; the fake Hermes is a shell script")
 
 SECRETS = {".ssh/id_ed25519": "PRIVATE KEY", ".aws/credentials": "aws_secret_access_key = x", ".netrc": "password x",
-           ".config/gh/hosts.yml": "oauth_token: x", ".docker/config.json": '{"auths": {}}'}
+           ".config/gh/hosts.yml": "oauth_token: x", ".docker/config.json": '{"auths": {}}',
+           # issue 64: files no list named, each read by a job before reads in the home became an allow-list
+           ".claude/.credentials.json": "{}", ".codex/auth.json": "{}", ".gemini/oauth_creds.json": "{}",
+           ".config/Claude/claude_desktop_config.json": "{}", ".cursor/mcp.json": "{}",
+           ".config/git/credentials": "https://u:p@host", ".yarnrc.yml": "npmAuthToken: x",
+           ".config/pip/pip.conf": "[global]", ".m2/settings.xml": "<password/>", ".gradle/gradle.properties": "x=y",
+           ".config/rclone/rclone.conf": "[r]", ".s3cfg": "[default]", ".config/containers/auth.json": "{}",
+           ".config/github-copilot/hosts.json": "{}", "notes.txt": "private notes", ".config/tool.toml": "x"}
+PUBLIC = {".gitconfig": "[user]\n\tname = u\n", ".config/git/config": "[core]\n", "shared/readme.txt": "asked for"}
 
 
 def plant_secrets(home: Path) -> None:
-    for name, text in SECRETS.items():
+    for name, text in {**SECRETS, **PUBLIC}.items():
         (home / name).parent.mkdir(parents=True, exist_ok=True)
         (home / name).write_text(text)
-    (home / "notes.txt").write_text("readable\n")
-    (home / ".config" / "tool.toml").write_text("readable\n")
 
 
 @pytest.mark.parametrize("driver", ["cli", "acp"])
-def test_a_sandboxed_job_cannot_read_the_users_keys_and_reads_everything_else(bridge: Bridge, driver: str) -> None:
+def test_a_sandboxed_job_reads_of_the_home_only_what_is_allowed(bridge: Bridge, driver: str) -> None:
+    """Issue 64: reads in the home are an allow-list (the toolchains' public files, sandbox_readable): every other
+    file there is unreadable, known or not; the rest of the system stays readable."""
     require_sandbox()
     home = bridge.tmp / "home"
     plant_secrets(home)
+    bridge.configure(sandbox_readable=[str(home / "shared")])
     script = bridge.tmp / "read.sh"
-    checks = [*SECRETS, "notes.txt", ".config/tool.toml"]
+    checks = [*SECRETS, *PUBLIC]
     outsider = subprocess.Popen(["sleep", "120"], env={"OUTSIDER_TOKEN": "secret"})  # another program of the user's
     script.write_text("\n".join(f'if cat "{home}/{name}" > /dev/null 2>&1; then echo "READ {name}"; else echo '
                                 f'"DENIED {name}"; fi >> tried.txt' for name in checks)
@@ -57,10 +66,11 @@ def test_a_sandboxed_job_cannot_read_the_users_keys_and_reads_everything_else(br
     assert "DENIED environ" in tried, tried  # run as root here, it holds by the capabilities the step drops
     for name in SECRETS:
         assert f"DENIED {name}" in tried, (name, tried)
-    assert "READ notes.txt" in tried and "READ .config/tool.toml" in tried, tried
+    for name in PUBLIC:
+        assert f"READ {name}" in tried, (name, tried)
     assert "python works" in tried and "git works" in tried, tried
-    assert "reading: your credentials unreadable (" in job.field("SANDBOX"), job.text
-    assert str(home / ".ssh") in job.field("SANDBOX")
+    assert "reading: of your home only the toolchains' public files" in job.field("SANDBOX"), job.text
+    assert "unreadable here, as ~/.aws, ~/.claude" in job.field("SANDBOX"), job.field("SANDBOX")
     assert job.field("SANDBOX_DENIED") == (  # the refusals in the job's output: cat's, and grep's of the environ
         "the sandbox refused reading 2 paths it keeps from every job (keys, credentials and other processes' /proc; "
         f"sandbox_unreadable adds more), as its tools reported them: /proc/{outsider.pid}/environ, "
@@ -89,7 +99,7 @@ def test_a_key_inside_the_jobs_own_folder_is_said_to_be_readable(bridge: Bridge)
     with client:
         job = final(client, task="!write=a.txt:1", cwd=str(home))
     assert job.field("STATUS") == "ok", job.text
-    assert f"EXCEPT {home / '.ssh'}" in job.field("SANDBOX"), job.text
+    assert f"EXCEPT {home}, inside what the job may write: readable whole" in job.field("SANDBOX"), job.text
 
 
 def test_read_grants_cover_all_but_the_unreadable_paths_and_follow_no_link_into_them(tmp_path: Path) -> None:
@@ -99,10 +109,12 @@ def test_read_grants_cover_all_but_the_unreadable_paths_and_follow_no_link_into_
     (tmp_path / "other").mkdir()
     (home / "elsewhere").symlink_to(tmp_path / "other")
     (home / "around").symlink_to(tmp_path)  # a link to a folder that holds the keys: not granted either
-    unreadable = unreadable_paths(str(home), [str(home / "private")])
+    readable = [str(home / name) for name in (".gitconfig", ".config/git/config", "shared")]
+    unreadable = unreadable_paths(str(home), [str(tmp_path / "private")], readable)
+    assert str(tmp_path / "private") in unreadable and str(home / ".config" / "git") not in unreadable
     grants = read_grants(unreadable)
     under_home = sorted(os.path.relpath(path, home) for path in grants if path.startswith(str(home) + "/"))
-    assert under_home == [".config/tool.toml", "elsewhere", "notes.txt"], under_home
+    assert under_home == [".config/git/config", ".gitconfig", "elsewhere", "shared"], under_home  # elsewhere: out
     assert "/usr" in grants and "/etc" in grants
 
 
