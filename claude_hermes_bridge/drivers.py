@@ -38,7 +38,7 @@ from .hermes_cli import (
 )
 from .hermes_store import StoreUnavailable, Usage, blocked_commands, read_store, session_started_in, session_usage
 from .jobs import JobRecord, JobState, JobStore, Outcome, write_record
-from .network import NO_PROXY_VARIABLES, proxy_environment
+from .network import NO_PROXY_VARIABLES, JobProxy, proxy_environment
 from .processes import WindowsJob, hermes_creation_flags, interrupt_group, popen_kwargs
 from .repo_guard import repository_around
 from .safe_io import IS_WINDOWS, Refused, open_regular, shown_whole, within_any
@@ -82,13 +82,16 @@ def start_hermes(argv: list[str], folder: str, env: dict[str, str], stdin: Any, 
 @dataclasses.dataclass
 class WarmStart:
     """What a standby hands the supervisor of the job that took it: its Hermes, readied (WarmHermes), the managed
-    policy folder Hermes was started with, the sandbox's private temporary folder (None: not sandboxed), and on
-    Windows the job object that has held Hermes since it started (None: none could)."""
+    policy folder Hermes was started with, the sandbox's private temporary folder (None: not sandboxed), on
+    Windows the job object that has held Hermes since it started (None: none could), and under a limited network
+    the proxy Hermes was started behind, whose questions and refusals the job's network takes over (None: open)."""
 
     hermes: WarmHermes
     policy_dir: Path
     private_tmp: Path | None
     windows_job: WindowsJob | None
+    proxy: JobProxy | None = None
+    proxy_enforced: bool = False
 
 
 def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str], private_tmp: Path | None,

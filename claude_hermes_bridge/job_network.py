@@ -42,9 +42,10 @@ class JobNetwork:
     def port(self) -> int | None:
         return self.proxy.port if self.proxy else None
 
-    def start(self, sandboxed: bool) -> str | None:
-        """The proxy started and record.network said; the reason to refuse the job when the sandbox is required
-        and this machine cannot hold the job to its proxy."""
+    def start(self, sandboxed: bool, warm_proxy: JobProxy | None = None) -> str | None:
+        """The proxy started (or, for a warm start, the one its Hermes was started behind, taken over) and
+        record.network said; the reason to refuse the job when the sandbox is required and this machine cannot
+        hold the job to its proxy."""
         mode = self.record.network_mode or self.cfg.network
         if mode == "open":
             self.record.network = "open (setting network: open): the job reaches any host"
@@ -53,9 +54,10 @@ class JobNetwork:
         if not self.enforced and self.cfg.sandbox == "required":
             return (f"network {mode} cannot be enforced here ({self.how}) and the sandbox is required; Hermes was "
                     "not started. Set network to open, or sandbox to auto to run with an advisory proxy")
-        self.policy = job_policy(mode, self.cfg.network_allow, self.cfg.hermes_home_path)
-        self.proxy = JobProxy(self.policy, self._ask, lambda where, why: self.refusals.put((where, why)),
-                              lambda: self.record.hermes.pid if self.record.hermes else None)
+        self.proxy = warm_proxy or JobProxy(job_policy(mode, self.cfg.network_allow, self.cfg.hermes_home_path))
+        self.policy = self.proxy.policy
+        self.proxy.hand_over(self._ask, lambda where, why: self.refusals.put((where, why)),
+                             lambda: self.record.hermes.pid if self.record.hermes else None)
         self._say()
         return None
 

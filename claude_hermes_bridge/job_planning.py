@@ -70,7 +70,8 @@ class JobPlanner:
             task = read_capped(task_path, MAX_TASK_BYTES).decode("utf-8")
             if refusal := self.plan_sandbox(folder, exe):
                 return refusal
-            if refused := self.network.start(sandboxed=bool(self.writable)):
+            if refused := self.network.start(sandboxed=bool(self.writable),
+                                             warm_proxy=self.warm.proxy if self.warm else None):
                 return Outcome(JobState.ERROR, None, refused)
             return cast(LaunchPlan, plan_launch(cfg, exe, record, task, folder, task_path))  # probe_cli never None
         except Refused as exc:

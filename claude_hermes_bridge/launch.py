@@ -220,13 +220,15 @@ def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> dict[str, 
 def standby_mismatch(cfg: Config, ready: Any, folder: str, shape: dict[str, Any]) -> str | None:
     """Why this standby cannot take a job in folder confined as shape (drivers.confinement_shape), or None when
     it can."""
-    if shape["network"] != "open":
-        return (f"network {shape['network']} puts Hermes behind the job's own proxy from its start, which a warm "
-                "Hermes, started before the job, is not")
     if shape["worktree"] == "resumed":
         return "a resumed worktree job's Hermes is confined to that job's own worktree from its start"
     if not isinstance(ready, dict) or not is_standby_marker(ready.get("marker")):
         return "no warm Hermes is waiting (one is readied after a job starts, for the next in its folder)"
+    published = ready.get("shape")
+    readied = published.get("network", "open") if isinstance(published, dict) else "open"
+    if readied != shape["network"]:
+        behind = f"behind a proxy for network {readied}" if readied != "open" else "without a proxy (network open)"
+        return f"the warm Hermes waiting was started {behind}, and this job's network is {shape['network']}"
     if ready.get("folder") != folder:
         if "worktree" in ready and folder.startswith("a worktree of "):
             return "the warm Hermes waiting readied a worktree of another repository or commit (HEAD moved since)"

@@ -336,6 +336,16 @@ class JobProxy:
         pid = self.hermes_pid()
         return pid is not None and socket_owned_by(client.getpeername()[1], pid)
 
+    def hand_over(self, ask: Asker, on_refusal: Callable[[str, str], None],
+                  hermes_pid: Callable[[], int | None]) -> None:
+        """The proxy made a job's: its questions, refusals and Hermes from now on are the job's; what was decided
+        or refused before (a warm Hermes' own start-up requests, asked of nobody) is forgotten."""
+        with self.ask_lock, self.lock:
+            self.ask, self.on_refusal, self.hermes_pid = ask, on_refusal, hermes_pid
+            self.decided_for_job.clear()
+            self.refusals.clear()
+            self.refused_count = 0
+
     def _asked(self, where: str) -> bool:
         """Whether the user allows this request: asked one question at a time, so requests to one host wait for
         one answer; allow_for_job holds for the job's later requests there, deny (or no answer) too."""

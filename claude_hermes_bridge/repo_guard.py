@@ -103,11 +103,13 @@ def hooks_of(folder: str) -> tuple[list[str], bool]:
 
 def git_folders(common: str) -> list[str]:
     """Every git folder git may run something from besides the common folder: each linked worktree's admin
-    folder and each submodule's git folder (modules/**, nested ones too), at most GIT_FOLDERS."""
+    folder (but the bridge's own worktrees', named for a job or a standby: made and removed while a job runs) and
+    each submodule's git folder (modules/**, nested ones too), at most GIT_FOLDERS."""
     found = []
     worktrees = os.path.join(common, "worktrees")
     if os.path.isdir(worktrees) and not os.path.islink(worktrees):
-        found += [os.path.join(worktrees, name) for name in sorted(os.listdir(worktrees))]
+        found += [os.path.join(worktrees, name) for name in sorted(os.listdir(worktrees))
+                  if not (JOB_ID_RE.fullmatch(name) or STANDBY_NAME_RE.fullmatch(name))]
     modules = os.path.join(common, "modules")
     if os.path.isdir(modules) and not os.path.islink(modules):
         for parent, subfolders, files in os.walk(modules):
@@ -265,6 +267,8 @@ def restore_repository(top: str, snapshot: dict[str, Any], kept_at: Path) -> lis
     said += [put_back_folder(os.path.join(folder, GUARDED_FOLDER), files, top, kept_at)
              for folder in [common, *git_folders(common)] if hooks_of(os.path.join(folder, GUARDED_FOLDER))[1]]
     for path, before, after in changed_entries(files, guarded_paths(common, {})):
+        if not admin_folder_kept(path, common, files):
+            continue
         if after is not None and after.get("kind") == "file" and os.path.isabs(path) and path.startswith(common):
             keep_job_version(path, kept_at / os.path.relpath(path, common))
         try:
@@ -278,6 +282,18 @@ def restore_repository(top: str, snapshot: dict[str, Any], kept_at: Path) -> lis
         said.append(f"the job {change_verb(before, after)} {where(path, top)}{what}; "
                     + ("restored" if restored else "NOT restored (too large to have been kept)"))
     return said
+
+
+def admin_folder_kept(path: str, common: str, files: dict[str, Any]) -> bool:
+    """Whether a guarded path is to be kept as it was: any path but a linked worktree's admin file whose folder
+    was made, or removed whole, since the snapshot (a worktree added or removed: `git worktree` does that, and a
+    job's change to one that stays is what git would follow)."""
+    worktrees = os.path.join(common, "worktrees") + os.sep
+    if not path.startswith(worktrees):
+        return True
+    admin = os.path.join(worktrees, path[len(worktrees):].split(os.sep)[0])
+    return os.path.isdir(admin) and any(kept.startswith(admin + os.sep) and files[kept] is not None
+                                        for kept in files)
 
 
 def put_back_folder(folder: str, files: dict[str, Any], top: str, kept_at: Path) -> str:

@@ -44,6 +44,7 @@ from .hermes_cli import hermes_env
 from .hermes_store import StoreUnavailable, read_store
 from .home_guard import GUARDED_NAMES, walk
 from .jobs import FINAL_STATES, JobStore
+from .network import JobProxy, enforcement, job_policy
 from .preflight import PACKAGE_DIR, VERSION
 from .processes import JOB_MARKER, Ownership, become_subreaper, held_in_job_object, stop_tree
 from .safe_io import (
@@ -188,8 +189,12 @@ def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str, shape
     mounts = sandbox_mounts(exe, folder, worktree, writable) if private_tmp else []
     git_environment = object_environment(worktree["objects"], worktree["repo"]) if worktree else None
     cache = project_cache(private_tmp, own, worktree) if private_tmp else None
-    argv, env = hermes_launch(cfg, [exe, "acp"], marker, writable, private_tmp, git_environment, mounts=mounts,
-                              cache=cache)
+    proxy, enforced = None, False
+    if shape["network"] != "open":  # Hermes behind the proxy the job's network takes over (JobNetwork.start)
+        proxy = JobProxy(job_policy(shape["network"], cfg.network_allow, cfg.hermes_home_path))
+        enforced = enforcement(bool(writable))[0]
+    argv, env = hermes_launch(cfg, [exe, "acp"], marker, writable, private_tmp, git_environment,
+                              proxy.port if proxy else None, enforced, mounts=mounts, cache=cache)
     policy = approval_policy_dir(int(cfg.approval_timeout_s), store.policy_path(owned))
     proc = start_hermes(argv, folder, dict(env, HERMES_MANAGED_DIR=str(policy)), subprocess.PIPE, subprocess.PIPE,
                         subprocess.PIPE)
@@ -198,7 +203,7 @@ def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str, shape
         with contextlib.suppress(OSError):  # unheld, its tree is found through parent links (said when taken)
             windows_job = held_in_job_object(proc)
     threading.Thread(target=copy_stream, args=(proc.stderr,), name="hermes-stderr", daemon=True).start()
-    warm = WarmStart(WarmHermes(proc), policy, private_tmp, windows_job)
+    warm = WarmStart(WarmHermes(proc), policy, private_tmp, windows_job, proxy, enforced)
     try:
         warm.hermes.warm_up(folder, WARM_UP_S)
     except OSError:
@@ -242,6 +247,8 @@ def dismiss(cfg: Config, warm: WarmStart, marker: str, worktree: dict[str, Any] 
     with contextlib.suppress(OSError):
         proc.wait(5)
     shutil.rmtree(warm.policy_dir, ignore_errors=True)
+    if warm.proxy:
+        warm.proxy.close()
     if warm.private_tmp:
         shutil.rmtree(warm.private_tmp, ignore_errors=True)
     if worktree:
@@ -293,7 +300,8 @@ def wait_for_a_job(cfg: Config, store: JobStore, standby: Standby) -> str | None
     process = ProcessId.of(psutil.Process())
     readied = ({"worktree": {key: standby.worktree[key] for key in ("path", "admin", "identity", "base")}}
                if standby.worktree else {})
-    write_atomic(ready, json.dumps({"key": standby.key, "folder": standby.folder, "marker": standby.marker,
+    write_atomic(ready, json.dumps({"key": standby.key, "folder": standby.folder, "shape": standby.shape,
+                                    "marker": standby.marker,
                                     **dataclasses.asdict(process), "prepared_s": standby.prepared_s,
                                     "ready_at": time.time(), **readied}).encode())
     idle_until = time.monotonic() + cfg.standby_idle_s
@@ -417,8 +425,6 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
         exe = usable_hermes(cfg)
     except (Refused, Exception):  # noqa: BLE001  (nothing to prepare for)
         return 0
-    if cfg.network != "open":  # a job's proxy is its supervisor's: a Hermes started before it would go around it
-        return 0
     planned = worktree_plan(record.worktree) if record.worktree else None
     if record.worktree and not planned:
         return 0
@@ -428,7 +434,7 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
     sweep_leftovers(store)
     wait_past_start(store, job_id)
     cwd = worktree_place(planned) if planned else where
-    shape = confinement_shape("open", planned)
+    shape = confinement_shape(record.network_mode or cfg.network, planned)
     key = launch_key(cfg, cwd, exe, shape)
     published = read_json(folder / "ready.json")
     if is_alive_standby(published) and published.get("key") == key:

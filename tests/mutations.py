@@ -202,7 +202,7 @@ MUTATIONS = (
              'tests/test_failures.py', 'tried_again or full_disk or read_only or first_write'),
     # issue 68's survivors, and what issues 63 and 64 added
     Mutation(37, 'a network-limited job takes a warm Hermes started without its proxy and reaches any host',
-             'launch.py', '    if shape["network"] != "open":',
+             'launch.py', '    if readied != shape["network"]:',
              '    if False:',
              'tests/test_standby.py', 'network_limited'),
     Mutation(38, "the bridge's git lazily fetches through a remote a job wrote, running its command unconfined",

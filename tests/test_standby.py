@@ -319,8 +319,42 @@ def test_a_network_limited_job_after_an_open_one_starts_cold_behind_its_proxy(br
     finally:
         server.shutdown()
     assert job.field("STATUS") == "ok", job.text
-    assert job.field("START").startswith("cold (") and f"network {mode} puts Hermes behind the job's own proxy" \
+    assert job.field("START").startswith("cold (") and ("the warm Hermes waiting was started without a proxy "
+                                                         f"(network open), and this job's network is {mode}") \
         in job.field("START"), job.field("START")
     assert connections == [], job.text
     assert (bridge.root / "code.txt").read_text() != "200"
-    assert json.loads((bridge.jobs / "standby" / "ready.json").read_text())["pid"] == waiting["pid"]  # not taken
+    assert job.field("JOB_ID") not in " ".join(path.name for path in (bridge.jobs / "standby").iterdir())
+    assert waiting["shape"]["network"] == "open"
+
+
+def test_a_network_limited_job_after_another_of_its_mode_starts_warm_behind_the_proxy_it_takes_over(
+        bridge: Bridge) -> None:
+    """Issue 64/65: under a limited network the standby starts its Hermes behind a proxy of its own, which the
+    job's network takes over (its questions and refusals become the job's): the warm job reaches no unlisted host,
+    and its NETWORK line names the refusal."""
+    require_sandbox()
+    connections: list[str] = []
+
+    class Counted(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            connections.append("connected")
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Counted)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    script = bridge.tmp / "fetch.sh"
+    script.write_text(f"curl -s -m 5 -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/ "
+                      f"> {bridge.root}/code.txt\n")
+    bridge.configure(hermes_driver="acp", warm_start=True, network="model-only")
+    try:
+        with acp_client(bridge) as client:
+            assert final(client, task="first !write=one.txt:1", cwd=str(bridge.root)).field("STATUS") == "ok"
+            waiting = ready(bridge)
+            assert waiting["shape"]["network"] == "model-only"
+            job = final(client, task=f"warm !shell={script}", cwd=str(bridge.root))
+    finally:
+        server.shutdown()
+    assert job.field("STATUS") == "ok" and job.field("START").startswith("warm"), job.text
+    assert connections == [] and (bridge.root / "code.txt").read_text() == "403", job.text
+    assert f"1 request refused: 127.0.0.1:{port} (not Hermes' model (network: model-only))" in job.field("NETWORK")
