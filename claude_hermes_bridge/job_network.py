@@ -8,9 +8,18 @@ import threading
 import time
 
 from .config import Config, audit
-from .jobs import ANSWERERS, QUESTIONS_KEPT, JobRecord, JobStore
+from .jobs import ANSWERERS, NETWORK_QUESTION_PREFIX, QUESTIONS_KEPT, JobRecord, JobStore
 from .network import JobProxy, NetworkPolicy, enforcement, job_policy
 from .safe_io import machine_clock, plural, shown
+
+NETWORK_QUESTIONS_MAX = 10  # per job; past it every other host is refused unasked (a job must not flood the user)
+
+
+def network_question(where: str) -> str:
+    """A network question's words, the host first and whole (a name is at most 253 characters; escaped where
+    shown), and what allowing it means."""
+    return (f"connect to {where}, a host not on network_allow. Allowing it lets the job send that host anything it "
+            "can read and run what it fetches from it, for the rest of this job")
 
 
 @dataclasses.dataclass
@@ -35,7 +44,7 @@ class JobNetwork:
         self.asks: queue.Queue[Ask] = queue.Queue()
         self.waiting: dict[str, Ask] = {}
         self.refusals: queue.Queue[tuple[str, str]] = queue.Queue()
-        self.asked = 0
+        self.asked = self.unasked = 0
         self.shown_refusals = -1
 
     @property
@@ -92,8 +101,11 @@ class JobNetwork:
         self.shown_refusals = proxy.refused_count
         enforced = self.how if self.enforced else f"not enforced: {self.how}"
         refused = (f"; {plural(proxy.refused_count, 'request')} refused: " + ", ".join(proxy.refusals[:8])
-                   + (" ..." if len(proxy.refusals) > 8 else "")) if proxy.refused_count else ""
-        self.record.network = shown(f"{policy.words()} through the job's proxy ({enforced}){refused}", 1500)
+                   + (" ..." if len(proxy.refusals) > 8 else "")
+                   + ". To allow a host, add it to network_allow (or set network: open)") if proxy.refused_count else ""
+        unasked = (f"; {NETWORK_QUESTIONS_MAX} network questions asked, the most a job may ask: {self.unasked} more "
+                   "hosts were refused unasked") if self.unasked else ""
+        self.record.network = shown(f"{policy.words()} through the job's proxy ({enforced}){refused}{unasked}", 1500)
 
     def _ask(self, where: str) -> str:
         """In a proxy thread: the user's decision about where, or deny when no answer came in time."""
@@ -107,8 +119,14 @@ class JobNetwork:
         while not self.asks.empty():
             ask = self.asks.get()
             self.asked += 1
-            ask.question_id = f"net-{self.asked}-{os.urandom(3).hex()}"
-            what = f"reach {ask.where} over the network (not on network_allow)"
+            ask.question_id = f"{NETWORK_QUESTION_PREFIX}{self.asked}-{os.urandom(3).hex()}"
+            what = network_question(ask.where)
+            if self.asked > NETWORK_QUESTIONS_MAX:
+                self.unasked += 1
+                self._decide(ask, "deny", f"the bridge: this job had asked {NETWORK_QUESTIONS_MAX} network questions "
+                             "already, so any other host is refused unasked")
+                self._say()
+                continue
             if len(self.record.questions) >= QUESTIONS_KEPT:
                 self._decide(ask, "deny", f"the bridge: {len(self.record.questions):,} questions were already waiting")
                 continue
@@ -140,7 +158,7 @@ class JobNetwork:
         return changed
 
     def _decide(self, ask: Ask, decision: str, by: str) -> None:
-        what = f"reach {ask.where} over the network"
+        what = f"connect to {ask.where}"
         self.record.add_decision({"id": ask.question_id, "what": what, "decision": decision, "by": by,
                                   "at": time.time()})
         audit(self.cfg, event="decision", job_id=self.record.id, approval_id=ask.question_id, decision=decision,

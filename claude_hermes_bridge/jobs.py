@@ -85,6 +85,13 @@ LATE_KEY = "late"  # the answers file's list of late answers, which the supervis
 # allow_for_job: this question, and the same command (the exact text) asked again in this job, are allowed
 ANSWER_DECISIONS = ("allow", "deny", "allow_for_job")
 SESSION_OPTION = "allow_session"  # Hermes' "allow for this session" option, by its id
+NETWORK_QUESTION_PREFIX = "net-"  # a question the job's proxy asks (a host to connect to), not one of Hermes'
+
+
+def is_network_question(question: dict[str, Any]) -> bool:
+    return str(question.get("id", "")).startswith(NETWORK_QUESTION_PREFIX)
+
+
 ANSWERERS = {"user": "the user (elicitation)", "planner": "the planner (hermes_approve)",  # who answered, in words
              "view": "the user (job view)", "terminal": "the user (at the terminal, --try)",
              "host": "the host, declined without asking anyone (it answered at once)"}

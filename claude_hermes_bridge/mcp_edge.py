@@ -33,7 +33,7 @@ from .bodies import (
 from .config import Config, config_search, load_config
 from .health import health, server_instructions
 from .job_queue import queue_words, start_queued
-from .jobs import FINAL_STATES, JobState, JobStore
+from .jobs import FINAL_STATES, JobState, JobStore, is_network_question
 from .launch import recover_worktrees
 from .preflight import PACKAGE_DIR, VERSION, dependency_version
 from .render import QUESTIONS_SHOWN, ToolResult, deadline_words, job_details, status_result
@@ -72,10 +72,21 @@ def iso_time(seconds: float) -> str:
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
+NETWORK_FORM = {"type": "object", "required": ["allow"],
+                "properties": {"allow": {"type": "boolean", "title": "Allow",
+                                         "description": "Let the job connect to this host (true) or refuse it "
+                                                        "(false); the answer holds for the rest of the job"}}}
+
+
 def approval_question(job_id: str, question: dict[str, Any]) -> str:
     """The question put to the user, by elicitation or as a task's input request, with its deadline: a
     dialog left open past it answers nothing."""
-    return f"Hermes (job {job_id}) asks to {question['what']}. Allow it? {deadline_words(question)}."
+    who = "The job" if is_network_question(question) else "Hermes"
+    return f"{who} (job {job_id}) asks to {question['what']}. Allow it? {deadline_words(question)}."
+
+
+def approval_form(question: dict[str, Any]) -> dict[str, Any]:
+    return NETWORK_FORM if is_network_question(question) else APPROVAL_FORM
 
 
 def elicited_decision(response: Any) -> str | None:
@@ -132,7 +143,7 @@ class JobTasks:
             return {**task, "status": "input_required", "statusMessage": shown(first, TASK_MESSAGE_CHARS - 20) + more,
                     "inputRequests": {question["id"]: {"method": "elicitation/create", "params": {
                         "mode": "form", "message": shown(approval_question(record.id, question), 2700),
-                        "requestedSchema": APPROVAL_FORM}} for question in pending}}
+                        "requestedSchema": approval_form(question)}} for question in pending}}
         if observed.state is JobState.QUEUED:
             place = queue_words(JobStore.of(cfg), record, cfg).split(";")[0]
             return {**task, "status": "working", "statusMessage": f"queued: {place} (JOB_ID {record.id})"}

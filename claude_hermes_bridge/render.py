@@ -19,7 +19,16 @@ from .hermes_store import (
     session_usage,
 )
 from .job_queue import queue_words
-from .jobs import CHANGED_LINES, FINAL_STATES, PART_DONE_STATES, JobRecord, JobState, JobStore, ObservedJob
+from .jobs import (
+    CHANGED_LINES,
+    FINAL_STATES,
+    PART_DONE_STATES,
+    JobRecord,
+    JobState,
+    JobStore,
+    ObservedJob,
+    is_network_question,
+)
 from .safe_io import clean_str, clean_text, clock_words, is_number, machine_clock, plural, shown
 
 RUNNING_TAIL_CHARS = 2000
@@ -181,10 +190,10 @@ def seconds_left(question: dict[str, Any]) -> int:
 
 
 def deadline_words(question: dict[str, Any]) -> str:
-    """When Hermes stops waiting and denies a question by itself, as a person reads it: the clock time and
-    how long from now."""
-    return (f"Hermes denies this by itself{clock_words(question['expires_at'])} (in {seconds_left(question)} s) if "
-            "nobody answers")
+    """When the question is denied by itself (by Hermes, or for a host by the job's proxy), as a person reads
+    it: the clock time and how long from now."""
+    who = "the job's proxy refuses the host" if is_network_question(question) else "Hermes denies this"
+    return f"{who} by itself{clock_words(question['expires_at'])} (in {seconds_left(question)} s) if nobody answers"
 
 
 def approval_lines(observed: ObservedJob) -> list[str]:
@@ -195,15 +204,18 @@ def approval_lines(observed: ObservedJob) -> list[str]:
     lines = [f"QUESTIONS_WAITING: {len(pending)} (answer each by its APPROVAL_ID)"] if len(pending) > 1 else []
     for question in pending[:QUESTIONS_SHOWN]:
         approval_id = shown(question["id"], 40)
+        who = "The job" if is_network_question(question) else "Hermes"
         lines += [f"APPROVAL_ID: {approval_id}",
-                  f"APPROVAL: Hermes asks to {shown(question['what'], 2400)}",
+                  f"APPROVAL: {who} asks to {shown(question['what'], 2400)}",
                   f"APPROVAL_WAITS_S: {seconds_left(question)} ({deadline_words(question)})"]
     if len(pending) > QUESTIONS_SHOWN:
         lines.append(f"... and {len(pending) - QUESTIONS_SHOWN} more questions, shown once these are answered")
     if pending:
-        lines.append("Ask the user, then answer with hermes_approve(job_id=\"" + job_id + "\", approval_id=<an "
-                     "APPROVAL_ID above>, decision=\"allow\" or \"deny\"; \"allow_for_job\" also allows this exact "
-                     "command when the job asks again).")
+        which = (f'"{shown(pending[0]["id"], 40)}"' if len(pending) == 1 else "<an APPROVAL_ID above>")
+        for_job = ("a host's answer holds for the rest of the job" if all(map(is_network_question, pending)) else
+                   "\"allow_for_job\" also allows this exact command when the job asks again")
+        lines.append(f"Ask the user, then answer with hermes_approve(job_id=\"{job_id}\", approval_id={which}, "
+                     f"decision=\"allow\" or \"deny\"; {for_job}).")
     return lines
 
 
@@ -582,7 +594,7 @@ def job_facts(cfg: Config, observed: ObservedJob, details: JobDetails, notes: li
     from disk or from Hermes escaped as in the block."""
     record = observed.record
     questions = [{"id": shown(q["id"], 40), "what": shown(q["what"], 2400), "expires_at": q["expires_at"],
-                  "seconds_left": seconds_left(q)}
+                  "seconds_left": seconds_left(q), "network": is_network_question(q)}
                  for q in observed.pending_questions[:QUESTIONS_SHOWN]]
     changes = record.changes or {}
     return {"job_id": record.id, "status": observed.shown_state, "running": observed.running,

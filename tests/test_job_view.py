@@ -207,7 +207,9 @@ def test_a_network_question_is_in_the_view_and_its_answer_there_lets_the_request
         answered = client.call("hermes_view_answer", job_id=job_id, approval_id=question["id"], decision="allow",
                                token=shown["_meta"]["viewToken"])
         final = client.wait_final(job_id)
-    assert question["what"] == f"reach 127.0.0.1:{port} over the network (not on network_allow)", question
+    assert question["what"].startswith(f"connect to 127.0.0.1:{port}, a host not on network_allow. Allowing it lets "
+                                       "the job send that host anything"), question
+    assert question["network"] is True
     assert not answered.is_error, answered.text
     assert final.field("STATUS") == "ok" and (bridge.root / "code.txt").read_text() == "200"
     assert [(d["decision"], d["by"]) for d in bridge.record(job_id).decisions] == [("allow", "the user (job view)")]

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import pytest
 
-from claude_hermes_bridge.job_network import JobNetwork
+from claude_hermes_bridge.job_network import NETWORK_QUESTIONS_MAX, JobNetwork
 from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore
 from claude_hermes_bridge.network import (
     JobProxy,
@@ -322,12 +322,38 @@ def test_a_host_not_listed_becomes_the_users_question_and_the_answer_decides(
         network.pump()
         return record.questions[0] if record.questions else None
     question = wait_until(asked, 10, "the question")
-    assert question["what"] == f"reach 127.0.0.1:{servers[0]} over the network (not on network_allow)"
+    assert question["what"].startswith(f"connect to 127.0.0.1:{servers[0]}, a host not on network_allow")
     store.answers_path(record.id).write_text(json.dumps({question["id"]: {"decision": "allow", "by": "view"}}))
     wait_until(lambda: network.pump() or results, 10, "the answer applied")
     request.join(10)
     assert results == [(200, f"hello from {servers[0]} /")] and record.questions == []
     assert record.decisions[-1]["decision"] == "allow" and record.decisions[-1]["by"] == "the user (job view)"
+    network.close()
+
+
+def test_an_explicit_deny_refuses_the_request_and_past_ten_questions_hosts_are_refused_unasked(
+        tmp_path: Path, servers: list[int]) -> None:
+    """Issue 64: one job put 182 network questions to the user; at most NETWORK_QUESTIONS_MAX are asked, the rest
+    refused unasked and said once. Issue 68: a question answered deny fails the request it holds."""
+    network, store, record = network_job(tmp_path, network="ask", approval_timeout_s=60)
+    network.start(sandboxed=False)
+    proxy = cast(JobProxy, network.proxy)
+    results: dict[str, tuple[int, str]] = {}
+    threading.Thread(target=lambda: results.update(first=fetch(proxy, f"http://127.0.0.1:{servers[0]}/"))).start()
+    question = wait_until(lambda: network.pump() and record.questions and record.questions[0], 10, "the question")
+    store.answers_path(record.id).write_text(json.dumps({question["id"]: {"decision": "deny", "by": "planner"}}))
+    wait_until(lambda: network.pump() or "first" in results, 10, "the denial applied")
+    wait_until(lambda: "first" in results, 10, "the request's answer")
+    assert results["first"][0] == 403 and record.decisions[-1]["decision"] == "deny"
+    hosts = [f"host-{number}.example:443" for number in range(NETWORK_QUESTIONS_MAX + 4)]
+    decisions: dict[str, str] = {}
+    for host in hosts:
+        threading.Thread(target=lambda host=host: decisions.update({host: network._ask(host)}), daemon=True).start()
+    wait_until(lambda: (network.pump(), len(decisions) >= 5)[1], 20, "the questions past the bound refused")
+    assert len(record.questions) == NETWORK_QUESTIONS_MAX - 1  # one was asked about the first host
+    assert len(decisions) == 5 and set(decisions.values()) == {"deny"}
+    assert (f"{NETWORK_QUESTIONS_MAX} network questions asked, the most a job may ask: 5 more hosts were refused "
+            "unasked") in (record.network or ""), record.network
     network.close()
 
 

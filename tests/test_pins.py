@@ -7,6 +7,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from claude_hermes_bridge.review import visible
 from claude_hermes_bridge.safe_io import Refused, clean_str, shown
 from claude_hermes_bridge.steer import add_steer, check_guidance, check_steerable
 from claude_hermes_bridge.tools import budget
-from harness import config_for
+from harness import config_for, running_record
 
 # One of each: Arabic letter mark, word joiner, soft hyphen, Mongolian vowel separator, an 8-bit CSI (C1), a
 # C1 control, a line separator, a right-to-left override.
@@ -166,3 +167,24 @@ def test_start_counts_from_the_call_that_started_the_job_not_from_hermes_start()
     record = JobRecord(id="20261130-000000-1", state=JobState.OK, start="cold", created_at=100.0, started_at=103.0,
                        prompt_sent_at=104.5)
     assert start_line(record) == ["START: cold (the task reached Hermes 4.5 s after the job was started)"]
+
+
+def test_the_approve_hint_names_the_one_waiting_question_and_a_host_question_is_worded_as_one() -> None:
+    """Issue 67: with exactly one question the hint shows its id, not a placeholder; a network question is the
+    job's (its proxy's), holds for the job, and never speaks of "the same exact command"."""
+    from claude_hermes_bridge.render import approval_lines
+    from claude_hermes_bridge.safe_io import machine_clock
+
+    def waiting(question_id: str, what: str) -> dict[str, Any]:
+        return {"id": question_id, "what": what, "asked_at": time.time(), "expires_at": time.time() + 60,
+                "expires_clock": machine_clock() + 60}
+    record = running_record(questions=[waiting("net-1-abc", "connect to pypi.example:443, a host not on ...")])
+    lines = approval_lines(ObservedJob(record, JobState.RUNNING))
+    assert "APPROVAL: The job asks to connect to pypi.example:443" in lines[1], lines
+    assert "the job's proxy refuses the host by itself" in lines[2], lines
+    assert lines[-1].startswith(f'Ask the user, then answer with hermes_approve(job_id="{record.id}", '
+                                'approval_id="net-1-abc", decision="allow" or "deny"; a host\'s answer holds'), lines
+    record.questions.append(waiting("tool-2", "run `rm -rf build`"))
+    lines = approval_lines(ObservedJob(record, JobState.RUNNING))
+    assert "approval_id=<an APPROVAL_ID above>" in lines[-1] and "same exact command" not in lines[-1]
+    assert "APPROVAL: Hermes asks to run `rm -rf build`" in lines

@@ -145,11 +145,11 @@ def test_under_ask_an_unlisted_host_is_the_users_question(
         result = client.call("hermes_status", job_id=job_id, wait_s=5)
         return result if result.text.startswith("STATUS: needs_approval") else None
     asked = wait_until(asking, 120, "the network question")
-    assert f"reach 127.0.0.1:{other} over the network" in asked.text, asked.text
+    assert f"The job asks to connect to 127.0.0.1:{other}, a host not on network_allow" in asked.text, asked.text
     denied = client.call("hermes_approve", job_id=job_id, approval_id=asked.field("APPROVAL_ID"), decision="deny")
     assert not denied.is_error, denied.text
     second = wait_until(asking, 120, "the second question")
-    assert f"reach 127.0.0.1:{index} over the network" in second.text, second.text
+    assert f"connect to 127.0.0.1:{index}, a host not on network_allow" in second.text, second.text
     client.call("hermes_approve", job_id=job_id, approval_id=second.field("APPROVAL_ID"), decision="allow_for_job")
     result = finish(client, client.call("hermes_status", job_id=job_id, wait_s=45), timeout=300)
     assert_turn_ended(result)

@@ -193,7 +193,8 @@ def test_a_network_question_is_the_tasks_dialog_too_and_its_answer_lets_the_requ
         client.request("tasks/update", {"taskId": task_id, "inputResponses": {
             key: {"action": "accept", "content": {"allow": True}}}})
         done = client.poll(task_id, terminal)
-    assert f"reach 127.0.0.1:{port} over the network" in request["params"]["message"], request
+    assert f"The job (job {task_id}) asks to connect to 127.0.0.1:{port}" in request["params"]["message"], request
+    assert request["params"]["requestedSchema"]["properties"].keys() == {"allow"}  # no "same exact command"
     assert (bridge.root / "code.txt").read_text() == "200"
     decided = bridge.record(task_id).decisions[-1]
     assert decided["id"] == key and decided["decision"] == "allow" and decided["by"] == "the user (elicitation)"
