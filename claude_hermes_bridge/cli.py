@@ -132,7 +132,7 @@ def check_command(serve_command: list[str]) -> int:
                 report += [driver_line(cfg, hermes.usable, probe=True),
                            f"APPROVALS: {approvals_line(cfg, hermes.usable)}",
                            f"SANDBOX: {support_line(cfg.sandbox)}",
-                           f"NETWORK: {network_support(cfg.network, cfg.sandbox)}"]
+                           f"NETWORK: {network_support(cfg.network, cfg.sandbox, cfg.network_allow)}"]
         else:
             blockers.append(f"no usable Hermes: {hermes.problem}")
         if not cfg.roots:

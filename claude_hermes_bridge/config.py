@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .network import NETWORK_MODES, rules_problem
+from .network import NETWORK_MODES, PACKAGE_REGISTRIES, rules_problem
 from .preflight import SERVER_DIR, user_dir
 from .safe_io import IS_WINDOWS, NOFOLLOW, Refused, case_normalised, locked, read_capped, shown, within_any
 from .sandbox import SANDBOX_MODES
@@ -109,11 +109,12 @@ class Config:
     sandbox_readable: list[str] = setting([], "a list of absolute paths", (list,),
                                           "more of your home a sandboxed job may read (it reads only the "
                                           "toolchains' public files there, its own folders and Hermes')")
-    network: str = setting("open", "", (str,), "what a job may reach over the network (open; allow-list: "
-                           "network_allow and Hermes' model; ask: the user is asked about any other host; model-only)",
-                           choices=NETWORK_MODES)
-    network_allow: list[str] = setting([], "a list of hosts (pypi.org, *.pythonhosted.org, 127.0.0.1:8080)", (list,),
-                                       "the hosts a job may reach under network allow-list or ask")
+    network: str = setting("ask", "", (str,), "what a job may reach over the network (ask: network_allow and "
+                           "Hermes' model, and the user is asked about any other host; allow-list: those alone; "
+                           "model-only; open: any host)", choices=NETWORK_MODES)
+    network_allow: list[str] = setting(list(PACKAGE_REGISTRIES), "a list of hosts (pypi.org, *.pythonhosted.org, "
+                                       "127.0.0.1:8080)", (list,), "the hosts a job may reach under network ask or "
+                                       "allow-list (the default: the package registries everyday installs use)")
     pass_credentials: list[str] = setting([], "a list of environment variable names", (list,),
                                           "credentials in the server's environment a job may have (others are "
                                           "left out of Hermes' environment)")

@@ -27,6 +27,10 @@ NETWORK_MODES = ("model-only", "allow-list", "ask", "open")
 # Node 24 when NODE_USE_ENV_PROXY is set), and those that would send a host around the proxy.
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "all_proxy")
 NO_PROXY_VARIABLES = ("no_proxy", "NO_PROXY")
+# What network_allow holds by default: the package registries everyday installs use (Python, Node, Rust, Go), so
+# `pip install`, `npm install`, `cargo build` and `go mod download` work under network: ask without a question.
+PACKAGE_REGISTRIES = ("pypi.org", "files.pythonhosted.org", "registry.npmjs.org", "registry.yarnpkg.com",
+                      "crates.io", "index.crates.io", "static.crates.io", "proxy.golang.org", "sum.golang.org")
 # Where Hermes' providers send a model's requests when config.yaml names no base_url.
 PROVIDER_HOSTS = {"openrouter": "openrouter.ai", "anthropic": "api.anthropic.com", "openai": "api.openai.com",
                   "nous": "inference-api.nousresearch.com", "gemini": "generativelanguage.googleapis.com",
@@ -454,13 +458,17 @@ def enforcement(sandboxed: bool, platform: str = sys.platform) -> tuple[bool, st
     return True, ENFORCED_LINUX
 
 
-def support_line(mode: str, sandbox_mode: str) -> str:
-    """What a job's network is on this machine under these settings, for hermes_health and --check."""
+def support_line(mode: str, sandbox_mode: str, allowed: list[str] | None = None) -> str:
+    """What a job's network is on this machine under these settings (and, given network_allow, the hosts it
+    may reach without a question), for hermes_health and --check."""
     if mode == "open":
-        return "open (setting network: open): a job reaches any host; allow-list, ask or model-only limit it"
+        return "open (setting network: open): a job reaches any host; ask, allow-list or model-only limit it"
+    listed = "" if mode == "model-only" or allowed is None else (
+        f"; allowed without a question: Hermes' model and {', '.join(allowed)}" if allowed else
+        "; allowed without a question: Hermes' model alone (network_allow is empty)")
     found = sandbox_mechanism()
     enforced, how = enforcement(sandbox_mode != "off" and bool(found.name))
     if enforced:
-        return f"{mode}, enforced here ({how})"
+        return f"{mode}, enforced here ({how}){listed}"
     refused = "every job is refused (sandbox: required)" if sandbox_mode == "required" else "not enforced"
-    return f"{mode}: {refused} ({how})"
+    return f"{mode}: {refused} ({how}){listed}"

@@ -426,3 +426,16 @@ def test_a_job_started_with_a_narrower_network_reaches_only_hermes_model(bridge:
     network = result.field("NETWORK")
     assert network.startswith("model-only (Hermes' model (its host not known from config.yaml"), network
     assert f"1 request refused: 127.0.0.1:{servers[0]} (not Hermes' model (network: model-only))" in network
+
+
+def test_the_default_network_is_ask_with_the_package_registries_allowed_and_check_says_so(tmp_path: Path) -> None:
+    """Issue 64: the network is asked by default (the registries everyday installs use, and Hermes' model,
+    allowed from the start), and --check / hermes_health show the mode and the list."""
+    from claude_hermes_bridge.network import PACKAGE_REGISTRIES
+
+    cfg = config_for(tmp_path)
+    assert cfg.network == "ask" and cfg.network_allow == list(PACKAGE_REGISTRIES)
+    assert {"pypi.org", "registry.npmjs.org", "crates.io", "proxy.golang.org"} <= set(cfg.network_allow)
+    line = support_line(cfg.network, "auto", cfg.network_allow)
+    assert line.startswith("ask") and "allowed without a question: Hermes' model and pypi.org, " in line, line
+    assert "Hermes' model alone (network_allow is empty)" in support_line("ask", "auto", [])
