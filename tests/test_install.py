@@ -150,7 +150,8 @@ def test_the_bundle_validates_packs_and_runs_as_claude_desktop_starts_it_with_fi
     env.update(user_dirs(bridge.tmp), UV_PYTHON_DOWNLOADS="never", PATH=f"{uv.parent}:{os.environ['PATH']}")
     per_user = Path(env["XDG_CONFIG_HOME"]) / "claude-hermes-bridge" / "config.json"
     per_user.parent.mkdir(parents=True)
-    per_user.write_text(json.dumps({"sandbox_writable": [str(bridge.trace)]}))  # the fake Hermes traces its runs there
+    per_user.write_text(json.dumps({"sandbox_writable": [str(bridge.trace)],  # the fake Hermes traces its runs there
+                                    "pass_environment": ["FAKE_*"]}))
     installed = subprocess.run([str(uv), "sync", "--directory", str(folder)], env=env, capture_output=True,
                                text=True, timeout=600)  # what Claude Desktop's uv does when it installs a bundle
     assert installed.returncode == 0, installed.stderr
