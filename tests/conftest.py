@@ -27,6 +27,20 @@ def require_component(path: Path, what: str) -> Path:
     pytest.skip(message)
 
 
+def require_tool(name: str, also: Path | None = None) -> str:
+    """A toolchain on PATH (or at also) that a test needs: missing fails under CI=true (tests/install_e2e.sh
+    installs it), and skips with one line naming it elsewhere."""
+    import shutil
+
+    found = shutil.which(name) or (str(also) if also is not None and also.exists() else None)
+    if found:
+        return found
+    message = f"{name} is not installed; tests/install_e2e.sh installs Debian's package"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def require_sandbox() -> None:
     """A test of what Landlock enforces (with its signal scope, ABI 6+): fails under CI=true without it."""
     from claude_hermes_bridge.sandbox import landlock_abi
@@ -83,3 +97,25 @@ def playground(tmp_path_factory) -> Iterator[tuple[Bridge, BridgeClient]]:
         yield bridge, client
     listener.close()
     bridge.kill_leftovers()
+
+
+def step_as(user: str, argv: list[str], folder: Path) -> list[str]:
+    """The sandbox's step (argv from step_argv) run as `user` ("this user", or "nobody" through setpriv), its
+    module copied into folder for another user: a clone may lie in a folder only its owner can read (issue 69),
+    and this tests the sandbox, not the clone's folder mode."""
+    import shutil
+
+    if user == "this user":
+        return argv
+    from claude_hermes_bridge import sandbox
+
+    package = folder / "step-package" / "claude_hermes_bridge"
+    package.mkdir(parents=True, exist_ok=True)
+    folder.chmod(folder.stat().st_mode | 0o755)
+    for name in ("__init__.py", "sandbox.py"):
+        shutil.copyfile(Path(sandbox.__file__).parent / name, package / name)
+    for path in (package.parent, package, *package.iterdir()):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    parent = argv.index(os.path.dirname(os.path.dirname(os.path.abspath(sandbox.__file__))))
+    return [shutil.which("setpriv") or "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+            *argv[:parent], str(package.parent), *argv[parent + 1:]]

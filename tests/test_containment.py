@@ -15,7 +15,7 @@ from test_worktrees import client_of, final, git, make_repo
 from claude_hermes_bridge.drivers import project_cache
 from claude_hermes_bridge.folder_changes import runs_later, who_runs
 from claude_hermes_bridge.worktrees import hooks_path_folder
-from conftest import require_sandbox
+from conftest import require_sandbox, require_tool, step_as
 from harness import Bridge
 
 pytestmark = pytest.mark.posix("Landlock is Linux's; the fake Hermes is a shell script")
@@ -350,7 +350,7 @@ def test_the_step_gives_root_and_a_user_a_dev_pts_and_dev_shm_of_their_own(user:
         outside = subprocess.run([*as_user, "sh", str(script)], capture_output=True, timeout=60, cwd=folder)
         assert b"wrote" in outside.stdout and written_to(master) == b"pwned" and shm.exists(), outside
         shm.unlink()
-        inside = subprocess.run([*as_user, *step_argv([*devices(), str(folder)], ["/bin/sh", str(script)])],
+        inside = subprocess.run(step_as(user, step_argv([*devices(), str(folder)], ["/bin/sh", str(script)]), folder),
                                 capture_output=True, timeout=60, cwd=folder)
         assert inside.stdout == b"own pty\r\n" and b"shares your" not in inside.stderr, inside
         assert written_to(master) == b"" and not shm.exists()
@@ -392,14 +392,12 @@ def test_npm_install_and_uv_work_in_a_sandboxed_job_through_the_bridges_cache(br
     """Issue 47: the caches npm and uv keep in the home are redirected to the bridge's own. Each install runs
     twice in the job: with the home's cache named again (the redirection undone), where the sandbox refuses it,
     then as the job gets it, where it works; the user's ~/.npm and ~/.cache are never written."""
-    import shutil
 
     from harness import UV
 
     require_sandbox()
     uv = require_component_path(UV, "uv")
-    npm = shutil.which("npm")
-    assert npm, "npm is not installed"
+    npm = require_tool("npm")
     package = bridge.tmp / "pkg"
     package.mkdir()
     (package / "package.json").write_text('{"name": "tiny", "version": "1.0.0"}')
@@ -467,12 +465,9 @@ def test_cargo_builds_with_a_dependency_in_a_sandboxed_job_through_the_bridges_c
     """Issue 47: cargo unpacks its dependencies into CARGO_HOME (~/.cargo by default), which the sandbox keeps
     read-only; the job's CARGO_HOME is the bridge's cache. Run with the home's CARGO_HOME named again it is
     refused; as the job gets it, the build runs and the user's ~/.cargo is not written."""
-    import shutil
 
     require_sandbox()
-    user_cargo = Path.home() / ".cargo" / "bin" / "cargo"
-    cargo = shutil.which("cargo") or (str(user_cargo) if user_cargo.exists() else None)
-    assert cargo, "cargo is not installed (tests/install_e2e.sh installs Debian's)"
+    cargo = require_tool("cargo", Path.home() / ".cargo" / "bin" / "cargo")
     rustup_home = Path.home() / ".rustup"  # rustup's cargo finds its toolchain there; the job's HOME is the test's
     registry = local_cargo_registry(bridge.tmp)
     (bridge.root / "src").mkdir()
@@ -521,11 +516,9 @@ def test_go_builds_with_a_dependency_in_a_sandboxed_job_through_the_bridges_cach
     """Issue 47: go keeps downloaded modules in GOMODCACHE (~/go/pkg/mod) and builds in GOCACHE
     (~/.cache/go-build), both refused by the sandbox; the job's are the bridge's cache. Named back to the home it
     is refused; as the job gets them, the build downloads its dependency and runs, and ~/go is not written."""
-    import shutil
 
     require_sandbox()
-    go = shutil.which("go")
-    assert go, "go is not installed (tests/install_e2e.sh installs Debian's golang-go)"
+    go = require_tool("go")
     proxy = local_go_proxy(bridge.tmp)
     (bridge.root / "go.mod").write_text("module example.com/app\n\ngo 1.19\n\nrequire example.com/tinymod v1.0.0\n")
     (bridge.root / "main.go").write_text('package main\n\nimport (\n\t"fmt"\n\t"example.com/tinymod"\n)\n\n'

@@ -5,6 +5,7 @@ pass_credentials passes one. The fake Hermes' `!shell=SCRIPT` is the job's shell
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -12,7 +13,7 @@ import pytest
 from test_worktrees import final
 
 from claude_hermes_bridge.sandbox import read_grants, seatbelt_profile, step_argv, unreadable_paths
-from conftest import require_sandbox
+from conftest import require_sandbox, step_as
 from harness import Bridge, wait_until
 
 pytestmark = pytest.mark.posix("Landlock is Linux's; the fake Hermes is a shell script")
@@ -166,7 +167,10 @@ def test_another_processs_environment_is_unreadable_inside_the_sandbox_and_reada
         wait_until(lambda: psutil.Process(outsider.pid).name() == "sleep", 10, "the outsider to run")
         read = [shutil.which("cat") or "/bin/cat", f"/proc/{outsider.pid}/environ"]
         outside = subprocess.run([*as_user, *read], capture_output=True, timeout=30)
-        inside = subprocess.run([*as_user, *step_argv(["/dev/null"], read)], capture_output=True, timeout=30)
+        readable = Path(tempfile.mkdtemp(prefix="bridge-test-"))  # beside /tmp: tmp_path is root's alone
+        inside = subprocess.run(step_as(user, step_argv(["/dev/null"], read), readable), capture_output=True,
+                                timeout=30)
+        shutil.rmtree(readable)
     finally:
         outsider.kill()
         outsider.wait()
