@@ -17,8 +17,25 @@ def bridge(tmp_path: Path) -> Iterator[Bridge]:
     b.kill_leftovers()
 
 
+RUNNING: dict[str, pytest.Item] = {}  # the test running in this worker, for the tier check below
+
+
+@pytest.fixture(autouse=True)
+def running_test(request: pytest.FixtureRequest) -> None:
+    RUNNING["test"] = request.node
+
+
+def in_end_to_end_tier(what: str) -> None:
+    """A test that drives a real component belongs to the end-to-end tier (marked e2e), never to the fast tier
+    README's test command runs: fail one that is not marked, so the split cannot rot."""
+    test = RUNNING.get("test")
+    if test is not None and test.get_closest_marker("e2e") is None:
+        pytest.fail(f"{test.nodeid} drives {what}, a real component: mark it e2e (the end-to-end tier)")
+
+
 def require_component(path: Path, what: str) -> Path:
     """A real component the test needs: missing fails under CI=true, and skips with one line elsewhere."""
+    in_end_to_end_tier(what)
     if path.exists():
         return path
     message = f"{what} is not installed at {path}; tests/install_e2e.sh installs it"
@@ -32,6 +49,7 @@ def require_tool(name: str, also: Path | None = None) -> str:
     installs it), and skips with one line naming it elsewhere."""
     import shutil
 
+    in_end_to_end_tier(name)
     found = shutil.which(name) or (str(also) if also is not None and also.exists() else None)
     if found:
         return found
@@ -60,6 +78,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sdk_lines: goes through what differs between the MCP SDK's two lines "
                                        "(McpEdge: the tools as listed, questions and elicitation, the job view's "
                                        "resources and _meta, --check and --try); .ci/run runs these again on 1.x")
+    config.addinivalue_line("markers", "e2e: drives a real component (the real Hermes versions, a host from npm, "
+                                       "Chromium, Wine, uv, a toolchain): the end-to-end tier, `pytest -m e2e`; "
+                                       "README's test command (the fast tier) leaves it out")
     config.addinivalue_line("markers", "uv_environment: the server runs in an environment uv builds from the "
                                        "project's pins, whatever MCP SDK this interpreter has")
     config.addinivalue_line("markers", "wine_lacks(reason): Windows behaviour Wine does not reproduce; under Wine "

@@ -38,6 +38,7 @@ class Mutation:
         path.write_text(text.replace(self.old, self.new), encoding="utf-8")
         try:
             done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n0", "-x", "-rfE", "-p", "no:cacheprovider",
+                                   "-m", "e2e or not e2e",
                                    *self.tests.split(), *(["-k", self.select] if self.select else [])],
                                   cwd=REPO, capture_output=True, text=True, timeout=1200, check=False)
         finally:

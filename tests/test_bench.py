@@ -7,7 +7,7 @@ import pytest
 from conftest import require_component, require_sandbox
 from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, REPO
 
-pytestmark = pytest.mark.posix("the benchmark drives the fake hermes, a shell script")
+pytestmark = [pytest.mark.e2e, pytest.mark.posix("the benchmark drives the fake hermes, a shell script")]
 
 TINY_ACP_VERSIONS = REAL_ACP_VERSIONS[-1:]  # --tiny runs the real Hermes rows on the newest ACP version only
 ROWS = ["server start: spawn to the initialize reply", "cold start: spawn, initialize, tools/list",

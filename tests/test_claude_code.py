@@ -17,7 +17,7 @@ from conftest import require_component
 from fake_anthropic import FakeAnthropic
 from harness import CLAUDE_CODE, CLAUDE_CODE_VERSION, MCP_LINE, SERVER, Bridge, wait_until
 
-pytestmark = [pytest.mark.posix("tmux and the fake hermes"),
+pytestmark = [pytest.mark.e2e, pytest.mark.posix("tmux and the fake hermes"),
               pytest.mark.skipif(MCP_LINE < 2, reason="the tasks extension needs the 2.x SDK line")]
 API_KEY = "sk-ant-api03-" + "t" * 80
 

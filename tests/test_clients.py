@@ -11,7 +11,7 @@ from claude_hermes_bridge.preflight import dependency_version, version_tuple
 from conftest import require_component
 from harness import APP_ONLY_TOOLS, EXPECTED_ARGS, INSPECTOR, READ_ONLY, SERVER, BridgeClient
 
-pytestmark = pytest.mark.posix("the fake hermes is a shell script")
+pytestmark = [pytest.mark.e2e, pytest.mark.posix("the fake hermes is a shell script")]
 
 
 @pytest.fixture

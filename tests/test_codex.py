@@ -13,7 +13,7 @@ from scripted_responses import ScriptedResponses, offered_tools
 from conftest import require_component
 from harness import E2E, REPO, Bridge
 
-pytestmark = pytest.mark.posix("the fake hermes is a shell script")
+pytestmark = [pytest.mark.e2e, pytest.mark.posix("the fake hermes is a shell script")]
 CODEX = E2E / "codex" / "node_modules" / ".bin" / "codex"
 CODEX_VERSION = "0.171.0"
 

@@ -388,6 +388,7 @@ def tiny_wheel(folder: Path) -> Path:
     return wheel
 
 
+@pytest.mark.e2e
 def test_npm_install_and_uv_work_in_a_sandboxed_job_through_the_bridges_cache(bridge: Bridge) -> None:
     """Issue 47: the caches npm and uv keep in the home are redirected to the bridge's own. Each install runs
     twice in the job: with the home's cache named again (the redirection undone), where the sandbox refuses it,
@@ -461,6 +462,7 @@ def local_cargo_registry(folder: Path) -> Path:
     return registry
 
 
+@pytest.mark.e2e
 def test_cargo_builds_with_a_dependency_in_a_sandboxed_job_through_the_bridges_cache(bridge: Bridge) -> None:
     """Issue 47: cargo unpacks its dependencies into CARGO_HOME (~/.cargo by default), which the sandbox keeps
     read-only; the job's CARGO_HOME is the bridge's cache. Run with the home's CARGO_HOME named again it is
@@ -512,6 +514,7 @@ def local_go_proxy(folder: Path) -> Path:
     return folder / "goproxy"
 
 
+@pytest.mark.e2e
 def test_go_builds_with_a_dependency_in_a_sandboxed_job_through_the_bridges_cache(bridge: Bridge) -> None:
     """Issue 47: go keeps downloaded modules in GOMODCACHE (~/go/pkg/mod) and builds in GOCACHE
     (~/.cache/go-build), both refused by the sandbox; the job's are the bridge's cache. Named back to the home it

@@ -12,7 +12,7 @@ from scripted_gemini import ScriptedGemini, declared
 from conftest import require_component
 from harness import E2E, REPO
 
-pytestmark = pytest.mark.posix("the fake hermes is a shell script")
+pytestmark = [pytest.mark.e2e, pytest.mark.posix("the fake hermes is a shell script")]
 GEMINI = E2E / "gemini" / "node_modules" / ".bin" / "gemini"
 GEMINI_VERSION = "0.61.0"
 

@@ -127,6 +127,7 @@ def test_try_runs_one_task_as_a_host_would_and_exits_0_only_on_ok(bridge):
     assert failed.returncode == 1 and "STATUS: error" in failed.stdout and "EXIT_CODE: 3" in failed.stdout
 
 
+@pytest.mark.e2e
 @pytest.mark.uv_environment
 @pytest.mark.sdk_lines
 def test_the_bundle_validates_packs_and_runs_as_claude_desktop_starts_it_with_fields_left_empty(bridge):
@@ -201,6 +202,7 @@ def readme_block(heading: str) -> list[str]:
     return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
 
 
+@pytest.mark.e2e
 @pytest.mark.uv_environment
 def test_the_readmes_uvx_route_runs_as_written_and_its_check_ends_ok(tmp_path):
     """Issue 28: the README's own commands, in a copy of the clone, with its example paths replaced: `uv build`
@@ -234,6 +236,7 @@ def test_the_readmes_uvx_route_runs_as_written_and_its_check_ends_ok(tmp_path):
     assert lines[3].startswith(f"python3 register_with_claude.py --uvx-from {words[2]} --allowed-roots")
 
 
+@pytest.mark.e2e
 @pytest.mark.uv_environment
 def test_register_writes_the_uvx_from_entry_with_the_roots(tmp_path):
     uv = require_component(UV, "uv")
@@ -675,6 +678,7 @@ def test_init_config_writes_the_per_user_config_the_next_check_reads(tmp_path):
     assert forced.returncode == 0 and json.loads(written.read_text())["allowed_roots"] == []
 
 
+@pytest.mark.e2e
 @pytest.mark.posix("the fake hermes is a shell script")
 def test_uvx_registration_is_refused_when_the_entry_cannot_start(tmp_path):
     env = registration_env(tmp_path)
@@ -686,6 +690,7 @@ def test_uvx_registration_is_refused_when_the_entry_cannot_start(tmp_path):
     assert not (tmp_path / "home" / ".config" / "Claude" / "claude_desktop_config.json").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.posix("the fake hermes is a shell script")
 def test_uvx_from_a_folder_with_no_hermes_is_refused_and_with_hermes_exe_registers_a_server_that_finds_it(tmp_path):
     """Issue 49: the uvx route registered a server with no Hermes on its PATH (it refused every job) after

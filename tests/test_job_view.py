@@ -36,7 +36,7 @@ from harness import (
 )
 from scripted_model import ScriptedModel
 
-pytestmark = pytest.mark.posix("the view host is installed by tests/install_e2e.sh, a bash script")
+pytestmark = [pytest.mark.e2e, pytest.mark.posix("the view host is installed by tests/install_e2e.sh, a bash script")]
 
 CHROMIUM = Path(shutil.which("chromium") or "/usr/bin/chromium")
 ESBUILD = E2E / "view-host" / "node_modules" / ".bin" / "esbuild"

@@ -13,7 +13,7 @@ from claude_hermes_bridge.launch import JobRequest
 from claude_hermes_bridge.preflight import PACKAGE_DIR, SERVER_DIR
 from claude_hermes_bridge.processes import JOB_MARKER
 from claude_hermes_bridge.safe_io import open_append
-from harness import SERVER
+from harness import REPO, SERVER
 
 MAP_LINE_RE = re.compile(r"^  (\w+) \.+ \[(server|supervisor|both)\]")
 PROGRAM_RE = re.compile(r"^\[(server|supervisor|both)\] ")
@@ -155,3 +155,15 @@ def test_a_supervisor_running_a_job_never_imports_the_mcp_stack(bridge):
     imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*([\w.]+)", listing, re.MULTILINE))
     assert "psutil" in imported and "json" in imported  # the listing is real
     assert sorted(name for name in imported if name.split(".")[0] in SERVER_STACK) == []
+
+
+def test_a_fast_tier_test_that_reaches_for_a_real_component_fails_naming_the_marker() -> None:
+    """Issue 68: the split cannot rot: a test not marked e2e that asks for a real component (require_component,
+    require_tool) fails, saying to mark it; this test itself is in the fast tier."""
+    import pytest
+
+    from conftest import require_component, require_tool
+
+    for reach in (lambda: require_component(REPO / "no-such-component", "a component"), lambda: require_tool("sh")):
+        with pytest.raises(pytest.fail.Exception, match="a real component: mark it e2e"):
+            reach()

@@ -118,6 +118,7 @@ def test_a_queued_jobs_timeout_counts_from_its_start_not_its_acceptance(bridge: 
     assert final.field("STATUS") == "ok", final.text  # 4 s queued + 1 s run, against a 3 s timeout
 
 
+@pytest.mark.e2e
 def test_a_batch_of_four_real_hermes_jobs_with_a_limit_of_two(bridge: Bridge) -> None:
     """The real Hermes 0.22.2 (CLI, the scripted model on 127.0.0.1): four jobs handed over at once with
     max_running_jobs 2 each end ok; the two queued start only once a slot freed (after an earlier job ended)."""

@@ -16,7 +16,8 @@ from conftest import require_component
 from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, BridgeClient, wait_gone, wait_until
 from scripted_model import ScriptedModel
 
-pytestmark = pytest.mark.posix("the e2e install (tests/install_e2e.sh) is a bash script with POSIX venv paths")
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.posix("the e2e install (tests/install_e2e.sh) is a bash script with POSIX venv paths")]
 
 DANGEROUS = "Clean up.\nRUN: rm -rf ./build && echo removed"
 

@@ -12,7 +12,8 @@ from conftest import require_component
 from harness import REAL_HERMES_VERSIONS, hermes_answer, refused, wait_gone, wait_until
 from scripted_model import ScriptedModel, next_step
 
-pytestmark = pytest.mark.posix("the e2e install (tests/install_e2e.sh) is a bash script with POSIX venv paths")
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.posix("the e2e install (tests/install_e2e.sh) is a bash script with POSIX venv paths")]
 
 SKILL_MARKER = "PROBE-SKILL-BODY-7f3a"
 

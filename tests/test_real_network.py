@@ -23,7 +23,7 @@ from conftest import require_component, require_sandbox
 from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, BridgeClient, Result, wait_until
 from scripted_model import ScriptedModel
 
-pytestmark = pytest.mark.posix("Landlock is Linux's")
+pytestmark = [pytest.mark.e2e, pytest.mark.posix("Landlock is Linux's")]
 
 WAYS_OUT = ("curl", "python", "devtcp", "udp", "lookup", "listen", "unlisted", "metadata", "ssh", "aws", "environ",
             "token")

@@ -17,7 +17,7 @@ from conftest import require_component, require_sandbox
 from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, BridgeClient
 from scripted_model import ScriptedModel
 
-pytestmark = pytest.mark.posix("Landlock is Linux's")
+pytestmark = [pytest.mark.e2e, pytest.mark.posix("Landlock is Linux's")]
 
 
 @pytest.fixture(params=[(version, driver) for version in REAL_ACP_VERSIONS for driver in ("cli", "acp")],

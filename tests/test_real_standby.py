@@ -15,7 +15,8 @@ from conftest import require_component
 from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, live_standbys, wait_gone, wait_until
 from scripted_model import ScriptedModel
 
-pytestmark = pytest.mark.posix("the real Hermes installs here are Linux ones; the Windows lane has its own")
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.posix("the real Hermes installs here are Linux ones; the Windows lane has its own")]
 
 
 @pytest.fixture(params=REAL_ACP_VERSIONS, ids=lambda version: f"hermes-{version}")

@@ -12,7 +12,8 @@ from conftest import require_component
 from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, refused
 from scripted_model import ScriptedModel, text_of
 
-pytestmark = pytest.mark.posix("the e2e install (tests/install_e2e.sh) is a bash script with POSIX venv paths")
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.posix("the e2e install (tests/install_e2e.sh) is a bash script with POSIX venv paths")]
 
 SLOW_TOOL = "Build it.\nRUN: sleep 6 && echo built"
 

@@ -13,7 +13,8 @@ from conftest import require_component
 from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, BridgeClient, refused, wait_until
 from scripted_model import ScriptedModel
 
-pytestmark = pytest.mark.posix("the e2e install (tests/install_e2e.sh) is a bash script with POSIX venv paths")
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.posix("the e2e install (tests/install_e2e.sh) is a bash script with POSIX venv paths")]
 
 COMMIT = "git -c user.name=hermes -c user.email=hermes@test commit -qam"
 WAYS = [(version, "cli") for version in sorted(REAL_HERMES_VERSIONS)] + [(version, "acp")

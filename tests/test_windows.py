@@ -204,6 +204,7 @@ def test_jobs_logs_and_the_bytecode_cache_go_to_the_per_user_folders_under_local
             leftover.unlink()
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(1200)  # a real Hermes under Wine beside the suite once took 115 s to start
 def test_a_real_hermes_job_on_windows_answers_and_its_session_resumes(bridge):
     """The real Hermes 0.19.0, installed from Windows wheels (tests/windows_lane.sh), behind the bridge on the
@@ -315,6 +316,7 @@ def test_acp_jobs_take_a_warm_hermes_and_a_warm_jobs_cancel_leaves_nothing(bridg
         sentinel.kill()
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(1500)
 def test_a_real_hermes_over_acp_answers_then_its_next_job_starts_warm_and_resumes(bridge):
     """The real Hermes 0.19.0 for Windows over ACP (the driver `auto` picks where the acp extra is installed):
