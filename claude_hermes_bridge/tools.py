@@ -189,11 +189,16 @@ def job_request(cfg: Config, kind: str, arguments: LaunchArguments, session: str
         raise Refused(str(exc)) from None
     exe = usable_hermes(cfg)
     driver, _ = choose_driver(cfg, exe, session)
+    skills, toolsets = names_argument("skills", arguments.skills), names_argument("toolsets", arguments.toolsets)
+    if driver == "acp" and (skills or toolsets):
+        given = " and ".join(name for name, value in (("skills", skills), ("toolsets", toolsets)) if value)
+        raise Refused(f"{given} would do nothing here: this job drives Hermes over ACP, whose session takes neither "
+                      "(Hermes gives an ACP session every toolset and loads skills as it needs them). Leave them "
+                      "out, or set hermes_driver to \"cli\" in config.json for jobs that need them")
     isolation = (Noted(resumed) if resumed else
                  isolation_of(cfg, arguments.isolation, arguments.isolation_base, resolved_cwd))
     request = JobRequest(kind=kind, task=task, cwd=resolved_cwd, max_turns=max_turns or cfg.default_max_turns,
-                         timeout_s=timeout.value, skills=names_argument("skills", arguments.skills),
-                         toolsets=names_argument("toolsets", arguments.toolsets), session_requested=session,
+                         timeout_s=timeout.value, skills=skills, toolsets=toolsets, session_requested=session,
                          cwd_note=cwd_note, driver=driver, approval_mode=cfg.approval_mode,
                          max_tokens=int(tokens.value) if tokens.value is not None else None, max_cost_usd=cost.value,
                          worktree=isolation.value, network=network)

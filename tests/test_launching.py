@@ -39,6 +39,7 @@ from harness import (
     MCP_LINE,
     READ_ONLY,
     SERVER,
+    Bridge,
     BridgeClient,
     listed_tools,
     make_fake_hermes,
@@ -517,3 +518,19 @@ def test_a_launch_plan_whose_command_line_cannot_hold_the_task_is_refused_and_un
         plan_launch(cfg, "/opt/hermes", record, "x" * (POSIX_ARGUMENT_LIMIT + 1), str(tmp_path))
     auto = Config(path=tmp_path / "config.json", jobs_dir=str(tmp_path / "jobs"))
     assert plan_launch(auto, "/opt/hermes", record, "t", str(tmp_path), probe=lambda _c, _e: None) is None
+
+
+def test_toolsets_and_skills_are_refused_over_acp_where_they_would_do_nothing(bridge: Bridge) -> None:
+    """Issue 65: under the ACP driver toolsets=["file"] still gave Hermes its terminal, silently; they are
+    refused at the call, saying why and what works, and nothing starts."""
+    bridge.configure(hermes_driver="acp")
+    client = bridge.client()
+    client.params.env = dict(bridge.env, FAKE_HERMES_ACP="1")
+    with client:
+        refused_call = client.call("hermes_run", task="x", toolsets=["file"], skills=["code-review"])
+        plain = client.call("hermes_run", task="x !write=a.txt:1", wait_s=30)
+    assert refused(refused_call), refused_call.text
+    assert ("skills and toolsets would do nothing here: this job drives Hermes over ACP" in refused_call.text
+            and 'set hermes_driver to "cli"' in refused_call.text), refused_call.text
+    assert plain.field("STATUS") == "ok", plain.text
+    assert len(bridge.runs()) == 1
