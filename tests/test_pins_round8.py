@@ -1,0 +1,151 @@
+"""Issue 68 §1: one-line bugs the suite let pass (a mutation pass over the network, the sandbox, warm worktrees and
+the standby), each pinned here by a test that fails with the bug written back in (tests/mutations.py lists them).
+Plain functions, no MCP: the fast tier."""
+import errno
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_worktrees import git, make_repo
+
+from claude_hermes_bridge.drivers import hermes_launch
+from claude_hermes_bridge.git_calls import GitFailed
+from claude_hermes_bridge.jobs import JobStore
+from claude_hermes_bridge.launch import readied_mismatch
+from claude_hermes_bridge.network import JobProxy, NetworkPolicy, host_rule
+from claude_hermes_bridge.sandbox import step_argv
+from claude_hermes_bridge.worktrees import (
+    hand_over_worktree,
+    ready_worktree,
+    remove_readied_worktree,
+    warm_worktree_refusal,
+)
+from conftest import require_sandbox
+from harness import config_for
+
+
+def test_a_malformed_network_allow_entry_leaves_the_whole_list_out_as_its_problem_says(tmp_path: Path) -> None:
+    """config.py: the problem says network_allow is ignored; its valid entries must not stay allowed."""
+    cfg = config_for(tmp_path, network_allow=["pypi.org", "not a host!"])
+    assert cfg.network_allow == []
+    assert any("network_allow is ignored until it is fixed" in problem for problem in cfg.problems), cfg.problems
+
+
+def test_a_limited_jobs_hermes_gets_every_proxy_variable_and_no_no_proxy(tmp_path: Path, monkeypatch: Any) -> None:
+    """drivers.py: the server's NO_PROXY kept would send the hosts it names around the job's proxy; network.py:
+    curl reads http_proxy in lower case only."""
+    monkeypatch.setenv("NO_PROXY", "internal.example,127.0.0.1")
+    monkeypatch.setenv("no_proxy", "internal.example")
+    cfg = config_for(tmp_path, hermes_home=str(tmp_path / "home"))
+    _, env = hermes_launch(cfg, ["/bin/true"], "marker", [], None, proxy_port=4321)
+    assert "NO_PROXY" not in env and "no_proxy" not in env
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "all_proxy"):
+        assert env[name] == "http://127.0.0.1:4321", name
+
+
+class Echo(BaseHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = json.dumps({name.lower(): value for name, value in self.headers.items()}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_the_proxy_forwards_neither_its_own_credentials_nor_hop_headers_to_a_plain_http_host() -> None:
+    """network.py: Proxy-Authorization (the job's proxy credentials) and Connection went on to the remote host."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    proxy = JobProxy(NetworkPolicy("allow-list", (host_rule(f"127.0.0.1:{port}"),), None))
+    try:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as connection:
+            connection.sendall(f"GET http://127.0.0.1:{port}/x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                               "Proxy-Authorization: Basic c2VjcmV0\r\nConnection: keep-alive, X-Private\r\n"
+                               "X-Private: kept-hop\r\nUser-Agent: test\r\n\r\n".encode())
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+    finally:
+        proxy.close()
+        server.shutdown()
+    seen = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert seen["user-agent"] == "test" and "proxy-authorization" not in seen, seen
+    assert seen.get("connection") == "close", seen
+    assert proxy.allowed_count == 1
+
+
+TIOCSTI_TRY = """import errno, fcntl, os, sys, termios
+os.setsid()
+fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+try:
+    fcntl.ioctl(0, termios.TIOCSTI, b"x")
+    print("typed")
+except OSError as exc:
+    print(errno.errorcode[exc.errno])
+"""
+
+
+def test_typing_into_the_jobs_own_controlling_terminal_is_refused_by_seccomp(tmp_path: Path) -> None:
+    """sandbox.py: seccomp's TIOCSTI rule, the defence where no private /dev/pts can be made: a terminal the job
+    holds as its controlling one (where the kernel itself would let it type) is refused all the same."""
+    require_sandbox()
+    script = tmp_path / "type.py"
+    script.write_text(TIOCSTI_TRY)
+    master, follower = os.openpty()
+    try:
+        outside = subprocess.run([sys.executable, str(script)], stdin=follower, capture_output=True, text=True,
+                                 timeout=30)
+        inside = subprocess.run(step_argv([str(tmp_path)], [sys.executable, str(script)]), stdin=follower,
+                                capture_output=True, text=True, timeout=30)
+    finally:
+        os.close(master)
+        os.close(follower)
+    assert outside.stdout.strip() == "typed", outside  # the kernel lets a session type into its own terminal
+    assert inside.stdout.strip() == errno.errorcode[errno.EPERM], inside
+
+
+def test_a_worktree_of_the_users_uncommitted_files_never_takes_one_readied_at_head() -> None:
+    """worktrees.py: without the refusal an isolation_base="working-tree" job took a worktree readied at HEAD,
+    silently without the user's uncommitted files."""
+    assert warm_worktree_refusal({"from": "working-tree", "submodules": "none"}) == (
+        "a worktree of your uncommitted files is made from them when its job starts")
+    assert warm_worktree_refusal({"from": "head", "submodules": "none"}) is None
+
+
+def test_a_readied_worktree_that_changed_is_not_handed_to_a_job(tmp_path: Path) -> None:
+    """worktrees.py: a readied worktree with an untracked file or an edit was handed over: the job's patch
+    carried files it never made."""
+    repo = make_repo(tmp_path / "repo")
+    store = JobStore.of(config_for(tmp_path, allowed_roots=[str(tmp_path)]))
+    store.ensure()
+    planned = {"repo": str(repo), "base": git(repo, "rev-parse", "HEAD"), "head": git(repo, "rev-parse", "HEAD"),
+               "base_branch": "main", "subdir": "", "from": "head", "submodules": "none"}
+    for change in ("untracked.txt", "a.txt"):
+        readied = ready_worktree(store, f"standby-1-{'ab' * 6}", planned)
+        Path(readied["path"], change).write_text("not the job's\n")
+        try:
+            with pytest.raises(GitFailed, match="no longer as it was made"):
+                hand_over_worktree(store, readied, "20990101-000000-1")
+        finally:
+            remove_readied_worktree(store, f"standby-1-{'ab' * 6}")
+
+
+def test_a_ready_file_naming_a_worktree_outside_the_jobs_folder_is_not_taken(tmp_path: Path) -> None:
+    """launch.py: a ready.json (a job can write the jobs folder) whose worktree lies outside the jobs folder was
+    taken as the job's worktree."""
+    store = JobStore.of(config_for(tmp_path, allowed_roots=[str(tmp_path)]))
+    elsewhere = tmp_path / "elsewhere" / f"standby-1-{'ab' * 6}"
+    elsewhere.mkdir(parents=True)
+    ready = {"worktree": {"path": str(elsewhere), "admin": str(tmp_path / "admin"), "identity": None}}
+    assert readied_mismatch(store, ready) == "the worktree the warm Hermes readied is not as it made it"
