@@ -282,6 +282,14 @@ MUTATIONS = (
              'launch.py', '    if (os.path.dirname(path) != str(store.root / "worktrees") or not STANDBY_NAME_RE',
              '    if (False or not STANDBY_NAME_RE',
              'tests/test_pins_round8.py', 'outside_the_jobs_folder'),
+    Mutation(57, "a queued job cancelled between the queue's look and its start is started anyway",
+             'job_queue.py', '            if not store.write(record):',
+             '            if not store.write(record) and False:',
+             'tests/test_pins_round8.py', 'cancelled_between'),
+    Mutation(58, "a standby whose settings changed while it waited still takes the next job",
+             'standby.py', 'usable_hermes(cfg), standby.shape) == standby.key',
+             'usable_hermes(cfg), standby.shape) == standby.key or True',
+             'tests/test_pins_round8.py', 'settings_changed'),
 )
 
 

@@ -340,7 +340,10 @@ def test_an_explicit_deny_refuses_the_request_and_past_ten_questions_hosts_are_r
     proxy = cast(JobProxy, network.proxy)
     results: dict[str, tuple[int, str]] = {}
     threading.Thread(target=lambda: results.update(first=fetch(proxy, f"http://127.0.0.1:{servers[0]}/"))).start()
-    question = wait_until(lambda: network.pump() and record.questions and record.questions[0], 10, "the question")
+    def asked() -> dict[str, Any] | None:
+        network.pump()
+        return record.questions[0] if record.questions else None
+    question = wait_until(asked, 10, "the question")
     store.answers_path(record.id).write_text(json.dumps({question["id"]: {"decision": "deny", "by": "planner"}}))
     wait_until(lambda: network.pump() or "first" in results, 10, "the denial applied")
     wait_until(lambda: "first" in results, 10, "the request's answer")

@@ -10,7 +10,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from test_worktrees import git, make_repo
@@ -149,3 +149,47 @@ def test_a_ready_file_naming_a_worktree_outside_the_jobs_folder_is_not_taken(tmp
     elsewhere.mkdir(parents=True)
     ready = {"worktree": {"path": str(elsewhere), "admin": str(tmp_path / "admin"), "identity": None}}
     assert readied_mismatch(store, ready) == "the worktree the warm Hermes readied is not as it made it"
+
+
+def test_a_queued_job_cancelled_between_the_queues_look_and_its_start_is_not_started(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """job_queue.py: the queue looks at its records, a cancel lands, then the start: the job stays cancelled and
+    no supervisor is spawned for it."""
+    from claude_hermes_bridge import job_queue
+    from claude_hermes_bridge.jobs import JobState
+    from claude_hermes_bridge.launch import JobRequest, queue_job
+
+    cfg = config_for(tmp_path, allowed_roots=[str(tmp_path)], max_running_jobs=2)
+    store = JobStore.of(cfg)
+    store.ensure()
+    queued = queue_job(store, JobRequest(kind="run", task="x", cwd=str(tmp_path), max_turns=None, timeout_s=60,
+                                         skills=[], toolsets=[]))
+    looked = job_queue.occupancy(store)
+    assert [record.id for record in looked[1]] == [queued.id]
+    cancelled = store.read(queued.id)
+    cancelled.change_state(JobState.CANCELLED)
+    store.write(cancelled)  # the cancel, after the look
+    spawned: list[str] = []
+    monkeypatch.setattr(job_queue, "occupancy", lambda _store: looked)
+    monkeypatch.setattr(job_queue, "spawn_supervisor", lambda _cfg, _store, record, _log: spawned.append(record.id))
+    assert job_queue.start_queued_locked(cfg, store) == [] and spawned == []
+    assert store.read(queued.id).state is JobState.CANCELLED
+
+
+def test_a_standby_whose_settings_changed_since_no_longer_fits(tmp_path: Path, monkeypatch: Any) -> None:
+    """standby.py: still_fits computes the key again from the config and Hermes as they are now (every hand-over
+    test replaced it, so its body never ran against a real change)."""
+    from claude_hermes_bridge import standby
+    from claude_hermes_bridge.drivers import confinement_shape
+    from harness import make_fake_hermes
+
+    hermes = make_fake_hermes(tmp_path / "hermes-venv")
+    values = {"allowed_roots": [str(tmp_path)], "hermes_exe": str(hermes), "hermes_home": str(tmp_path / "home")}
+    cfg = config_for(tmp_path, **values)
+    monkeypatch.setenv("HERMES_BRIDGE_CONFIG", str(cfg.path))
+    shape = confinement_shape("ask", None)
+    key = standby.launch_key(cfg, str(tmp_path), str(hermes), shape)
+    held = standby.Standby(key, str(tmp_path), shape, "standby:x", cast(Any, None), 0.1)  # its Hermes: not looked at
+    assert standby.still_fits(cfg, held)
+    config_for(tmp_path, **values, kill_grace_s=3)  # the user changes a setting while it waits
+    assert not standby.still_fits(cfg, held)
