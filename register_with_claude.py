@@ -29,11 +29,25 @@ SERVER = Path(__file__).resolve().parent / "server.py"
 HOSTS = ("claude-desktop", "claude-code", "codex", "cursor", "gemini")
 NEXT_STEPS = {
     "claude-desktop": "Quit and restart Claude Desktop: it reads its config only at start.",
-    "claude-code": "In Claude Code, run /mcp (or start a new session) to see the server.",
+    "claude-code": "In Claude Code, run /mcp (or start a new session) to see the server. Headless on a busy machine, "
+                   "let it wait for the server: MCP_CONNECTION_NONBLOCKING=false claude -p \"...\"",
     "codex": "Start a new Codex session to load the server.",
     "cursor": "Reload Cursor's window (or restart Cursor) to load the server.",
     "gemini": "Start Gemini CLI in a folder it trusts (it asks once per folder) and run /mcp to see the server.",
 }
+# Headless runs call a tool only where the host's entry approves it ahead (there is nobody to ask)
+HEADLESS = {"codex": "codex exec", "gemini": "gemini -p"}
+
+
+def next_step(host: str, approve_tools: bool) -> str:
+    """What to do after registering, with the headless command that works (or the flag it needs)."""
+    step = NEXT_STEPS[host]
+    if host in HEADLESS:
+        command = HEADLESS[host]
+        step += (f" Headless: {command} \"...\" calls the hermes tools (--approve-tools approved them ahead)"
+                 if approve_tools else f" Headless ({command}) calls no hermes tool unless approved ahead: register "
+                 "again with --approve-tools")
+    return step
 
 
 class Refused(Exception):
@@ -392,7 +406,7 @@ def apply(args: argparse.Namespace, host: str, path: Path, created: bool, entry:
     verb = "removed" if args.remove else ("created the file and added" if created else "registered")
     print(f"{label}: {verb} {args.name}" + (f" (backup: {backup.name})" if backup else "")
           + (" -- no config existed, so this platform's usual one was created" if created else ""))
-    print(f"  next: {NEXT_STEPS[host]}")
+    print(f"  next: {next_step(host, args.approve_tools)}")
 
 
 def main(argv: list[str]) -> int:

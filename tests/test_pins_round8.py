@@ -193,3 +193,14 @@ def test_a_standby_whose_settings_changed_since_no_longer_fits(tmp_path: Path, m
     assert standby.still_fits(cfg, held)
     config_for(tmp_path, **values, kill_grace_s=3)  # the user changes a setting while it waits
     assert not standby.still_fits(cfg, held)
+
+
+def test_registrations_next_line_gives_the_headless_command_that_works_per_host() -> None:
+    """Issue 67: codex exec and gemini -p call no hermes tool without --approve-tools; next: says so, or gives the
+    command that works; Claude Code's says how its headless run waits for the server on a busy machine."""
+    from register_with_claude import next_step
+
+    assert 'Headless: codex exec "..." calls the hermes tools' in next_step("codex", approve_tools=True)
+    assert "register again with --approve-tools" in next_step("gemini", approve_tools=False)
+    assert "MCP_CONNECTION_NONBLOCKING=false claude -p" in next_step("claude-code", approve_tools=False)
+    assert "Headless" not in next_step("claude-desktop", approve_tools=False)
