@@ -310,7 +310,7 @@ def network_job(tmp_path: Path, **settings: Any) -> tuple[JobNetwork, JobStore, 
 
 def test_a_host_not_listed_becomes_the_users_question_and_the_answer_decides(
         tmp_path: Path, servers: list[int]) -> None:
-    network, store, record = network_job(tmp_path, network="ask", approval_timeout_s=30)
+    network, store, record = network_job(tmp_path, network="ask", approval_timeout_s=30, network_allow=[])
     assert network.start(sandboxed=False) is None and network.proxy and record.network
     proxy = network.proxy
     assert record.network.startswith("ask (0 hosts of network_allow and Hermes' model (its host not known")
@@ -386,7 +386,7 @@ def test_a_limited_network_the_machine_cannot_enforce_refuses_a_job_that_require
     refused = network.start(sandboxed=False)
     assert refused and refused.startswith("network model-only cannot be enforced here (the job is not sandboxed")
     assert network.port is None and record.network is None
-    open_job, _, open_record = network_job(tmp_path / "open")
+    open_job, _, open_record = network_job(tmp_path / "open", network="open")
     assert open_job.start(sandboxed=True) is None and open_job.port is None
     assert open_record.network == "open (setting network: open): the job reaches any host"
 
