@@ -20,6 +20,7 @@ pytestmark = pytest.mark.posix("Landlock is Linux's; the fake Hermes is a shell 
 
 SECRETS = {".ssh/id_ed25519": "PRIVATE KEY", ".aws/credentials": "aws_secret_access_key = x", ".netrc": "password x",
            ".config/gh/hosts.yml": "oauth_token: x", ".docker/config.json": '{"auths": {}}',
+           ".git-credentials": "https://u:token@host", ".kube/config": "token: x", ".pgpass": "*:*:*:u:pw",
            # issue 64: files no list named, each read by a job before reads in the home became an allow-list
            ".claude/.credentials.json": "{}", ".codex/auth.json": "{}", ".gemini/oauth_creds.json": "{}",
            ".config/Claude/claude_desktop_config.json": "{}", ".cursor/mcp.json": "{}",
