@@ -4,6 +4,7 @@ granted), and a job without a worktree that plants a hook or a program-running s
 put back and said; files other programs run later are named. The fake Hermes' `!shell=SCRIPT` is the job's
 shell; each attack is also run with the sandbox off, where it succeeds, so the test shows the sandbox is what
 refuses it."""
+import shlex
 import subprocess
 import zlib
 from pathlib import Path
@@ -565,9 +566,9 @@ def test_pre_commit_and_pytest_run_in_a_sandboxed_job_through_the_bridges_cache(
     script = bridge.tmp / "pre-commit.sh"
     script.write_text(f"""
 {attempt_function('hooks.log')}
-attempt pre-commit-home env PRE_COMMIT_HOME={home}/.cache/pre-commit {pre_commit} run --all-files
-attempt pre-commit {pre_commit} run --all-files
-attempt pytest {sys.executable} -m pytest -q -p no:xdist test_tiny.py
+attempt pre-commit-home env PRE_COMMIT_HOME={home}/.cache/pre-commit {shlex.quote(str(pre_commit))} run --all-files
+attempt pre-commit {shlex.quote(str(pre_commit))} run --all-files
+attempt pytest {shlex.quote(sys.executable)} -m pytest -q -p no:xdist test_tiny.py
 """)
     with bridge.client() as client:
         job = final(client, task=f"!shell={script}", cwd=str(bridge.root))

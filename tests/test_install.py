@@ -4,6 +4,7 @@ it found, naming every config place and what is wrong with Hermes' path), `--ini
 register_with_claude.py against fake homes of each OS and host."""
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -866,7 +867,8 @@ def test_try_on_a_terminal_asks_the_question_itself_and_relays_the_answer(bridge
     socket = str(bridge.tmp / "tmux.sock")
     env = dict(bridge.env, FAKE_HERMES_ACP="1")
     log = bridge.tmp / "try.out"
-    command = f"{sys.executable} {SERVER} --try '!ask=touch+tried.txt' > >(tee {log}) 2>&1; echo EXIT=$? >> {log}"
+    command = (f"{shlex.quote(sys.executable)} {shlex.quote(str(SERVER))} --try '!ask=touch+tried.txt' "
+               f"> >(tee {shlex.quote(str(log))}) 2>&1; echo EXIT=$? >> {shlex.quote(str(log))}")
     subprocess.run([tmux, "-S", socket, "new-session", "-d", "-x", "200", "-y", "50", "env", "-i",
                     *(f"{key}={value}" for key, value in env.items()), "bash", "-c", command], check=True)
     try:
