@@ -35,6 +35,11 @@ PACKAGE_REGISTRIES = ("pypi.org", "files.pythonhosted.org", "registry.npmjs.org"
 PROVIDER_HOSTS = {"openrouter": "openrouter.ai", "anthropic": "api.anthropic.com", "openai": "api.openai.com",
                   "nous": "inference-api.nousresearch.com", "gemini": "generativelanguage.googleapis.com",
                   "deepseek": "api.deepseek.com", "xai": "api.x.ai"}
+# The hosts Hermes' own process reaches at every start whatever its model (model metadata, a provider's catalogue;
+# 0.19.0 sends CONNECT to openrouter.ai with a model on 127.0.0.1). Where the proxy cannot tell Hermes' process
+# from its tools' (no /proc: Windows, macOS), a request to one of them is taken for Hermes' own and refused
+# without a question: else every job there would open by asking the user about a host they never named.
+HERMES_START_HOSTS = frozenset({*PROVIDER_HOSTS.values(), "models.dev"})
 HOST_RE = re.compile(r"(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
 METADATA_ADDRESSES = frozenset({ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"),
                                 ipaddress.ip_address("100.100.100.200")})
@@ -302,7 +307,8 @@ class JobProxy:
             # Hermes' own process fetches by itself at every start (its update check on PyPI, model metadata from
             # models.dev and openrouter.ai, its catalog on GitHub): under ask only the tools it runs are asked
             # about, or every job would open with questions nobody asked for
-            asking = self.policy.mode == "ask" and not self.from_hermes(client)
+            asking = self.policy.mode == "ask" and not self.from_hermes(client) and not (
+                host in HERMES_START_HOSTS and not os.path.exists("/proc/net/tcp"))
             if asking and self._asked(where):
                 rule = HostRule(host, port)
             else:

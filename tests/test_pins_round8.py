@@ -204,3 +204,25 @@ def test_registrations_next_line_gives_the_headless_command_that_works_per_host(
     assert "register again with --approve-tools" in next_step("gemini", approve_tools=False)
     assert "MCP_CONNECTION_NONBLOCKING=false claude -p" in next_step("claude-code", approve_tools=False)
     assert "Headless" not in next_step("claude-desktop", approve_tools=False)
+
+
+def test_where_the_proxy_cannot_tell_hermes_from_its_tools_hermes_start_up_hosts_are_not_asked_about(
+        monkeypatch: Any) -> None:
+    """Found by the Windows lane under the new default (network: ask): Hermes 0.19.0 sends CONNECT to
+    openrouter.ai at its start with a model on 127.0.0.1, and where no /proc tells its process from its tools'
+    the job opened by asking the user about it. Such a host is refused unasked there, said as Hermes' own."""
+    from claude_hermes_bridge import network
+
+    real_exists = os.path.exists
+    monkeypatch.setattr(network.os.path, "exists", lambda path: path != "/proc/net/tcp" and real_exists(path))
+    asked: list[str] = []
+    proxy = JobProxy(NetworkPolicy("ask", (), ("127.0.0.1", 9)), ask=lambda where: asked.append(where) or "deny")
+    try:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as connection:
+            connection.sendall(b"CONNECT openrouter.ai:443 HTTP/1.1\r\nHost: openrouter.ai:443\r\n\r\n")
+            answer = connection.recv(65536)
+    finally:
+        proxy.close()
+    assert answer.startswith(b"HTTP/1.1 403") and asked == [], answer
+    assert proxy.refusals == ["openrouter.ai:443 (not on network_allow; Hermes' own request, not a tool's: not "
+                              "asked about)"], proxy.refusals
