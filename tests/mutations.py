@@ -290,7 +290,7 @@ MUTATIONS = (
              'standby.py', 'usable_hermes(cfg), standby.shape) == standby.key',
              'usable_hermes(cfg), standby.shape) == standby.key or True',
              'tests/test_pins_round8.py', 'settings_changed'),
-    Mutation(59, "where no /proc tells Hermes from its tools, every job opens by asking about Hermes' own start-up host",
+    Mutation(59, "where no /proc tells Hermes from its tools, each job opens asking about Hermes' own start-up host",
              'network.py', 'host in HERMES_START_HOSTS and not os.path.exists("/proc/net/tcp"))',
              'False)',
              'tests/test_pins_round8.py', 'cannot_tell'),
