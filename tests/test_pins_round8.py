@@ -216,7 +216,11 @@ def test_where_the_proxy_cannot_tell_hermes_from_its_tools_hermes_start_up_hosts
     real_exists = os.path.exists
     monkeypatch.setattr(network.os.path, "exists", lambda path: path != "/proc/net/tcp" and real_exists(path))
     asked: list[str] = []
-    proxy = JobProxy(NetworkPolicy("ask", (), ("127.0.0.1", 9)), ask=lambda where: asked.append(where) or "deny")
+
+    def ask(where: str) -> str:
+        asked.append(where)
+        return "deny"
+    proxy = JobProxy(NetworkPolicy("ask", (), ("127.0.0.1", 9)), ask=ask)
     try:
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as connection:
             connection.sendall(b"CONNECT openrouter.ai:443 HTTP/1.1\r\nHost: openrouter.ai:443\r\n\r\n")
