@@ -40,6 +40,7 @@ PROVIDER_HOSTS = {"openrouter": "openrouter.ai", "anthropic": "api.anthropic.com
 # from its tools' (no /proc: Windows, macOS), a request to one of them is taken for Hermes' own and refused
 # without a question: else every job there would open by asking the user about a host they never named.
 HERMES_START_HOSTS = frozenset({*PROVIDER_HOSTS.values(), "models.dev"})
+CAN_TELL_HERMES = sys.platform.startswith("linux")  # socket_owned_by reads Linux's /proc
 HOST_RE = re.compile(r"(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
 METADATA_ADDRESSES = frozenset({ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"),
                                 ipaddress.ip_address("100.100.100.200")})
@@ -308,7 +309,7 @@ class JobProxy:
             # models.dev and openrouter.ai, its catalog on GitHub): under ask only the tools it runs are asked
             # about, or every job would open with questions nobody asked for
             asking = self.policy.mode == "ask" and not self.from_hermes(client) and not (
-                host in HERMES_START_HOSTS and not os.path.exists("/proc/net/tcp"))
+                host in HERMES_START_HOSTS and not CAN_TELL_HERMES)
             if asking and self._asked(where):
                 rule = HostRule(host, port)
             else:

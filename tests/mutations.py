@@ -291,7 +291,7 @@ MUTATIONS = (
              'usable_hermes(cfg), standby.shape) == standby.key or True',
              'tests/test_pins_round8.py', 'settings_changed'),
     Mutation(59, "where no /proc tells Hermes from its tools, each job opens asking about Hermes' own start-up host",
-             'network.py', 'host in HERMES_START_HOSTS and not os.path.exists("/proc/net/tcp"))',
+             'network.py', 'host in HERMES_START_HOSTS and not CAN_TELL_HERMES)',
              'False)',
              'tests/test_pins_round8.py', 'cannot_tell'),
 )
