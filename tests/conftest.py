@@ -20,9 +20,10 @@ def bridge(tmp_path: Path) -> Iterator[Bridge]:
 RUNNING: dict[str, pytest.Item] = {}  # the test running in this worker, for the tier check below
 
 
-@pytest.fixture(autouse=True)
-def running_test(request: pytest.FixtureRequest) -> None:
-    RUNNING["test"] = request.node
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The test about to run, before any fixture of its own is made (a module's fixture is made for its first
+    test: that test is the one that asks for the component)."""
+    RUNNING["test"] = item
 
 
 def in_end_to_end_tier(what: str) -> None:
