@@ -31,6 +31,7 @@ the MCP stack). A module imports only from modules above it in this list (tests/
   folder_changes ..... [both] what a job changed in its folder: listings compared (snapshot_folder), human_size
   git_calls .......... [both] the bridge's own git, which runs no program a repository's config or attributes name
   worktrees .......... [both] a worktree job's repository, its worktree made and removed, its work saved
+  executors .......... [both] a job's commands elsewhere: a docker container, an ssh host (docs/executors.md)
   repo_guard ......... [both] a worktree job's shared repository: config and hooks put back, refs named
   landing ............ [server] a worktree job's work landed (hermes_land): merged, applied or discarded
   home_guard ......... [supervisor] a sandboxed job's Hermes settings (config.yaml, .env, skills, ...) put back
@@ -69,8 +70,7 @@ the outcome through jobs) ← bodies (wait_for_end polls the record: JobStore.re
 import os
 import sys
 
-# The package beside this file, however it is started (runpy, an embeddable CPython whose ._pth leaves the
-# script's folder off the path)
+# The package beside this file, however it is started (runpy, an embeddable CPython's ._pth leaves it off)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from claude_hermes_bridge.entry import console_main  # noqa: E402

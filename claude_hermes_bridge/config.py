@@ -4,6 +4,7 @@ import functools
 import json
 import math
 import os
+import re
 import stat
 import time
 from pathlib import Path
@@ -45,8 +46,8 @@ def setting(default: Any, described: str, types: tuple[type, ...], purpose: str,
     """A Config field that is a setting: its default and its Setting (read back through SETTINGS). A setting
     of choices is described by them (described is then left empty)."""
     meta = {"setting": Setting(described or one_of(choices, '"'), types, purpose, low, high, choices)}
-    if isinstance(default, list):
-        return dataclasses.field(default_factory=functools.partial(list, default), metadata=meta)
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=functools.partial(type(default), default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -121,6 +122,11 @@ class Config:
     pass_environment: list[str] = setting([], "a list of environment variable names (NAME* for a prefix)", (list,),
                                           "more of the server's environment a job is handed (it gets only what a "
                                           "shell, a toolchain and Hermes need)")
+    executors: dict[str, Any] = setting({}, "a table of names, each {\"kind\": \"docker\", \"image\": ...} or "
+                                        "{\"kind\": \"ssh\", \"host\": ..., \"user\": ..., \"key\": ...}",
+                                        (dict,), "where a job may run besides this machine (docs/executors.md)")
+    default_executor: str = setting("local", "an executor's name", (str,),
+                                    "where a job given no executor runs (local: this machine)")
     jobs_dir: str | None = setting(None, *FOLDER_OR_NULL, "the jobs folder (else the per-user state folder)")
     logs_dir: str | None = setting(None, *FOLDER_OR_NULL, "the audit log's folder (else the per-user one)")
     read_anywhere: bool = setting(False, *FLAG, "let hermes_read read outside the allowed roots")
@@ -367,6 +373,14 @@ def validate_config(cfg: Config) -> list[str]:
         problems.append(f"network_allow: {problem} (write a host name, *.domain, an address, each with an optional "
                         ":port); network_allow is ignored until it is fixed")
         cfg.network_allow = []
+    table, executor_problems = parse_executors(cfg.executors)
+    problems += [f"executors: {problem}; executors is ignored until it is fixed (docs/executors.md)"
+                 for problem in executor_problems]
+    if executor_problems:
+        cfg.executors = {}
+    if cfg.default_executor != LOCAL and cfg.default_executor not in table:
+        problems.append(f"default_executor {cfg.default_executor!r} is not in executors (local used)")
+        cfg.default_executor = LOCAL
     if cfg.hermes_exe_path and not os.path.exists(cfg.hermes_exe_path):
         problems.append(f"hermes_exe {cfg.hermes_exe!r} does not exist (looked at {cfg.hermes_exe_path})")
     if cfg.default_cwd and not within_any(os.path.realpath(os.path.expanduser(cfg.default_cwd)), cfg.roots):
@@ -471,6 +485,104 @@ def resolve_path(path: str, what: str) -> str:
         raise Refused(f"{what} '{shown(path)}' does not exist") from None
     except OSError as exc:  # symlink loop, name too long, permission
         raise Refused(f"{what} '{shown(path)}' cannot be resolved: {exc.strerror or exc}") from None
+
+
+LOCAL = "local"  # the executor that is this machine
+EXECUTOR_KINDS = ("docker", "ssh")
+EXECUTOR_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
+# Each kind's keys: required, then optional with their JSON types.
+EXECUTOR_KEYS: dict[str, tuple[tuple[str, ...], dict[str, tuple[type, ...]]]] = {
+    "docker": (("image",), {"docker_host": (str,), "network": (str,)}),
+    "ssh": (("host", "user", "key"), {"port": (int,), "remote_root": (str,)}),
+}
+CONTAINER_NETWORKS = ("job", "none")  # follow the job's network mode, or never any
+SAFE_WORD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,199}$")  # what goes on a command line as one word
+
+
+@dataclasses.dataclass(frozen=True)
+class Executor:
+    """Where a job's commands run, one entry of the executors table: a container made for the job by a docker
+    daemon, or another host over ssh. Hermes itself, its model calls, approvals and budgets stay here."""
+
+    name: str
+    kind: str
+    image: str = ""
+    docker_host: str = ""
+    network: str = "job"
+    host: str = ""
+    user: str = ""
+    key: str = ""
+    port: int = 22
+    remote_root: str = ".hermes-bridge"
+
+    def described(self) -> str:
+        """The EXECUTOR line's words: the name and what it is (never the key)."""
+        if self.kind == "docker":
+            daemon = f", daemon {self.docker_host}" if self.docker_host else ""
+            return f"{self.name} (docker image {self.image}{daemon})"
+        port = f" port {self.port}" if self.port != 22 else ""
+        return f"{self.name} (ssh {self.user}@{self.host}{port})"
+
+    def as_record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def of_record(cls, saved: dict[str, Any]) -> "Executor":
+        known = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in saved.items() if key in known})
+
+
+def parse_executors(table: Any) -> tuple[dict[str, Executor], list[str]]:
+    """The executors table read (a config file is untrusted input): every name, kind and key checked, each
+    value one safe word (it goes on docker's and ssh's command lines). Any problem: the problems, and no table."""
+    if not isinstance(table, dict):
+        return {}, ["it must be a table of names"]
+    found: dict[str, Executor] = {}
+    problems: list[str] = []
+    for name, entry in table.items():
+        if name == LOCAL or not EXECUTOR_NAME_RE.match(name):
+            problems.append(f"{shown(name, 60)!r} is not a name for an executor (letters, digits, _ . -; not local)")
+            continue
+        if not isinstance(entry, dict) or entry.get("kind") not in EXECUTOR_KINDS:
+            problems.append(f"{name}: kind must be {one_of(EXECUTOR_KINDS, chr(34))}")
+            continue
+        required, optional = EXECUTOR_KEYS[entry["kind"]]
+        values = {key: value for key, value in entry.items() if key != "kind"}
+        missing = [key for key in required if key not in values]
+        unknown = [key for key in values if key not in required and key not in optional]
+        wrong = [key for key, value in values.items() if key not in unknown and (
+            not isinstance(value, optional.get(key, (str,))) or isinstance(value, bool)
+            or (isinstance(value, str) and not SAFE_WORD_RE.match(value)))]
+        if missing or unknown or wrong:
+            said = [f"{', '.join(missing)} missing" if missing else "", f"unknown {', '.join(unknown)}" if unknown
+                    else "", f"{', '.join(wrong)} not one word of letters, digits and _ . : / @ + -" if wrong else ""]
+            problems.append(f"{name} ({entry['kind']}): " + "; ".join(part for part in said if part))
+            continue
+        if values.get("network", "job") not in CONTAINER_NETWORKS:
+            problems.append(f"{name}: network must be {one_of(CONTAINER_NETWORKS, chr(34))}")
+            continue
+        if "port" in values and not 0 < values["port"] < 65536:
+            problems.append(f"{name}: port must be 1 to 65535")
+            continue
+        if entry["kind"] == "ssh" and not os.path.isabs(os.path.expanduser(values["key"])):
+            problems.append(f"{name}: key must be an absolute path")
+            continue
+        found[name] = Executor(name=name, kind=entry["kind"], **values)
+    return ({}, problems) if problems else (found, [])
+
+
+def executor_named(cfg: Config, name: str | None) -> Executor | None:
+    """The executor a job asks for (None: the default_executor); None for local. An unknown name is refused,
+    naming the known ones."""
+    wanted = name or cfg.default_executor
+    if wanted == LOCAL:
+        return None
+    table, _ = parse_executors(cfg.executors)
+    if wanted not in table:
+        known = ", ".join([LOCAL, *table])
+        raise Refused(f"executor {shown(wanted, 60)!r} is not in the executors table of {cfg.path} (known: {known}); "
+                      "name one of those, or add it there (docs/executors.md)")
+    return table[wanted]
 
 
 def confine_cwd(cfg: Config, cwd: str | None) -> str:

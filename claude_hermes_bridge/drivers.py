@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Callable, cast
 
 from .acp_conversation import AcpConversation
-from .config import Config
+from .config import Config, Executor
+from .executors import ssh_wrappers, terminal_section, volume_mounts
 from .git_calls import GitFailed
 from .hermes_acp import (
     ACP_CANCEL_GRACE_S,
@@ -44,7 +45,7 @@ from .repo_guard import repository_around
 from .safe_io import IS_WINDOWS, Refused, open_regular, shown_whole, within_any
 from .sandbox import READABLE_IN_HOME, SESSION_SERVICES, step_argv, unreadable_paths
 from .sandbox import devices as sandbox_devices
-from .worktrees import common_git_folder, worktree_git_paths
+from .worktrees import common_git_folder, object_environment, worktree_git_paths
 
 
 # The ways to drive Hermes, behind one seam: `hermes chat` with the task on its command line or stdin (CliRun)
@@ -98,22 +99,24 @@ def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str]
                   extra_env: dict[str, str] | None = None, proxy_port: int | None = None,
                   confine_network: bool = False, mounts: list[str] | None = None,
                   cache: Path | None = None) -> tuple[list[str], dict[str, str]]:
-    """Hermes' command and environment (with extra_env): through the sandbox's step when writable is given, with
+    """Hermes' command and environment (with extra_env, the bridge's own, last: a docker job's DOCKER_HOST is
+    its executor's daemon, not a session service): through the sandbox's step when writable is given, with
     its private temporary folder, its mounts (sandbox_mounts), its project's tool cache (project_cache) and
     without the addresses of the user's session services; given proxy_port,
     every HTTP client pointed at the job's proxy (nothing sent around it), and with confine_network the
     operating system holding the job to it."""
-    env = {**hermes_env(cfg, marker), **(extra_env or {})}
+    env = hermes_env(cfg, marker)
     if proxy_port is not None:
         env = {key: value for key, value in env.items() if key not in NO_PROXY_VARIABLES}
         env.update(proxy_environment(proxy_port))
     if not writable:
-        return argv, env
+        return argv, {**env, **(extra_env or {})}
     env = {key: value for key, value in env.items() if key not in SESSION_SERVICES}
     env.update(TMPDIR=str(private_tmp), TEMP=str(private_tmp), TMP=str(private_tmp))
     env.update(cache_environment(cast(Path, cache)))
     unreadable = job_unreadable(cfg, writable, argv[0])
-    return step_argv(writable, argv, unreadable, proxy_port if confine_network else None, mounts), env
+    return step_argv(writable, argv, unreadable, proxy_port if confine_network else None, mounts), {
+        **env, **(extra_env or {})}
 
 
 # Where the tools a job runs keep their caches, redirected from the user's home (which a sandboxed job cannot
@@ -278,6 +281,25 @@ def sandbox_extra(cfg: Config) -> list[str]:
     return [path for path in cfg.sandbox_writable if os.path.isabs(path) and os.path.isdir(path)]
 
 
+def executor_terminal(store: JobStore, record: JobRecord, folder: str) -> dict[str, Any] | None:
+    """Hermes' terminal section for a job on an executor (None: here). docker: the job's folders and what git
+    needs there mounted at the same paths, the repository's git folder read-only as the sandbox holds it
+    (git_folder_mounts, whether or not this machine has a sandbox). ssh: the remote worktree carry_out made,
+    the key copied into the job's policy folder (ssh_wrappers)."""
+    if not record.executor:
+        return None
+    executor = Executor.of_record(record.executor)
+    worktree = record.worktree
+    if executor.kind == "ssh":
+        section = terminal_section(executor, record.id, store.root, str(cast(dict[str, Any], worktree)["remote"]), [],
+                                   record.network_mode or "open")
+        return dict(section, ssh_key=str(store.policy_path(record.id) / "ssh" / "key"))
+    own = worktree["path"] if worktree else folder
+    volumes = volume_mounts(own, worktree_git_paths(worktree), git_folder_mounts(folder, worktree))
+    objects = object_environment(worktree["objects"], worktree["repo"]) if worktree and "objects" in worktree else {}
+    return terminal_section(executor, record.id, store.root, own, volumes, record.network_mode or "open", objects)
+
+
 def confinement_shape(network: str, worktree: dict[str, Any] | None) -> dict[str, Any]:
     """What of a job's own request decides how its Hermes is confined, beyond the settings and its folder: its
     network mode (a limited one puts Hermes behind the job's own proxy, made by its supervisor) and, for a worktree
@@ -308,6 +330,7 @@ class HermesRun:
         self.start_process = start_process or self.start_default
         self.save = save or functools.partial(write_record, store, record)
         self.policy_dir: Path | None = None
+        self.terminal: dict[str, Any] | None = None  # Hermes' terminal backend for a job on an executor
 
     @classmethod
     def plan(cls, cfg: Config, exe: str, record: JobRecord, task: str, folder: str, task_path: Path | None,
@@ -358,8 +381,12 @@ class HermesRun:
 
     def with_policy(self, env: dict[str, str], timeout_s: int) -> dict[str, str]:
         """The environment with this job's own managed policy (approval_policy_dir), removed by cleanup."""
-        self.policy_dir = approval_policy_dir(timeout_s, self.store.policy_path(self.record.id))
-        return dict(env, HERMES_MANAGED_DIR=str(self.policy_dir))
+        self.policy_dir = approval_policy_dir(timeout_s, self.store.policy_path(self.record.id), self.terminal)
+        env = dict(env, HERMES_MANAGED_DIR=str(self.policy_dir))
+        if self.record.executor and self.record.executor["kind"] == "ssh":
+            found = ssh_wrappers(Executor.of_record(self.record.executor), self.policy_dir)
+            env["PATH"] = found + os.pathsep + env.get("PATH", "")
+        return env
 
     def cleanup(self) -> None:
         """Remove what the driver made for the job: its managed policy folder."""

@@ -89,11 +89,14 @@ def driver_names(exe: str, folder: str, locating: list[str]) -> dict[str, set[st
     return names
 
 
-def override_environment(names: dict[str, set[str]], transport: bool = False) -> dict[str, str]:
-    """FIXED_OVERRIDES (and NO_TRANSPORT unless transport) and each defined driver's DRIVER_OVERRIDES as
-    GIT_CONFIG_COUNT/KEY/VALUE (git 2.31+): a key travels apart from its value, so no driver name can be misread
-    as a value."""
+def override_environment(names: dict[str, set[str]], transport: bool = False,
+                         protocol: str | None = None) -> dict[str, str]:
+    """FIXED_OVERRIDES (and NO_TRANSPORT unless transport, with protocol alone allowed if given) and each defined
+    driver's DRIVER_OVERRIDES as GIT_CONFIG_COUNT/KEY/VALUE (git 2.31+): a key travels apart from its value, so no
+    driver name can be misread as a value; of two values for one key, git takes the later."""
     pairs = [*FIXED_OVERRIDES, *(() if transport else NO_TRANSPORT)]
+    if protocol:
+        pairs.append((f"protocol.{protocol}.allow", "always"))
     for kind, settings in DRIVER_OVERRIDES.items():
         pairs += [(f"{kind}.{name}.{key}", value) for name in sorted(names.get(kind, ())) for key, value in settings]
     environment = {"GIT_CONFIG_COUNT": str(len(pairs)), **({} if transport else {"GIT_NO_LAZY_FETCH": "1"})}
@@ -104,16 +107,17 @@ def override_environment(names: dict[str, set[str]], transport: bool = False) ->
 
 
 def git(folder: str, *args: str, env: dict[str, str] | None = None, timeout_s: float = GIT_TIMEOUT_S,
-        stdout: Any = None, check: bool = True, given: Any = None,
-        transport: bool = False) -> subprocess.CompletedProcess[bytes]:
+        stdout: Any = None, check: bool = True, given: Any = None, transport: bool = False,
+        protocol: str | None = None) -> subprocess.CompletedProcess[bytes]:
     """git in folder with every program-running setting overridden (see FIXED_OVERRIDES), no transport unless
-    asked for (NO_TRANSPORT), none of the caller's git environment, and no prompt. Leading --git-dir=/--work-tree=
+    asked for (NO_TRANSPORT; protocol: that one alone, for the bridge's own push and fetch to an ssh executor),
+    none of the caller's git environment, and no prompt. Leading --git-dir=/--work-tree=
     options in args pin the repository (and a worktree's common folder: pinned_common). stdout: a file to stream
     into (a patch can be large); given: its input (bytes, or a file to stream from)."""
     exe = git_executable()
     locating = [arg for arg in args[:2] if arg.startswith(LOCATING_OPTIONS)]
     try:
-        overrides = override_environment(driver_names(exe, folder, locating), transport)
+        overrides = override_environment(driver_names(exe, folder, locating), transport, protocol)
         environment = clean_environment({**overrides, **pinned_common(locating), **(env or {})})
         streamed = given is not None and not isinstance(given, bytes)
         done = subprocess.run([exe, "--no-pager", "-C", folder, *args], input=None if streamed else given,

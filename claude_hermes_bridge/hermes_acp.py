@@ -107,7 +107,7 @@ def choose_driver(cfg: Config, exe: str, session: str | None = None) -> tuple[st
                   "forwarded"
 
 
-def approval_policy_dir(timeout_s: int, folder: Path) -> Path:
+def approval_policy_dir(timeout_s: int, folder: Path, terminal: dict[str, Any] | None = None) -> Path:
     """A private folder for Hermes' managed scope (HERMES_MANAGED_DIR, whose config.yaml wins over the user's
     per key; read by the CLI and ACP of 0.19 to 0.22): approvals.mode manual, so Hermes asks before every
     dangerous command whatever the user's own mode (smart would let Hermes' auxiliary model approve by itself),
@@ -115,7 +115,8 @@ def approval_policy_dir(timeout_s: int, folder: Path) -> Path:
     there cannot let a one-shot CLI run what nobody was asked about. A managed scope already in force (IT
     policy) is kept: its config is merged under ours, its .env copied. folder: made afresh here (in the jobs
     folder, named by the job or standby it is for, so a supervisor killed before its cleanup leaves it where
-    retention removes it; a sandboxed job cannot write there)."""
+    retention removes it; a sandboxed job cannot write there). terminal: Hermes' terminal section for a job on
+    an executor (executors.terminal_section), in place of any the managed scope had."""
     import shutil
 
     import yaml
@@ -135,6 +136,8 @@ def approval_policy_dir(timeout_s: int, folder: Path) -> Path:
     approvals = policy.get("approvals")
     policy["approvals"] = {**(approvals if isinstance(approvals, dict) else {}), "mode": "manual",
                            "timeout": timeout_s, "single_query_mode": "deny"}
+    if terminal:
+        policy["terminal"] = terminal
     (folder / "config.yaml").write_text(yaml.safe_dump(policy), encoding="utf-8")
     return folder
 

@@ -7,21 +7,24 @@ import dataclasses
 import shutil
 import time
 from pathlib import Path
+from typing import Any, cast
 
-from .config import audit
+from .config import Executor, audit
 from .drivers import HermesRun, job_unreadable
+from .executors import carry_back, remove_job_containers, remove_remote_worktree
 from .folder_changes import FolderWatch
+from .git_calls import GitFailed
 from .hermes_cli import read_tail
 from .hermes_store import StoreUnavailable, read_store, refusal_texts
 from .home_guard import restore_home
 from .job_network import JobNetwork
 from .job_queue import start_queued
-from .jobs import GUARD_NOTES_KEPT, LATE_ANSWERS_KEPT, REFUSED_PATHS_KEPT, Outcome
+from .jobs import GUARD_NOTES_KEPT, LATE_ANSWERS_KEPT, REFUSED_PATHS_KEPT, JobState, Outcome
 from .repo_guard import check_repository
 from .safe_io import DamagedRecord, clean_text, disk_error, within_any
 from .sandbox import refused_paths
 from .supervised_job import SupervisedJob
-from .worktrees import save_worktree_work
+from .worktrees import object_environment, save_worktree_work, worktree_git
 
 REFUSAL_LOG_BYTES = 262144  # the end of the job's log read for refused writes
 OUTCOME_RETRY_S = 1800.0
@@ -53,6 +56,8 @@ class JobFinish:
                 self.run.report(session_id)
             except Exception as exc:  # the outcome is written whatever the driver did
                 job.note(f"could not tell the job's session: {exc}")
+        if record.executor:
+            outcome = self.finish_executor(outcome)
         record.change_state(outcome.state, outcome.reason, exit_code)
         record.session_id = session_id
         record.late_answers = [*record.late_answers, *store.answers_file(job.job_id)[1]][-LATE_ANSWERS_KEPT:]
@@ -84,6 +89,33 @@ class JobFinish:
         audit(job.cfg, event="job", job_id=job.job_id, state=outcome.state.value, exit_code=exit_code,
               reason=outcome.reason)
         start_queued(job.cfg, store)  # the slot is free: the oldest queued job starts, server or not
+
+    def finish_executor(self, outcome: Outcome) -> Outcome:
+        """A docker job's containers removed, however it ended; an ssh job's work brought back from the host into
+        its local worktree (the host lost: the job is an error naming it, and the worktree keeps its start)."""
+        job = self.job
+        record = job.record
+        executor = Executor.of_record(cast(dict[str, Any], record.executor))
+        if executor.kind == "docker":
+            record.executor_report = remove_job_containers(executor, job.store.root, job.job_id)
+            return outcome
+        worktree = record.worktree
+        if not worktree or "remote" not in worktree:
+            return outcome
+        try:
+            objects = object_environment(str(job.store.worktree_objects_path(worktree.get("job", job.job_id))),
+                                         worktree["repo"])
+            commit = carry_back(executor, worktree, worktree_git(worktree), objects, job.job_id)
+        except GitFailed as exc:
+            record.executor_report = f"nothing came back from {executor.host}: {exc}"
+            if outcome.state != JobState.OK:
+                return outcome
+            return Outcome(JobState.ERROR, outcome.exit_code, f"the host {executor.host} was lost before the job's "
+                           f"work came back ({exc}); the branch keeps the job's start")
+        remove_remote_worktree(executor, worktree)
+        record.executor_report = (f"the job's branch came back from {executor.host} at {commit[:12]} (its remote "
+                                  "worktree removed)")
+        return outcome
 
     def write_outcome(self) -> bool:
         """The outcome, written once the disk takes it: a full or read-only jobs folder is waited out with

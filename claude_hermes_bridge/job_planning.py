@@ -4,10 +4,11 @@ import os
 from pathlib import Path
 from typing import Any, cast
 
-from .config import Config
+from .config import Config, Executor
 from .drivers import (
     LaunchPlan,
     WarmStart,
+    executor_terminal,
     job_unreadable,
     plan_launch,
     private_tmp_of,
@@ -17,7 +18,8 @@ from .drivers import (
     sandbox_writable,
     usable_hermes,
 )
-from .git_calls import GitFailed
+from .executors import carry_out, docker_environment, docker_socket, probe_mount
+from .git_calls import GitFailed, git
 from .home_guard import guard_home
 from .job_network import JobNetwork
 from .jobs import MAX_TASK_BYTES, JobState, Outcome
@@ -39,6 +41,8 @@ class JobPlanner:
         self.mounts: list[str] = []  # what the job's mount namespace makes (drivers.sandbox_mounts)
         self.cache: Path | None = None  # its project's tool cache (drivers.project_cache)
         self.private_tmp: Path | None = None
+        self.terminal: dict[str, Any] | None = None  # Hermes' terminal backend for a job on an executor
+        self.executor_env: dict[str, str] = {}  # what Hermes' own process needs to reach it (DOCKER_HOST)
 
     def plan(self) -> LaunchPlan | Outcome:
         """The launch plan, or the outcome that says why Hermes was not started."""
@@ -70,6 +74,8 @@ class JobPlanner:
             task = read_capped(task_path, MAX_TASK_BYTES).decode("utf-8")
             if refusal := self.plan_sandbox(folder, exe):
                 return refusal
+            if record.executor:
+                self.plan_executor(folder)
             if refused := self.network.start(sandboxed=bool(self.writable),
                                              warm_proxy=self.warm.proxy if self.warm else None):
                 return Outcome(JobState.ERROR, None, refused)
@@ -83,6 +89,30 @@ class JobPlanner:
             return Outcome(JobState.ERROR, None, f"the job's repository could not be recorded before Hermes started "
                            f"({exc.strerror or exc}), so what the job changes in it could not be put back; Hermes was "
                            "not started")
+
+    def plan_executor(self, folder: str) -> None:
+        """A job on an executor: over ssh, its start pushed to the host and a remote worktree made there; its
+        Hermes' terminal section (self.terminal); docker's socket left reachable to Hermes' own process."""
+        job = self.job
+        record = job.record
+        executor = Executor.of_record(cast(dict[str, Any], record.executor))
+        if executor.kind == "ssh":
+            worktree = cast(dict[str, Any], record.worktree)
+            start = git(worktree["repo"], "rev-parse", "--verify", f"refs/heads/{worktree['branch']}^{{commit}}"
+                        ).stdout.decode().strip()
+            bare, remote = carry_out(executor, worktree["repo"], start, job.job_id, worktree["branch"])
+            worktree.update(remote=remote, remote_bare=bare)
+            job.note(f"the job's start {start[:12]} pushed to {executor.host}: its worktree there is {remote}")
+            job.save()
+        else:
+            own = record.worktree["path"] if record.worktree else folder
+            if problem := probe_mount(executor, job.job_id, job.store.root, own):
+                raise Refused(problem)
+            socket = docker_socket(executor)
+            self.mounts = [mount for mount in self.mounts if mount != f"hide:{socket}"]
+            self.executor_env = {"DOCKER_HOST": host} if (host := docker_environment(executor).get("DOCKER_HOST")) \
+                else {}
+        self.terminal = executor_terminal(job.store, record, folder)
 
     def confined_folder(self) -> str | None:
         """Check, then use the very thing checked: the folder is re-resolved and re-confined right before

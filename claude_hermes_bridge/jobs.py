@@ -223,6 +223,10 @@ def is_landed(value: Any) -> bool:
     return is_flat_dict(value) and is_text_fields(value, ("action", "how"))
 
 
+def is_executor(value: Any) -> bool:
+    return is_flat_dict(value) and is_text_fields(value, ("name", "kind"))
+
+
 def is_driver(value: Any) -> bool:
     return value in DRIVER_NAMES
 
@@ -316,6 +320,8 @@ class JobRecord:
     start: str | None = checked(is_text)  # warm, or cold and why: how Hermes came to the job
     prompt_sent_at: float | None = checked(is_number)  # when the task reached Hermes (ACP: session/prompt sent)
     steers: list[dict[str, Any]] = checked(is_steers, factory=list)  # guidance sent while it ran (hermes_steer)
+    executor: dict[str, Any] | None = checked(is_executor)  # where its commands ran (config.Executor); None: here
+    executor_report: str | None = checked(is_text)  # what became of its container, or what came back from the host
 
     def add_decision(self, decision: dict[str, Any]) -> None:
         """A question decided: counted, and kept among the newest DECISIONS_KEPT."""

@@ -9,8 +9,9 @@ import threading
 import time
 from typing import Any, cast
 
-from .config import Config, audit
+from .config import Config, audit, parse_executors
 from .drivers import confinement_shape
+from .executors import sweep_leftovers
 from .git_calls import GitFailed, git
 from .hermes_cli import locate_hermes
 from .job_queue import (
@@ -72,12 +73,14 @@ class JobRequest:
     max_cost_usd: float | None = None
     worktree: dict[str, Any] | None = None  # isolation "worktree": the repository and base, as the launch found them
     network: str = "open"  # what the job may reach (the setting, or narrower as the call asked)
+    executor: dict[str, Any] | None = None  # where its commands run (config.Executor.as_record); None: here
 
     def dedupe_key(self) -> str:
         import hashlib  # here, not at the top: it maps OpenSSL (3 MB) into every supervisor, which needs none
 
         identity = [self.kind, self.task, self.cwd, self.session_requested, self.skills, self.toolsets,
-                    *([self.worktree.get("from")] if self.worktree else []), self.network]
+                    *([self.worktree.get("from")] if self.worktree else []), self.network,
+                    *([self.executor["name"]] if self.executor else [])]
         return hashlib.sha256(json.dumps(identity).encode()).hexdigest()
 
     def record(self, job_id: str, log: str | None = None) -> JobRecord:
@@ -88,7 +91,8 @@ class JobRequest:
                          max_turns=self.max_turns, timeout_s=self.timeout_s, dedupe_key=self.dedupe_key(), log=log,
                          cwd_note=self.cwd_note, driver=self.driver, approval_mode=self.approval_mode,
                          max_tokens=self.max_tokens, max_cost_usd=self.max_cost_usd,
-                         worktree=dict(self.worktree) if self.worktree else None, network_mode=self.network)
+                         worktree=dict(self.worktree) if self.worktree else None, network_mode=self.network,
+                         executor=dict(self.executor) if self.executor else None)
 
 
 def launch_job(cfg: Config, request: JobRequest) -> tuple[JobRecord, str | None]:
@@ -200,6 +204,8 @@ def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> dict[str, 
         record.start = "cold: the CLI driver starts Hermes for each job"
     elif not cfg.warm_start:
         record.start = "cold: warm_start is off"
+    elif record.executor:
+        record.start = f"cold: a job on executor {record.executor['name']} starts a Hermes of its own"
     elif record.worktree and (refusal := warm_worktree_refusal(record.worktree)):
         record.start = f"cold: {refusal}"
     else:
@@ -340,6 +346,19 @@ def worktree_count(store: JobStore) -> str:
         count = 0
     return (f"{count} kept in {shown(str(folder))} (each until hermes_land merges or discards it, or retention "
             "removes its job)")
+
+
+def sweep_containers(cfg: Config) -> list[str]:
+    """At a server's start: the containers of this jobs folder's docker jobs that no longer run (their supervisor
+    was killed before it removed them), removed and said in the audit log."""
+    table, _ = parse_executors(cfg.executors)
+    if not any(executor.kind == "docker" for executor in table.values()):
+        return []
+    store = JobStore.of(cfg)
+    said = sweep_leftovers(list(table.values()), store.root, set(store.active_ids()))
+    for line in said:
+        audit(cfg, event="containers", removed=line)
+    return said
 
 
 def recover_worktrees(cfg: Config) -> int:

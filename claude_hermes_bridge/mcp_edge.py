@@ -34,7 +34,7 @@ from .config import Config, config_search, load_config
 from .health import health, server_instructions
 from .job_queue import queue_words, start_queued
 from .jobs import FINAL_STATES, JobState, JobStore, is_network_question
-from .launch import recover_worktrees
+from .launch import recover_worktrees, sweep_containers
 from .preflight import PACKAGE_DIR, VERSION, dependency_version
 from .render import QUESTIONS_SHOWN, ToolResult, deadline_words, job_details, status_result
 from .review import view_patch
@@ -470,7 +470,7 @@ def register_job_tools(registry: ToolRegistry) -> None:
                          skills: list[str] | str | None = None, toolsets: list[str] | str | None = None,
                          max_tokens: int | None = None, max_cost_usd: float | None = None,
                          isolation: str | None = None, isolation_base: str | None = None,
-                         network: str | None = None) -> CallToolResult:
+                         network: str | None = None, executor: str | None = None) -> CallToolResult:
         """Start a fresh Hermes job in cwd (an absolute folder inside the allowed roots). Returns the result
         if it ends within wait_s (default 5 s), else STATUS: running and a JOB_ID to pass to hermes_status.
         The task must be self-contained: absolute paths and a definition of done. max_tokens and
@@ -478,10 +478,11 @@ def register_job_tools(registry: ToolRegistry) -> None:
         isolation "worktree" runs the job in a git worktree of its own (cwd must be in a repository): its
         work lands only through hermes_land; isolation_base "working-tree" starts it from the user's
         uncommitted files too (default: HEAD). network narrows what the job may reach ("model-only",
-        "allow-list", "ask"; never wider than the user's setting)."""
+        "allow-list", "ask"; never wider than the user's setting). executor names where its commands run, from
+        the user's executors table (a docker container, another host over ssh; default: this machine)."""
         wait, ask = 0 if registry.tasks.as_task() else wait_s, user_asker(ctx, registry.tasks)
         arguments = LaunchArguments(task, cwd, max_turns, timeout_s, skills, toolsets, max_tokens, max_cost_usd,
-                                    isolation, isolation_base, network)
+                                    isolation, isolation_base, network, executor)
         return await registry.respond(
             "hermes_run", lambda cfg: run_tool(cfg, arguments, wait, ctx.report_progress, ask), task)
 
@@ -489,13 +490,14 @@ def register_job_tools(registry: ToolRegistry) -> None:
     async def hermes_resume(session_id: str, task: str, ctx: Any, cwd: str | None = None,
                             max_turns: int | None = None, timeout_s: float | None = None,
                             wait_s: float | None = None, max_tokens: int | None = None,
-                            max_cost_usd: float | None = None) -> CallToolResult:
+                            max_cost_usd: float | None = None, executor: str | None = None) -> CallToolResult:
         """Continue a Hermes session with a new task (session_id from a SESSION_ID line, or "latest" for the
         newest session a job of this bridge captured). Hermes resumes a session in the folder recorded for
         it, so the job runs there (it must be inside the allowed roots); cwd is only checked against it.
-        Same waiting rules as hermes_run."""
+        executor: as for hermes_run (default: where the session's job ran). Same waiting rules as hermes_run."""
         wait, ask = 0 if registry.tasks.as_task() else wait_s, user_asker(ctx, registry.tasks)
-        arguments = LaunchArguments(task, cwd, max_turns, timeout_s, max_tokens=max_tokens, max_cost_usd=max_cost_usd)
+        arguments = LaunchArguments(task, cwd, max_turns, timeout_s, max_tokens=max_tokens, max_cost_usd=max_cost_usd,
+                                    executor=executor)
         return await registry.respond("hermes_resume",
                              lambda cfg: resume_tool(cfg, session_id, arguments, wait, ctx.report_progress, ask), task)
 
@@ -679,6 +681,7 @@ async def serve(protocol_fds: tuple[int, int]) -> None:
     server = build_server(cfg, edge)
     threading.Thread(target=recover_worktrees, args=(cfg,), name="recover worktrees", daemon=True).start()
     threading.Thread(target=start_queued, args=(cfg, JobStore.of(cfg)), name="the queue", daemon=True).start()
+    threading.Thread(target=sweep_containers, args=(cfg,), name="leftover containers", daemon=True).start()
     release_freed_memory()
     lines = ProtocolLines(TextIOWrapper(os.fdopen(protocol_fds[0], "rb"), encoding="utf-8", errors="replace"))
     stdin = anyio.wrap_file(cast(Any, lines))

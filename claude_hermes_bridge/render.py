@@ -6,7 +6,8 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from .config import Config
+from .config import Config, Executor
+from .executors import container_network
 from .folder_changes import human_size, who_runs
 from .hermes_cli import read_tail, retry_advice
 from .hermes_store import (
@@ -256,10 +257,31 @@ def listed_paths(paths: list[str]) -> str:
     return ", ".join(shown(path, 200) for path in paths[:8]) + (" ..." if len(paths) > 8 else "")
 
 
+def executor_words(record: JobRecord) -> str:
+    """Where the job's commands ran, and what that changes about its boundary (docs/executors.md)."""
+    if not record.executor:
+        return "local (this machine)"
+    executor = Executor.of_record(record.executor)
+    if executor.kind == "docker":
+        network = ("the docker daemon's default network" if container_network(executor, record.network_mode or "open")
+                   else "none")
+        words = (f"{executor.described()}: the job's commands and file edits ran in a container made for this job "
+                 f"alone, its folder mounted at the same path, no Docker daemon reachable from inside, container "
+                 f"network {network} (Hermes and its model calls stay on this machine)")
+    else:
+        remote = (record.worktree or {}).get("remote")
+        words = (f"{executor.described()}: the job's commands and file edits ran on {executor.host} as "
+                 f"{executor.user}" + (f", in the worktree {remote}" if remote else "")
+                 + "; the bridge carries the work there and back with git (Hermes and its model calls stay here)")
+    return words + (f"; {record.executor_report}" if record.executor_report else "")
+
+
 def sandbox_lines(record: JobRecord) -> list[str]:
-    """What the operating system confined the job to, and what it changed of Hermes' settings and of its
-    repository's git folder (put back)."""
-    lines = [f"SANDBOX: {shown(record.sandbox, SANDBOX_CHARS)}"] if record.sandbox else []
+    """Where the job ran, what the operating system confined it to, and what it changed of Hermes' settings and
+    of its repository's git folder (put back)."""
+    lines = [f"EXECUTOR: {shown(executor_words(record), 1000)}"]
+    if record.sandbox:
+        lines.append(f"SANDBOX: {shown(record.sandbox, SANDBOX_CHARS)}")
     if record.read_only:
         lines.append(f"READ_ONLY: {shown(record.read_only, 1000)}")
     denied = []
@@ -429,7 +451,9 @@ def containment_facts(record: "JobRecord") -> list[list[str]]:
     refused), what it put back of a repository it worked in, and the files it changed that run later, as the job
     view's rows (the block's SANDBOX, SANDBOX_DENIED, NETWORK, REPOSITORY and RUNS_LATER lines; a worktree job's
     repository row is its worktree's)."""
-    rows = [["sandbox", shown(record.sandbox, SANDBOX_CHARS)]] if record.sandbox else []
+    rows = [["executor", shown(executor_words(record), 1000)]] if record.executor else []
+    if record.sandbox:
+        rows.append(["sandbox", shown(record.sandbox, SANDBOX_CHARS)])
     if record.sandbox_refused:
         rows.append(["refused by the sandbox", ", ".join(shown(path, 200) for path in record.sandbox_refused)])
     if record.sandbox_unread:

@@ -426,7 +426,7 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
     except (Refused, Exception):  # noqa: BLE001  (nothing to prepare for)
         return 0
     planned = worktree_plan(record.worktree) if record.worktree else None
-    if record.worktree and not planned:
+    if (record.worktree and not planned) or record.executor:  # a job on an executor starts its own Hermes
         return 0
     where = folder_below(planned["repo"], planned["subdir"]) if planned else record.cwd or ""
     if not os.path.isdir(where) or not within_any(os.path.realpath(where), cfg.roots):

@@ -92,6 +92,7 @@ class Supervisor:
             return plan
         self.run_ = driver_of(self.record)(self.cfg, self.store, self.record, plan.argv[0], self.job.write_log,
                                            self.start_process, self.job.save)
+        self.run_.terminal = self.planner.terminal
         proc, self.watching = self._start(plan, self.run_)
         return self.watching.watch(proc, self.run_)
 
@@ -125,11 +126,12 @@ class Supervisor:
                               self.network)
 
     def _git_environment(self) -> dict[str, str]:
-        """A worktree job's git writes objects to the job's own folder and reads the repository's (own_objects)."""
+        """A worktree job's git writes objects to the job's own folder and reads the repository's (own_objects);
+        a docker job's Hermes talks to its executor's daemon."""
         worktree = self.record.worktree
         if not worktree or "objects" not in worktree:
-            return {}
-        return object_environment(worktree["objects"], worktree["repo"])
+            return dict(self.planner.executor_env)
+        return {**object_environment(worktree["objects"], worktree["repo"]), **self.planner.executor_env}
 
     def _job_object_for(self, proc: subprocess.Popen[bytes]) -> WindowsJob | None:
         """Hermes in a job object of its own (a warm Hermes was put in one when it started); without one (nested

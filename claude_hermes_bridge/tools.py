@@ -14,11 +14,12 @@ from typing import Any, Generic, cast
 
 import psutil
 
-from .config import ISOLATIONS, Config, audit, confine_cwd, confine_read
+from .config import ISOLATIONS, Config, Executor, audit, confine_cwd, confine_read, executor_named
 from .drivers import plan_launch, usable_hermes
+from .executors import launch_refusal, readiness_refusal
 from .git_calls import GitFailed, git
 from .hermes_acp import choose_driver
-from .hermes_cli import NAME_RE, HermesCli, probe_cli
+from .hermes_cli import NAME_RE, HermesCli, hermes_version_on_disk, probe_cli
 from .hermes_store import StoreUnavailable, same_folder, session_folder
 from .jobs import (
     ANSWER_DECISIONS,
@@ -150,6 +151,7 @@ class LaunchArguments:
     isolation: Any = None
     isolation_base: Any = None
     network: Any = None
+    executor: Any = None
 
 
 def budget(name: str, value: Any, default: float | None, ceiling: float | None, whole: bool) -> Noted[float | None]:
@@ -195,15 +197,33 @@ def job_request(cfg: Config, kind: str, arguments: LaunchArguments, session: str
         raise Refused(f"{given} would do nothing here: this job drives Hermes over ACP, whose session takes neither "
                       "(Hermes gives an ACP session every toolset and loads skills as it needs them). Leave them "
                       "out, or set hermes_driver to \"cli\" in config.json for jobs that need them")
+    executor = executor_of(cfg, arguments.executor, resumed)
+    resumed = {key: value for key, value in resumed.items() if key != "executor"} if resumed else None
     isolation = (Noted(resumed) if resumed else
                  isolation_of(cfg, arguments.isolation, arguments.isolation_base, resolved_cwd))
+    if executor is not None and (refusal := (
+            launch_refusal(executor, driver, hermes_version_on_disk(exe), isolation.value, resolved_cwd)
+            or readiness_refusal(executor))):
+        raise Refused(refusal)
     request = JobRequest(kind=kind, task=task, cwd=resolved_cwd, max_turns=max_turns or cfg.default_max_turns,
                          timeout_s=timeout.value, skills=skills, toolsets=toolsets, session_requested=session,
                          cwd_note=cwd_note, driver=driver, approval_mode=cfg.approval_mode,
                          max_tokens=int(tokens.value) if tokens.value is not None else None, max_cost_usd=cost.value,
-                         worktree=isolation.value, network=network)
+                         worktree=isolation.value, network=network,
+                         executor=executor.as_record() if executor else None)
     check_launch(cfg, exe, request)
     return Noted(request, timeout.notes + tokens.notes + cost.notes + isolation.notes)
+
+
+def executor_of(cfg: Config, given: Any, resumed: dict[str, Any] | None) -> Executor | None:
+    """The executor a job runs on: the one the call names, else a resumed worktree's own job's (its work is
+    carried from there), else default_executor; None for this machine."""
+    if given is not None and not isinstance(given, str):
+        raise Refused(f'executor must be the name of one in config.json\'s executors, or "local", got '
+                      f"{shown(given, 40)}")
+    if given is None and resumed and resumed.get("executor"):
+        given = resumed["executor"]
+    return executor_named(cfg, given)
 
 
 def isolation_of(cfg: Config, isolation: Any, base: Any, cwd: str) -> Noted[dict[str, Any] | None]:
@@ -324,7 +344,8 @@ def resumed_worktree(cfg: Config, store: JobStore, folder: str) -> dict[str, Any
                                                    f"refs/heads/{worktree['branch']}", check=False).returncode:
         raise Refused(f"job {job_id}'s worktree and its branch {worktree['branch']} were discarded: the session's "
                       "work is gone from the repository (its patch may remain); start a fresh hermes_run")
-    return {key: value for key, value in worktree.items() if key != "work"} | {"job": job_id}
+    kept = {key: value for key, value in worktree.items() if key not in ("work", "remote", "remote_bare")}
+    return kept | {"job": job_id} | ({"executor": owner.executor["name"]} if owner.executor else {})
 
 
 JOBS_SCAN_LIMIT = 5000

@@ -1,0 +1,117 @@
+"""Issue 66 against the real Hermes 0.22.2 over ACP, driven by the scripted model: jobs whose commands run in a
+container of a real docker daemon (a Debian image built offline) or on another host over a real sshd
+(tests/executors_rig.sh starts both; .ci/run runs it), with the same evidence back: the block, the branch, the
+landing. Each command proves where it ran (the container has no /work; the remote user is not this one)."""
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_real_hermes import write_hermes_home
+from test_worktrees import git, make_repo
+
+from conftest import require_component
+from harness import REAL_HERMES_VERSIONS, BridgeClient, nothing_started, refused, wait_until
+from scripted_model import ScriptedModel
+
+pytestmark = [pytest.mark.e2e, pytest.mark.posix("docker and sshd run on the Linux lane")]
+
+RIG = Path(__file__).resolve().parent.parent / ".e2e" / "executors"
+IMAGE = "chb-e2e:bookworm"
+COMMIT = "git -c user.name=hermes -c user.email=hermes@test commit -qam"
+
+
+def docker_host() -> str:
+    socket = require_component(RIG / "docker" / "docker.sock", "the executors' docker daemon (tests/executors_rig.sh)")
+    return f"unix://{socket}"
+
+
+def job_containers(host: str, job_id: str) -> list[str]:
+    done = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=claude-hermes-bridge.job={job_id}"],
+                          capture_output=True, text=True, env={**os.environ, "DOCKER_HOST": host}, check=True)
+    return done.stdout.split()
+
+
+def final_of(client: BridgeClient, result: Any, timeout: float = 180) -> Any:
+    job_id = result.field("JOB_ID")
+    assert job_id, result.text
+    return wait_until(lambda: r if (r := client.call("hermes_status", job_id=job_id, wait_s=10)).field("STATUS")
+                      != "running" else None, timeout, f"job {job_id} to end")
+
+
+@pytest.fixture
+def on_docker(bridge):
+    exe = require_component(REAL_HERMES_VERSIONS["0.22.2"], "the real Hermes CLI 0.22.2")
+    host = docker_host()
+    home = bridge.tmp / "real-home"
+    with ScriptedModel(bridge.tmp) as model:
+        write_hermes_home(home, model.base_url)
+        bridge.configure(hermes_exe=str(exe), hermes_home=str(home), kill_grace_s=5, hermes_driver="acp",
+                         network="model-only",
+                         executors={"box": {"kind": "docker", "image": IMAGE, "docker_host": host}})
+        with bridge.client() as client:
+            yield bridge, client, host
+
+
+def test_a_docker_default_job_runs_in_its_container_and_its_file_lands_in_its_folder(on_docker):
+    bridge, client, host = on_docker
+    folder = bridge.root / "plain"
+    folder.mkdir()
+    steps = "Write.\nRUN: test ! -d /work && echo in-container > made.txt && echo done"
+    job = final_of(client, client.call("hermes_run", task=steps, cwd=str(folder), executor="box", wait_s=30))
+    assert job.field("STATUS") == "ok", job.text
+    assert (folder / "made.txt").read_text() == "in-container\n"
+    assert job.field("EXECUTOR").startswith(f"box (docker image {IMAGE}"), job.text
+    assert "container network none" in job.field("EXECUTOR"), job.text
+    assert job_containers(host, job.field("JOB_ID")) == []
+
+
+def test_a_docker_worktree_job_commits_in_its_container_and_the_merge_lands_it(on_docker):
+    bridge, client, host = on_docker
+    repo = make_repo(bridge.root / "repo")
+    steps = (f"Edit and commit.\nRUN: test ! -d /work && echo boxed > boxed.txt && git add -A && {COMMIT} 'boxed' "
+             "&& echo committed")
+    job = final_of(client, client.call("hermes_run", task=steps, cwd=str(repo), isolation="worktree",
+                                       executor="box", wait_s=30))
+    assert job.field("STATUS") == "ok", job.text
+    assert job.field("DIFF").startswith("1 file changed"), job.text
+    merged = client.call("hermes_land", job_id=job.field("JOB_ID"), action="merge")
+    assert merged.field("STATUS") == "ok", merged.text
+    assert (repo / "boxed.txt").read_text() == "boxed\n"
+    assert "boxed" in git(repo, "log", "--format=%s").splitlines()  # the commit made in the container
+
+
+def test_a_cancelled_docker_job_leaves_no_container(on_docker):
+    bridge, client, host = on_docker
+    folder = bridge.root / "slow"
+    folder.mkdir()
+    started = client.call("hermes_run", task="Wait.\nRUN: sleep 120", cwd=str(folder), executor="box", wait_s=1)
+    job_id = started.field("JOB_ID")
+    wait_until(lambda: job_containers(host, job_id) or None, 60, "the job's container")
+    client.call("hermes_cancel", job_id=job_id)
+    began = time.monotonic()
+    wait_until(lambda: job_containers(host, job_id) == [] or None, 20, "the container to go")
+    assert time.monotonic() - began < 20
+    final = final_of(client, started)
+    assert final.field("STATUS") == "cancelled", final.text
+
+
+def test_docker_refusals_name_the_problem_and_start_nothing(on_docker):
+    bridge, client, host = on_docker
+    folder = bridge.root / "p"
+    folder.mkdir()
+    unknown = client.call("hermes_run", task="x", cwd=str(folder), executor="nowhere")
+    assert refused(unknown, "executor 'nowhere' is not in the executors table", "known: local, box")
+    bridge.configure(executors={"box": {"kind": "docker", "image": "chb-e2e:missing", "docker_host": host},
+                                "dead": {"kind": "docker", "image": IMAGE,
+                                         "docker_host": f"unix://{bridge.tmp}/no.sock"}})
+    missing = client.call("hermes_run", task="x", cwd=str(folder), executor="box")
+    assert refused(missing, "the image chb-e2e:missing is not on the docker daemon", "docker pull chb-e2e:missing")
+    dead = client.call("hermes_run", task="x", cwd=str(folder), executor="dead")
+    assert refused(dead, "does not answer", "start it, or fix docker_host")
+    bridge.configure(executors={"box": {"kind": "podman", "image": IMAGE}})
+    malformed = client.call("hermes_run", task="x", cwd=str(folder), executor="box")
+    assert refused(malformed, "executor 'box' is not in the executors table")
+    nothing_started(bridge)
