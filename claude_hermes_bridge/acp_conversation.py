@@ -318,7 +318,8 @@ class AcpConversation:
         version = agent.get("version") if isinstance(agent, dict) else None
         if isinstance(version, str) and version.startswith("0.19"):
             self.questions.timeout_s = HERMES_019_APPROVAL_TIMEOUT_S
-        folder: dict[str, Any] = {"cwd": self.record.cwd, "mcpServers": []}
+        remote = (self.record.worktree or {}).get("remote")  # an ssh job's: its commands' folder is on the host
+        folder: dict[str, Any] = {"cwd": remote or self.record.cwd, "mcpServers": []}
         if self.record.session_requested:
             self.session_id = self.record.session_requested  # known at once: a cancel during the load reaches it
             yield "session/load", {"sessionId": self.session_id, **folder}

@@ -496,7 +496,7 @@ EXECUTOR_KEYS: dict[str, tuple[tuple[str, ...], dict[str, tuple[type, ...]]]] = 
     "ssh": (("host", "user", "key"), {"port": (int,), "remote_root": (str,)}),
 }
 CONTAINER_NETWORKS = ("job", "none")  # follow the job's network mode, or never any
-SAFE_WORD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,199}$")  # what goes on a command line as one word
+SAFE_WORD_RE = re.compile(r"^[A-Za-z0-9./_~][A-Za-z0-9_.:/@+~-]{0,199}$")  # one word on a command line, no option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -580,8 +580,10 @@ def executor_named(cfg: Config, name: str | None) -> Executor | None:
     table, _ = parse_executors(cfg.executors)
     if wanted not in table:
         known = ", ".join([LOCAL, *table])
+        broken = [problem for problem in cfg.problems if problem.startswith("executors: ")]
         raise Refused(f"executor {shown(wanted, 60)!r} is not in the executors table of {cfg.path} (known: {known}); "
-                      "name one of those, or add it there (docs/executors.md)")
+                      "name one of those, or add it there (docs/executors.md)"
+                      + (f". The table is ignored: {shown('; '.join(broken), 400)}" if broken else ""))
     return table[wanted]
 
 

@@ -98,13 +98,13 @@ class WarmStart:
 def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str], private_tmp: Path | None,
                   extra_env: dict[str, str] | None = None, proxy_port: int | None = None,
                   confine_network: bool = False, mounts: list[str] | None = None,
-                  cache: Path | None = None) -> tuple[list[str], dict[str, str]]:
+                  cache: Path | None = None, also_ports: tuple[int, ...] = ()) -> tuple[list[str], dict[str, str]]:
     """Hermes' command and environment (with extra_env, the bridge's own, last: a docker job's DOCKER_HOST is
     its executor's daemon, not a session service): through the sandbox's step when writable is given, with
     its private temporary folder, its mounts (sandbox_mounts), its project's tool cache (project_cache) and
     without the addresses of the user's session services; given proxy_port,
     every HTTP client pointed at the job's proxy (nothing sent around it), and with confine_network the
-    operating system holding the job to it."""
+    operating system holding the job to it (and to also_ports: an ssh executor's, for Hermes' own ssh)."""
     env = hermes_env(cfg, marker)
     if proxy_port is not None:
         env = {key: value for key, value in env.items() if key not in NO_PROXY_VARIABLES}
@@ -115,7 +115,7 @@ def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str]
     env.update(TMPDIR=str(private_tmp), TEMP=str(private_tmp), TMP=str(private_tmp))
     env.update(cache_environment(cast(Path, cache)))
     unreadable = job_unreadable(cfg, writable, argv[0])
-    return step_argv(writable, argv, unreadable, proxy_port if confine_network else None, mounts), {
+    return step_argv(writable, argv, unreadable, proxy_port if confine_network else None, mounts, also_ports), {
         **env, **(extra_env or {})}
 
 

@@ -380,3 +380,26 @@ def ssh_wrappers(executor: Executor, policy: Path) -> str:
         wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(real)} {strict} "$@"\n', encoding="utf-8")
         wrapper.chmod(0o700)
     return str(folder)
+
+
+def short_tmp(job_id: str, jobs_root: Path) -> Path:
+    """A short name for the job's private temporary folder, for an ssh job's Hermes: it puts its ssh control
+    socket there, and a socket's path must fit in 108 bytes. A symbolic link in the system's temporary folder,
+    named from the job; made only if the name is free (never one somebody else made)."""
+    import tempfile
+
+    name = hashlib.sha256(f"{jobs_label(jobs_root)}/{job_id}".encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"chb-{name}"
+
+
+def link_short_tmp(private_tmp: Path, job_id: str, jobs_root: Path) -> Path:
+    link = short_tmp(job_id, jobs_root)
+    os.symlink(private_tmp, link)
+    return link
+
+
+def unlink_short_tmp(private_tmp: Path, job_id: str, jobs_root: Path) -> None:
+    link = short_tmp(job_id, jobs_root)
+    with contextlib.suppress(OSError):
+        if os.readlink(link) == str(private_tmp):
+            link.unlink()

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from .config import Executor, audit
 from .drivers import HermesRun, job_unreadable
-from .executors import carry_back, remove_job_containers, remove_remote_worktree
+from .executors import carry_back, remove_job_containers, remove_remote_worktree, unlink_short_tmp
 from .folder_changes import FolderWatch
 from .git_calls import GitFailed
 from .hermes_cli import read_tail
@@ -99,6 +99,8 @@ class JobFinish:
         if executor.kind == "docker":
             record.executor_report = remove_job_containers(executor, job.store.root, job.job_id)
             return outcome
+        if self.private_tmp is not None:
+            unlink_short_tmp(self.private_tmp, job.job_id, job.store.root)
         worktree = record.worktree
         if not worktree or "remote" not in worktree:
             return outcome

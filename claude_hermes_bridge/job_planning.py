@@ -18,7 +18,7 @@ from .drivers import (
     sandbox_writable,
     usable_hermes,
 )
-from .executors import carry_out, docker_environment, docker_socket, probe_mount
+from .executors import carry_out, docker_environment, docker_socket, link_short_tmp, probe_mount
 from .git_calls import GitFailed, git
 from .home_guard import guard_home
 from .job_network import JobNetwork
@@ -43,6 +43,7 @@ class JobPlanner:
         self.private_tmp: Path | None = None
         self.terminal: dict[str, Any] | None = None  # Hermes' terminal backend for a job on an executor
         self.executor_env: dict[str, str] = {}  # what Hermes' own process needs to reach it (DOCKER_HOST)
+        self.also_ports: tuple[int, ...] = ()  # an ssh executor's port, which Hermes' own ssh connects to
 
     def plan(self) -> LaunchPlan | Outcome:
         """The launch plan, or the outcome that says why Hermes was not started."""
@@ -104,6 +105,14 @@ class JobPlanner:
             worktree.update(remote=remote, remote_bare=bare)
             job.note(f"the job's start {start[:12]} pushed to {executor.host}: its worktree there is {remote}")
             job.save()
+            self.also_ports = (executor.port,)
+            if self.private_tmp is not None:
+                try:
+                    link = link_short_tmp(self.private_tmp, job.job_id, job.store.root)
+                except OSError as exc:
+                    raise Refused(f"a short name for the job's temporary folder (Hermes' ssh control socket) could "
+                                  f"not be made ({exc.strerror or exc})") from None
+                self.executor_env = {"TMPDIR": str(link), "TEMP": str(link), "TMP": str(link)}
         else:
             own = record.worktree["path"] if record.worktree else folder
             if problem := probe_mount(executor, job.job_id, job.store.root, own):

@@ -109,13 +109,14 @@ def write_rights(abi: int) -> int:
     return rights | (REFER if abi >= 2 else 0) | (TRUNCATE if abi >= 3 else 0)
 
 
-def confine(writable: list[str], readable: list[str] | None = None, connect_port: int | None = None) -> int:
+def confine(writable: list[str], readable: list[str] | None = None, connect_port: int | None = None,
+            also_ports: tuple[int, ...] = ()) -> int:
     """This process and every process it starts from now on may write only beneath `writable` (folders, or
     single files), may not signal a process outside them, nor reach an abstract Unix socket outside (ABI 6);
     given `readable`, it may read files only beneath those and `writable` (listing folders stays allowed); given
-    `connect_port`, it may open TCP connections to that port only, bind none (ABI 4), and make no socket but Unix
-    and TCP ones (seccomp); run as root, the program it becomes keeps only ROOT_KEEPS of root's capabilities.
-    Returns the ABI enforced; OSError when Landlock refuses."""
+    `connect_port`, it may open TCP connections to that port only (and also_ports: an ssh executor's), bind none
+    (ABI 4), and make no socket but Unix and TCP ones (seccomp); run as root, the program it becomes keeps only
+    ROOT_KEEPS of root's capabilities. Returns the ABI enforced; OSError when Landlock refuses."""
     abi, why_not = landlock_abi()
     if not abi:
         raise OSError(why_not)
@@ -146,11 +147,11 @@ def confine(writable: list[str], readable: list[str] | None = None, connect_port
                     raise OSError(error, f"landlock_add_rule {path}: {os.strerror(error)}")
             finally:
                 os.close(descriptor)
-        if connect_port is not None:
-            port_rule = NetPortAttr(CONNECT_TCP, connect_port)
+        for port in (connect_port, *also_ports) if connect_port is not None else ():
+            port_rule = NetPortAttr(CONNECT_TCP, port)
             if call(add_rule, ruleset, RULE_NET_PORT, ctypes.byref(port_rule), ctypes.c_uint32(0)) < 0:
                 error = ctypes.get_errno()
-                raise OSError(error, f"landlock_add_rule port {connect_port}: {os.strerror(error)}")
+                raise OSError(error, f"landlock_add_rule port {port}: {os.strerror(error)}")
         if libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
         if call(restrict, ruleset, ctypes.c_uint32(0)) < 0:
@@ -243,17 +244,19 @@ CONNECT_MARK = "--connect"  # before the writable paths: the one TCP port the jo
 
 
 def step_argv(writable: list[str], argv: list[str], unreadable: list[str] | None = None,
-              connect_port: int | None = None, mounts: list[str] | None = None) -> list[str]:
+              connect_port: int | None = None, mounts: list[str] | None = None,
+              also_ports: tuple[int, ...] = ()) -> list[str]:
     """The command that confines itself to `writable` (and, given `unreadable`, reading to everything else: see
     read_grants, listed by the step itself right before it confines; given `connect_port`, the network to that
     port; given `mounts`, those made in its mount namespace: see private_devices), then becomes argv (same process,
     same pid, same environment). Linux: `python -I -S -B` spends no time
     on site packages and writes no bytecode beside the package (compiling this module costs less than reading
     the per-user cache, which -X pycache_prefix would extend to every standard module). macOS: sandbox-exec with
-    the profile made from the same lists."""
+    the profile made from the same lists. also_ports: more ports it may connect to (an ssh executor's)."""
     if sys.platform == "darwin":
-        return [SANDBOX_EXEC, "-p", seatbelt_profile(writable, unreadable or [], connect_port), *argv]
-    network = [CONNECT_MARK, str(connect_port)] if connect_port is not None else []
+        return [SANDBOX_EXEC, "-p", seatbelt_profile(writable, unreadable or [], connect_port, also_ports), *argv]
+    network = [word for port in (connect_port, *also_ports) for word in (CONNECT_MARK, str(port))] \
+        if connect_port is not None else []
     mounting = [word for spec in mounts or [] for word in (MOUNT_MARK, spec)]
     reading = [UNREADABLE_MARK, *unreadable] if unreadable is not None else []
     return [*this_module_calling("step"), *network, *mounting, *writable, *reading, "--", *argv]
@@ -266,7 +269,8 @@ def this_module_calling(function: str) -> list[str]:
     return [sys.executable, "-I", "-S", "-B", "-c", boot, package_parent]
 
 
-def seatbelt_profile(writable: list[str], unreadable: list[str] | None = None, connect_port: int | None = None) -> str:
+def seatbelt_profile(writable: list[str], unreadable: list[str] | None = None, connect_port: int | None = None,
+                     also_ports: tuple[int, ...] = ()) -> str:
     """A Seatbelt profile with the Landlock rules' meaning: everything allowed but writing, which is allowed
     beneath each writable folder (or to each file), reading the unreadable paths, signalling, allowed within
     the sandbox only, and given connect_port, the network but Unix sockets and the proxy's port on this machine.
@@ -280,6 +284,7 @@ def seatbelt_profile(writable: list[str], unreadable: list[str] | None = None, c
     hidden = ([f"(deny file-read-data {' '.join(f'(subpath {quoted(path)})' for path in unreadable)})"]
               if unreadable else [])  # a subpath holds the path itself too, and what is made there later
     network = ["(deny network*)", f'(allow network-outbound (remote ip "localhost:{connect_port}"))',
+               *(f'(allow network-outbound (remote ip "*:{port}"))' for port in also_ports),
                "(allow network-outbound (remote unix-socket))"] if connect_port is not None else []
     return "\n".join(["(version 1)", "(allow default)", "(deny file-write*)", f"(allow file-write* {rules(writable)})",
                       *hidden, "(deny signal (target others))", *network]) + "\n"
@@ -378,12 +383,14 @@ def step() -> None:
     """The program step_argv runs: confine, then exec Hermes; if Landlock refuses, Hermes is not started."""
     separator = sys.argv.index("--")  # writable paths are absolute: none is a mark
     given, argv = sys.argv[1:separator], sys.argv[separator + 1:]
-    connect_port, mounts, writable, unreadable = None, [], [], None
+    ports: list[int] = []
+    mounts, writable, unreadable = [], [], None
     index = 0
     while index < len(given):
         token = given[index]
         if token == CONNECT_MARK:
-            connect_port, index = int(given[index + 1]), index + 2
+            ports.append(int(given[index + 1]))
+            index += 2
         elif token == MOUNT_MARK:
             mounts.append(given[index + 1])
             index += 2
@@ -399,7 +406,8 @@ def step() -> None:
                          f"namespace of its own could not be made: {exc}); typing into your terminals stays refused, "
                          "and its repository's git folder is guarded and put back instead\n")
     try:
-        confine(writable, read_grants(unreadable) if unreadable is not None else None, connect_port)
+        confine(writable, read_grants(unreadable) if unreadable is not None else None, ports[0] if ports else None,
+                tuple(ports[1:]))
     except OSError as exc:
         sys.stderr.write(f"[bridge] the sandbox could not be applied ({exc}); Hermes was not started\n")
         sys.exit(126)

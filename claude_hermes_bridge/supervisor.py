@@ -112,7 +112,7 @@ class Supervisor:
         else:
             argv, env = hermes_launch(cfg, plan.argv, record.marker, planner.writable, planner.private_tmp,
                                       self._git_environment(), self.network.port, self.network.enforced,
-                                      planner.mounts, planner.cache)
+                                      planner.mounts, planner.cache, planner.also_ports)
             proc = run.start(dataclasses.replace(plan, argv=argv), env)
         if IS_WINDOWS:
             self.windows_job = self._job_object_for(proc)

@@ -115,3 +115,76 @@ def test_docker_refusals_name_the_problem_and_start_nothing(on_docker):
     malformed = client.call("hermes_run", task="x", cwd=str(folder), executor="box")
     assert refused(malformed, "executor 'box' is not in the executors table")
     nothing_started(bridge)
+
+
+def ssh_rig() -> tuple[str, int, Path]:
+    key = require_component(RIG / "sshd" / "id_ed25519", "the executors' sshd (tests/executors_rig.sh)")
+    return (RIG / "sshd" / "user").read_text().strip(), int((RIG / "sshd" / "port").read_text()), key
+
+
+def trust_host(home: Path, port: int) -> None:
+    """The test's own known_hosts (the server's HOME is the test's), with the rig's host key, as a user would add
+    it after checking its fingerprint."""
+    public = (RIG / "sshd" / "host_ed25519.pub").read_text().split()
+    (home / ".ssh").mkdir(parents=True, exist_ok=True)
+    (home / ".ssh" / "known_hosts").write_text(f"[127.0.0.1]:{port} {public[0]} {public[1]}\n")
+
+
+@pytest.fixture
+def on_ssh(bridge):
+    exe = require_component(REAL_HERMES_VERSIONS["0.22.2"], "the real Hermes CLI 0.22.2")
+    user, port, key = ssh_rig()
+    own_key = bridge.tmp / "id_lab"
+    own_key.write_bytes(key.read_bytes())
+    own_key.chmod(0o600)
+    home = bridge.tmp / "real-home"
+    with ScriptedModel(bridge.tmp) as model:
+        write_hermes_home(home, model.base_url)
+        bridge.configure(hermes_exe=str(exe), hermes_home=str(home), kill_grace_s=5, hermes_driver="acp",
+                         network="model-only", executors={"lab": {
+                             "kind": "ssh", "host": "127.0.0.1", "port": port, "user": user, "key": str(own_key),
+                             "remote_root": f".hermes-bridge-{bridge.tmp.name}"}})
+        with bridge.client() as client:
+            yield bridge, client, user, port, own_key
+
+
+def test_an_ssh_worktree_job_runs_on_the_host_and_its_commit_comes_back_and_merges(on_ssh):
+    bridge, client, user, port, _ = on_ssh
+    trust_host(bridge.tmp / "home", port)
+    repo = make_repo(bridge.root / "repo")
+    steps = (f"Work there.\nRUN: test \"$(id -un)\" = {user} && echo remote > remote.txt && git add -A && "
+             f"{COMMIT} 'made on the host' && echo left > left.txt && echo committed")
+    job = final_of(client, client.call("hermes_run", task=steps, cwd=str(repo), isolation="worktree",
+                                       executor="lab", wait_s=30))
+    assert job.field("STATUS") == "ok", job.text
+    assert job.field("EXECUTOR").startswith(f"lab (ssh {user}@127.0.0.1 port {port})"), job.text
+    assert "came back from 127.0.0.1" in job.field("EXECUTOR"), job.text
+    assert job.field("DIFF").startswith("2 files changed"), job.text
+    merged = client.call("hermes_land", job_id=job.field("JOB_ID"), action="merge")
+    assert merged.field("STATUS") == "ok", merged.text
+    assert (repo / "remote.txt").read_text() == "remote\n" and (repo / "left.txt").read_text() == "left\n"
+    assert "made on the host" in git(repo, "log", "--format=%s").splitlines()
+
+
+def test_ssh_refusals_name_the_problem_and_start_nothing(on_ssh):
+    bridge, client, user, port, key = on_ssh
+    repo = make_repo(bridge.root / "repo")
+    unknown_host = client.call("hermes_run", task="x", cwd=str(repo), isolation="worktree", executor="lab")
+    assert refused(unknown_host, f"the host key of [127.0.0.1]:{port} is not in", "never accepts one silently",
+                   "ssh-keyscan")
+    trust_host(bridge.tmp / "home", port)
+    in_place = client.call("hermes_run", task="x", cwd=str(repo), executor="lab")
+    assert refused(in_place, 'give isolation="worktree"')
+    key.chmod(0o644)
+    loose = client.call("hermes_run", task="x", cwd=str(repo), isolation="worktree", executor="lab")
+    assert refused(loose, "is readable by others", "chmod 600")
+    key.chmod(0o600)
+    bridge.configure(executors={"lab": {"kind": "ssh", "host": "127.0.0.1", "port": port, "user": "nobody-here",
+                                        "key": str(key)}})
+    refusing = client.call("hermes_run", task="x", cwd=str(repo), isolation="worktree", executor="lab")
+    assert refused(refusing, "failed", "authorized there")
+    bridge.configure(executors={"lab": {"kind": "ssh", "host": "127.0.0.1", "port": port, "user": user,
+                                        "key": str(bridge.tmp / "missing")}})
+    missing = client.call("hermes_run", task="x", cwd=str(repo), isolation="worktree", executor="lab")
+    assert refused(missing, "does not exist")
+    nothing_started(bridge)
