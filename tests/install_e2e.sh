@@ -16,6 +16,9 @@
 #   .e2e/view-host        the MCP Apps SDK's AppBridge and esbuild from npm, pinned: the job view's test host,
 #                         shown in Debian's chromium (installed when missing) through Python's Playwright
 #   go and cargo          Debian's golang-go and cargo when missing: the sandbox's everyday-work tests
+#   docker.io, openssh-server, debootstrap
+#                         Debian's, when missing: the executors' rig (tests/executors_rig.sh starts a daemon and an
+#                         sshd of its own; nothing is started here)
 # Safe to re-run: what is already installed is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -99,6 +102,9 @@ debian_packages() {  # one apt-get for all (dpkg takes one install at a time); P
   command -v tmux >/dev/null || missing+=(tmux)
   command -v go >/dev/null || missing+=(golang-go)
   command -v cargo >/dev/null || [ -x "$HOME/.cargo/bin/cargo" ] || missing+=(cargo)
+  command -v dockerd >/dev/null || missing+=(docker.io)
+  [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+  [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
   [ "${#missing[@]}" -eq 0 ] && return
   echo "installing ${missing[*]} (Debian)"
   export DEBIAN_FRONTEND=noninteractive
