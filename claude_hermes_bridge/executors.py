@@ -11,7 +11,7 @@ import shutil
 import stat
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .config import Executor
 from .git_calls import GitFailed, git
@@ -193,7 +193,7 @@ def remove_job_containers(executor: Executor, jobs_root: Path, job_id: str) -> s
     return f"the job's container {found[0][:12]} was removed" if found else "the job left no container"
 
 
-def sweep_leftovers(executors: list[Executor], jobs_root: Path, running: set[str]) -> list[str]:
+def sweep_leftovers(executors: list[Executor], jobs_root: Path, still_runs: Callable[[str], bool]) -> list[str]:
     """Containers of this jobs folder whose job no longer runs (its supervisor was killed before it could remove
     them), removed; what was removed, in words."""
     said = []
@@ -201,7 +201,7 @@ def sweep_leftovers(executors: list[Executor], jobs_root: Path, running: set[str
         if executor.kind != "docker":
             continue
         leftover = [(container, owner) for container, owner in job_containers(executor, jobs_root)
-                    if owner not in running]
+                    if not still_runs(owner)]
         if leftover and not remove_containers(executor, [container for container, _ in leftover]):
             said.append(f"removed {len(leftover)} container(s) left by ended jobs on executor {executor.name}: "
                         + ", ".join(sorted({owner for _, owner in leftover})))

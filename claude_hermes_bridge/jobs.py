@@ -651,6 +651,12 @@ class JobStore:
         """The folder of the newest bridge job that captured this session."""
         return next((record.cwd for record, sid in self._captures(scan_limit) if sid == session_id), None)
 
+    def remote_session_folder(self, session_id: str, folder: str, scan_limit: int = 5000) -> str | None:
+        """The local worktree of the ssh job that captured this session, when Hermes recorded it in that job's
+        remote worktree (folder): a resume runs there again, on the same executor."""
+        return next((record.cwd for record, sid in self._captures(scan_limit)
+                     if sid == session_id and (record.worktree or {}).get("remote") == folder), None)
+
     def _captures(self, scan_limit: int) -> Iterator[tuple[JobRecord, str]]:
         seen: set[str] = set()
         for job_id in reversed(self.list_ids()[-scan_limit:]):

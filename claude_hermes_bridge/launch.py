@@ -350,12 +350,19 @@ def worktree_count(store: JobStore) -> str:
 
 def sweep_containers(cfg: Config) -> list[str]:
     """At a server's start: the containers of this jobs folder's docker jobs that no longer run (their supervisor
-    was killed before it removed them), removed and said in the audit log."""
+    was killed before it removed them: orphaned, or ended), removed and said in the audit log."""
     table, _ = parse_executors(cfg.executors)
     if not any(executor.kind == "docker" for executor in table.values()):
         return []
     store = JobStore.of(cfg)
-    said = sweep_leftovers(list(table.values()), store.root, set(store.active_ids()))
+
+    def still_runs(job_id: str) -> bool:
+        try:
+            return observe(store.read(job_id), store.root).running
+        except (Refused, DamagedRecord):
+            return False  # no record of this folder's: nothing to keep it for
+
+    said = sweep_leftovers(list(table.values()), store.root, still_runs)
     for line in said:
         audit(cfg, event="containers", removed=line)
     return said

@@ -267,7 +267,7 @@ def session_home(cfg: Config, store: JobStore, session_id: str) -> tuple[str, st
     """The folder a resume of this session runs in (Hermes restores it whatever we ask), and a note when
     it had to come from the bridge job that captured the session because the store could not answer."""
     try:
-        return session_folder(cfg, session_id), None
+        folder = session_folder(cfg, session_id)
     except StoreUnavailable as exc:
         folder = store.captured_session_folder(session_id)
         if folder is None:
@@ -276,6 +276,10 @@ def session_home(cfg: Config, store: JobStore, session_id: str) -> tuple[str, st
                           "check. Start a fresh hermes_run instead") from None
         return folder, (f"Hermes' session store could not answer ({exc}); the folder is that of the bridge job "
                         "that captured this session")
+    if within_any(os.path.realpath(folder), cfg.roots):
+        return folder, None
+    local = store.remote_session_folder(session_id, folder)  # recorded on an ssh executor's host
+    return (local, None) if local else (folder, None)
 
 
 def resolve_resume(cfg: Config, session_id: Any, cwd: str | None

@@ -3,6 +3,7 @@ container of a real docker daemon (a Debian image built offline) or on another h
 (tests/executors_rig.sh starts both; .ci/run runs it), with the same evidence back: the block, the branch, the
 landing. Each command proves where it ran (the container has no /work; the remote user is not this one)."""
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -98,6 +99,25 @@ def test_a_cancelled_docker_job_leaves_no_container(on_docker):
     assert final.field("STATUS") == "cancelled", final.text
 
 
+def test_a_container_left_by_a_killed_supervisor_is_removed_at_the_next_server_start(on_docker):
+    bridge, client, host = on_docker
+    folder = bridge.root / "killed"
+    folder.mkdir()
+    started = client.call("hermes_run", task="Wait.\nRUN: sleep 300", cwd=str(folder), executor="box", wait_s=1)
+    job_id = started.field("JOB_ID")
+    wait_until(lambda: job_containers(host, job_id) or None, 60, "the job's container")
+    record = bridge.record(job_id)
+    for pid in (record.supervisor.pid, record.hermes.pid):  # the supervisor first, so nothing removes it
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(1)
+    assert job_containers(host, job_id), "the container outlives its killed Hermes"
+    with bridge.client() as again:
+        wait_until(lambda: job_containers(host, job_id) == [] or None, 30, "the next server to remove it")
+        assert again.call("hermes_status", job_id=job_id).field("STATUS") == "orphaned"
+    audit = (bridge.tmp / "logs" / "audit.log").read_text()
+    assert f"removed 1 container(s) left by ended jobs on executor box: {job_id}" in audit
+
+
 def test_docker_refusals_name_the_problem_and_start_nothing(on_docker):
     bridge, client, host = on_docker
     folder = bridge.root / "p"
@@ -164,6 +184,23 @@ def test_an_ssh_worktree_job_runs_on_the_host_and_its_commit_comes_back_and_merg
     assert merged.field("STATUS") == "ok", merged.text
     assert (repo / "remote.txt").read_text() == "remote\n" and (repo / "left.txt").read_text() == "left\n"
     assert "made on the host" in git(repo, "log", "--format=%s").splitlines()
+
+
+def test_an_ssh_job_resumed_goes_on_on_the_host_from_its_branch(on_ssh):
+    bridge, client, user, port, _ = on_ssh
+    trust_host(bridge.tmp / "home", port)
+    repo = make_repo(bridge.root / "repo")
+    first = final_of(client, client.call("hermes_run", task="One.\nRUN: echo one > one.txt && echo done", cwd=str(repo),
+                                         isolation="worktree", executor="lab", wait_s=30))
+    assert first.field("STATUS") == "ok", first.text
+    resumed = final_of(client, client.call("hermes_resume", session_id=first.field("SESSION_ID"), wait_s=30,
+                                           task=f"Two.\nRUN: test \"$(id -un)\" = {user} && cat one.txt > two.txt"))
+    assert resumed.field("STATUS") == "ok", resumed.text
+    assert resumed.field("EXECUTOR").startswith("lab (ssh"), resumed.text
+    assert resumed.field("CWD") == first.field("CWD"), resumed.text
+    assert resumed.field("DIFF").startswith("2 files changed"), resumed.text
+    worktree = Path(resumed.field("CWD"))
+    assert (worktree / "two.txt").read_text() == "one\n"
 
 
 def test_ssh_refusals_name_the_problem_and_start_nothing(on_ssh):
