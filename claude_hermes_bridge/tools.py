@@ -269,13 +269,13 @@ def session_home(cfg: Config, store: JobStore, session_id: str) -> tuple[str, st
     try:
         folder = session_folder(cfg, session_id)
     except StoreUnavailable as exc:
-        folder = store.captured_session_folder(session_id)
-        if folder is None:
+        captured = store.captured_session_folder(session_id)
+        if captured is None:
             raise Refused(f"cannot tell where session {session_id} would run: {exc}. Hermes resumes a session in "
                           "the folder recorded for it, so the bridge resumes only sessions whose folder it can "
                           "check. Start a fresh hermes_run instead") from None
-        return folder, (f"Hermes' session store could not answer ({exc}); the folder is that of the bridge job "
-                        "that captured this session")
+        return captured, (f"Hermes' session store could not answer ({exc}); the folder is that of the bridge job "
+                          "that captured this session")
     if within_any(os.path.realpath(folder), cfg.roots):
         return folder, None
     local = store.remote_session_folder(session_id, folder)  # recorded on an ssh executor's host
