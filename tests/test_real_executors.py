@@ -2,6 +2,7 @@
 container of a real docker daemon (a Debian image built offline) or on another host over a real sshd
 (tests/executors_rig.sh starts both; .ci/run runs it), with the same evidence back: the block, the branch, the
 landing. Each command proves where it ran (the container has no /work; the remote user is not this one)."""
+import contextlib
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from test_real_hermes import write_hermes_home
 from test_worktrees import git, make_repo
@@ -137,6 +139,15 @@ def test_docker_refusals_name_the_problem_and_start_nothing(on_docker):
     nothing_started(bridge)
 
 
+@pytest.fixture
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def ssh_rig() -> tuple[str, int, Path]:
     key = require_component(RIG / "sshd" / "id_ed25519", "the executors' sshd (tests/executors_rig.sh)")
     return (RIG / "sshd" / "user").read_text().strip(), int((RIG / "sshd" / "port").read_text()), key
@@ -201,6 +212,32 @@ def test_an_ssh_job_resumed_goes_on_on_the_host_from_its_branch(on_ssh):
     assert resumed.field("DIFF").startswith("2 files changed"), resumed.text
     worktree = Path(resumed.field("CWD"))
     assert (worktree / "two.txt").read_text() == "one\n"
+
+
+def test_a_host_lost_mid_job_ends_it_in_error_naming_the_host_and_the_branch_keeps_its_start(on_ssh, free_port):
+    bridge, client, user, port, key = on_ssh
+    own = subprocess.Popen(["/usr/sbin/sshd", "-D", "-f", str(RIG / "sshd" / "sshd_config"), "-o", f"Port={free_port}",
+                            "-o", f"PidFile={bridge.tmp}/sshd.pid", "-E", str(bridge.tmp / "sshd.log")])
+    try:
+        trust_host(bridge.tmp / "home", free_port)
+        bridge.configure(executors={"lab": {"kind": "ssh", "host": "127.0.0.1", "port": free_port, "user": user,
+                                            "key": str(key), "remote_root": f".hermes-bridge-{bridge.tmp.name}"}})
+        repo = make_repo(bridge.root / "repo")
+        started = client.call("hermes_run", task="Slow.\nRUN: sleep 8 && echo late > late.txt", cwd=str(repo),
+                              isolation="worktree", executor="lab", wait_s=1)
+        job_id = started.field("JOB_ID")
+        wait_until(lambda: (bridge.record(job_id).worktree or {}).get("remote") and bridge.record(job_id).hermes,
+                   60, "the job to start on the host")
+    finally:  # the host goes away: its listener and every connection it had (its own descendants alone)
+        for process in [*psutil.Process(own.pid).children(recursive=True), psutil.Process(own.pid)]:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        own.wait()
+    final = final_of(client, started)
+    assert final.field("STATUS") == "error", final.text
+    assert "the host 127.0.0.1 was lost before the job's work came back" in final.field("REASON"), final.text
+    assert "nothing came back from 127.0.0.1" in final.field("EXECUTOR"), final.text
+    assert final.field("DIFF").startswith("0 files changed"), final.text
 
 
 def test_ssh_refusals_name_the_problem_and_start_nothing(on_ssh):
