@@ -104,14 +104,16 @@ def volume_mounts(folder: str, also: list[str], mounts: list[str]) -> list[str]:
 PROBE_NAME = ".claude-hermes-bridge-probe"
 
 
-def probe_mount(executor: Executor, job_id: str, jobs_root: Path, folder: str) -> str | None:
+def probe_mount(executor: Executor, job_id: str, jobs_root: Path, folder: str, network: bool) -> str | None:
     """Whether the daemon's containers see the job's folder (a daemon on another machine, or one whose
-    namespace lacks the path, would mount an empty folder and the job's writes would vanish): a probe file
-    written here is read back through a throwaway container. None, or what went wrong in words."""
+    namespace lacks the path, would mount an empty folder and the job's writes would vanish), on the network the
+    job's container gets: a probe file written here is read back through a throwaway container. None, or what
+    went wrong in words."""
     probe = Path(folder) / f"{PROBE_NAME}-{job_id}"
     try:
         probe.write_text(job_id, encoding="utf-8")
-        code, said = run_tool(docker_command("run", "--rm", "--network", "none", "--label", f"{LABEL_JOB}={job_id}",
+        code, said = run_tool(docker_command("run", "--rm", *(() if network else ("--network", "none")),
+                                             "--label", f"{LABEL_JOB}={job_id}",
                                              "--label", f"{LABEL_JOBS}={jobs_label(jobs_root)}", "-v",
                                              f"{folder}:{WORKSPACE}:ro", executor.image, "cat",
                                              f"{WORKSPACE}/{probe.name}"),
@@ -121,8 +123,9 @@ def probe_mount(executor: Executor, job_id: str, jobs_root: Path, folder: str) -
     finally:
         probe.unlink(missing_ok=True)
     if code != 0 or said.strip() != job_id:
-        return (f"a container of executor {executor.name} does not see the job's folder {shown(folder, 200)} "
-                f"({shown(said, 200) or 'the probe file was not there'}): is the daemon on another machine?")
+        return (f"a container of executor {executor.name} could not read the job's folder {shown(folder, 200)} "
+                f"({shown(said, 200) or 'the probe file was not there'}): is the daemon on another machine, or "
+                "without a default network for an open job?")
     return None
 
 

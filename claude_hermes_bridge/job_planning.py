@@ -18,7 +18,14 @@ from .drivers import (
     sandbox_writable,
     usable_hermes,
 )
-from .executors import carry_out, docker_environment, docker_socket, link_short_tmp, probe_mount
+from .executors import (
+    carry_out,
+    container_network,
+    docker_environment,
+    docker_socket,
+    link_short_tmp,
+    probe_mount,
+)
 from .git_calls import GitFailed, git
 from .home_guard import guard_home
 from .job_network import JobNetwork
@@ -115,7 +122,8 @@ class JobPlanner:
                 self.executor_env = {"TMPDIR": str(link), "TEMP": str(link), "TMP": str(link)}
         else:
             own = record.worktree["path"] if record.worktree else folder
-            if problem := probe_mount(executor, job.job_id, job.store.root, own):
+            networked = container_network(executor, record.network_mode or "open")
+            if problem := probe_mount(executor, job.job_id, job.store.root, own, networked):
                 raise Refused(problem)
             socket = docker_socket(executor)
             self.mounts = [mount for mount in self.mounts if mount != f"hide:{socket}"]
