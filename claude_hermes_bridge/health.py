@@ -2,7 +2,7 @@
 import os
 import sys
 
-from .config import HOST_SETTING_KEYS, Config, path_advice, roots_missing
+from .config import HOST_SETTING_KEYS, Config, parse_executors, path_advice, roots_missing
 from .drivers import install_mounts
 from .hermes_acp import driver_line, known_acp
 from .hermes_cli import command_preview, hermes_version_on_disk, known_cli, left_out_environment, locate_hermes
@@ -73,6 +73,14 @@ def credentials_line(cfg: Config) -> str:
             "passes a credential through, pass_environment any other name)")
 
 
+def executors_line(cfg: Config) -> str:
+    """Where jobs may run, without starting any process (the daemons and hosts are checked at a job's call)."""
+    table, _ = parse_executors(cfg.executors)
+    named = ", ".join(executor.described() for executor in table.values())
+    return (f"local (this machine){'; also ' + shown(named, 600) if named else ''}; a job given none runs on "
+            f"{cfg.default_executor} (docs/executors.md)")
+
+
 def health(cfg: Config, at_start: Config | None = None) -> str:
     """Everything a user needs to see why the bridge cannot work, without starting any process. at_start:
     the config as the server loaded it when it started, so a change of the file since (a job can write it)
@@ -111,6 +119,7 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
         f"NETWORK: {network_support(cfg.network, cfg.sandbox, cfg.network_allow)}",
         f"CREDENTIALS: {credentials_line(cfg)}",
         f"WARM_START: {warm_start_line(cfg, store)}",
+        f"EXECUTORS: {executors_line(cfg)}",
         f"ALLOWED_ROOTS: {shown(', '.join(cfg.roots), 2000) or 'NONE: no job can start: ' + roots_missing(cfg)}",
         f"READ_SCOPE: {'anywhere' if cfg.read_anywhere else 'allowed roots and job files'}",
         f"JOBS_DIR: {shown(str(store.root))} ({writable})",

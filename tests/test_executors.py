@@ -125,3 +125,14 @@ def test_hermes_own_ssh_is_made_strict_with_the_key_copied_and_the_host_alone_kn
     wrapper = (folder / "ssh").read_text()
     assert "-o StrictHostKeyChecking=yes" in wrapper and f"UserKnownHostsFile={folder}/known_hosts" in wrapper
     assert os.access(folder / "ssh", os.X_OK) and (folder / "scp").exists()
+
+
+def test_health_names_the_executors_without_the_key_and_without_starting_anything(tmp_path):
+    from claude_hermes_bridge.health import executors_line
+
+    cfg = config_for(tmp_path, executors={"box": {"kind": "docker", "image": "debian:bookworm"},
+                                          "lab": {"kind": "ssh", "host": "h", "user": "u", "key": "/secret/id"}},
+                     default_executor="box")
+    line = executors_line(cfg)
+    assert line.startswith("local (this machine); also box (docker image debian:bookworm), lab (ssh u@h)")
+    assert "a job given none runs on box" in line and "/secret/id" not in line
