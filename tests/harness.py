@@ -588,9 +588,9 @@ def make_store(home: Path, rows: Sequence[tuple[str, tuple[Any, ...]]] = ()) -> 
 # The tools as a host sees them: required and all arguments, and which are read-only.
 EXPECTED_ARGS = {
     "hermes_run": ({"task"}, {"task", "cwd", "max_turns", "timeout_s", "wait_s", "skills", "toolsets", "max_tokens",
-                              "max_cost_usd", "isolation", "isolation_base", "network"}),
+                              "max_cost_usd", "isolation", "isolation_base", "network", "executor"}),
     "hermes_resume": ({"session_id", "task"}, {"session_id", "task", "cwd", "max_turns", "timeout_s", "wait_s",
-                                               "max_tokens", "max_cost_usd"}),
+                                               "max_tokens", "max_cost_usd", "executor"}),
     "hermes_status": (set(), {"job_id", "wait_s", "job_ids", "until"}),
     "hermes_jobs": (set(), {"limit", "state"}),
     "hermes_read": ({"path"}, {"path", "max_bytes", "offset"}),
