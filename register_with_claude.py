@@ -132,13 +132,26 @@ def server_entry(host: str, python: str, platform: str = "linux", hermes: str | 
         entry = {"command": python, "args": [str(SERVER)]}
     if roots:
         entry["args"] += ["--allowed-roots", *roots]
+    env: dict[str, str] = {}
     if platform == "macos":
         extra_args, env = macos_launch_settings(hermes, home(platform))
         entry["args"] += extra_args
-        entry["env"] = env
     elif hermes and (hermes_named or uvx or uvx_from):
         entry["args"] += ["--hermes-exe", hermes]
+    env.update(ca_settings(os.environ))
+    if env:
+        entry["env"] = env
     return {"type": "stdio", **entry} if host == "claude-code" else entry
+
+
+# Where this machine's network needs a CA bundle of its own, the shell that registers has it set; some hosts
+# start servers with a handful of variables (Gemini CLI: 9), and a job's `uv pip install` then fails.
+CA_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
+
+
+def ca_settings(environment: Any) -> dict[str, str]:
+    """The CA bundle settings of the registering shell, for the entry's env."""
+    return {name: environment[name] for name in CA_VARIABLES if environment.get(name)}
 
 
 def host_keys(host: str, approve_tools: bool) -> dict[str, Any]:

@@ -264,9 +264,9 @@ SCRIPT = REPO / "register_with_claude.py"
 MSIX = "Packages/Claude_pzs8sxrjxfjjc/LocalCache/Roaming/Claude"
 
 
-def register(home, *args, python=None):
+def register(home, *args, python=None, extra_env=None):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "APPDATA": str(home / "AppData" / "Roaming"),
-           "LOCALAPPDATA": str(home / "AppData" / "Local")}
+           "LOCALAPPDATA": str(home / "AppData" / "Local"), **(extra_env or {})}
     argv = [sys.executable, str(SCRIPT), *args] + (["--python", str(python)] if python else [])
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
 
@@ -459,6 +459,17 @@ def test_gemini_cli_gets_its_entry_in_its_settings_and_trust_only_when_asked(tmp
     assert data["mcpServers"]["hermes"] == ENTRY and data["theme"] == "Dracula"
     assert register(tmp_path, "--host", "gemini", "--approve-tools").returncode == 0  # for `gemini -p`
     assert json.loads(settings.read_text())["mcpServers"]["hermes"] == {**ENTRY, "trust": True}
+
+
+def test_the_shells_ca_bundle_goes_into_the_entry_for_a_host_that_starts_servers_with_few_variables(tmp_path):
+    settings = write_json(tmp_path / ".gemini/settings.json", {"mcpServers": {}})
+    bundle = tmp_path / "corporate-ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    done = register(tmp_path, "--host", "gemini", "--platform", "linux",
+                    extra_env={"SSL_CERT_FILE": str(bundle), "NODE_EXTRA_CA_CERTS": str(bundle), "API_KEY": "x"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    entry = json.loads(settings.read_text())["mcpServers"]["hermes"]
+    assert entry["env"] == {"SSL_CERT_FILE": str(bundle), "NODE_EXTRA_CA_CERTS": str(bundle)}
 
 
 @pytest.mark.posix("the fake homes are POSIX folders and the check starts the server with the fake hermes")
