@@ -371,7 +371,8 @@ def late_answer_lines(record: JobRecord) -> list[str]:
     if not late:
         return []
     decided = {d["id"]: d for d in record.decisions}
-    lines = [f"LATE_ANSWERS: {plural(len(late), 'answer')} came after the question was decided, and were not relayed"]
+    lines = [f"LATE_ANSWERS: {plural(len(late), 'answer')} came after the question was decided (or the job ended), "
+             "and were not relayed"]
     for answer in late:
         earlier = decided.get(answer["id"])
         before = (f" (it was decided: {shown(earlier['decision'], 20)} by {shown(earlier['by'], 200)}"

@@ -408,7 +408,9 @@ def claim_answer(store: JobStore, observed: ObservedJob, approval_id: str, decis
                                        "at": time.time()})
         raise Refused(f"approval {approval_id} of job {record.id} was decided already: {earlier['decision']} by "
                       f"{earlier['by']}{clock_words(earlier.get('at'))}; this answer ({decision}) was not relayed")
-    if not observed.running:
+    if not observed.running:  # kept too: Hermes may have decided it by its own deadline without a word
+        note_late_answer(store, observed, {"id": approval_id, "decision": decision, "by": ANSWERERS.get(by, by),
+                                           "at": time.time()})
         raise Refused(f"job {record.id} has ended ({observed.shown_state}); there is no question to answer")
     question = next((q for q in record.questions if q["id"] == approval_id), None)
     if question is None:

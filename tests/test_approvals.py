@@ -508,3 +508,18 @@ def test_an_elicited_answer_can_allow_for_the_rest_of_the_job():
     assert elicited_decision({"action": "accept", "content": {"allow": True, "for_this_job": True}}) == (
         "allow_for_job")
     assert elicited_decision({"action": "accept", "content": {"allow": False, "for_this_job": True}}) == "deny"
+
+
+def test_an_answer_after_the_job_ended_is_refused_and_listed_in_its_block(acp):
+    """Hermes can decide a question by its own deadline without a word to the bridge (0.19.0 over ACP), then end:
+    an answer arriving after that is refused and still listed, so nobody takes it for a decision."""
+    with client_of(acp) as client:
+        job_id = client.call("hermes_run", task="quick", wait_s=0).field("JOB_ID")
+        final = client.wait_final(job_id)
+        late = client.call("hermes_approve", job_id=job_id, approval_id="3-a1b2c3", decision="allow")
+        after = client.call("hermes_status", job_id=job_id, wait_s=0)
+    assert final.field("STATUS") == "ok", final.text
+    refused(late, f"job {job_id} has ended", "there is no question to answer")
+    assert after.field("LATE_ANSWERS").startswith("1 answer came after the question was decided (or the job ended)")
+    assert "- 3-a1b2c3: allow by the planner (hermes_approve) at " in after.text
+    assert after.field("STATUS") == "ok"
