@@ -20,6 +20,7 @@ from .hermes_acp import (
     described_command,
     edit_decision,
     edit_targets,
+    error_words,
     read_messages,
     send_message,
 )
@@ -442,9 +443,7 @@ class AcpConversation:
         """Hermes' reply to the handshake's current step: an error ends the conversation, a result goes on."""
         result = message.get("result")
         if "error" in message or not isinstance(result, dict):
-            error = message.get("error")
-            text = error.get("message") if isinstance(error, dict) else error
-            self.failure = f"Hermes answered {self.step[1]} with an error: {shown(text, 500)}"
+            self.failure = f"Hermes answered {self.step[1]} with an error: {error_words(message.get('error'))}"
             return
         try:
             step = self.steps.send(result)

@@ -20,7 +20,7 @@ from .config import (
     roots_missing,
 )
 from .health import approvals_line
-from .hermes_acp import driver_line
+from .hermes_acp import INITIALIZE, WarmHermes, acp_available, driver_line
 from .hermes_cli import hermes_env, locate_hermes
 from .mcp_edge import JOB_VIEW_URI, TRY_CLIENT_NAME, serve_after_the_script
 from .network import support_line as network_support
@@ -112,6 +112,38 @@ def hermes_runs(cfg: Config, exe: str) -> tuple[bool, str]:
     return True, f"yes: {first}"
 
 
+SESSION_CHECK_S = 60.0
+
+
+def model_line(cfg: Config, exe: str) -> tuple[bool, str]:
+    """Whether Hermes opens a session with its model settings, asked over ACP in a throw-away folder (no prompt is
+    sent, no tool runs): a provider with no endpoint or key fails here, not at the first job. Hermes without ACP
+    opens no session without a model call: not checked."""
+    import tempfile
+
+    if not acp_available(cfg, exe):
+        return True, "not checked: this Hermes has no ACP (the CLI opens no session without calling the model)"
+    with tempfile.TemporaryDirectory(prefix="hermes-bridge-check-") as folder:
+        proc = subprocess.Popen([exe, "acp"], cwd=folder, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, env=hermes_env(cfg))
+        hermes = WarmHermes(proc)
+        try:
+            hermes.request("initialize", INITIALIZE, SESSION_CHECK_S)
+            hermes.request("session/new", {"cwd": folder, "mcpServers": []}, SESSION_CHECK_S)
+        except OSError as exc:
+            return False, f"NO: {shown(str(exc), 800)} (fix the model in {cfg.hermes_home_path}/config.yaml, or run " \
+                          "`hermes setup`)"
+        finally:
+            with contextlib.suppress(OSError):
+                cast(Any, proc.stdin).close()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    return True, "yes: Hermes opened a session with its model settings"
+
+
 def check_command(serve_command: list[str]) -> int:
     """--check: the server as a host starts it, then Hermes started once. Exit 0 (CHECK: OK) when a job can
     run; 3 (CHECK: INCOMPLETE) when the server works but no job can run yet (no Hermes, no roots), saying
@@ -129,7 +161,9 @@ def check_command(serve_command: list[str]) -> int:
             report.append(f"HERMES_RUNS: {line}")
             ok = ran
             if ran:
-                report += [driver_line(cfg, hermes.usable, probe=True),
+                opened, model = model_line(cfg, hermes.usable)
+                ok = opened
+                report += [driver_line(cfg, hermes.usable, probe=True), f"MODEL: {model}",
                            f"APPROVALS: {approvals_line(cfg, hermes.usable)}",
                            f"SANDBOX: {support_line(cfg.sandbox)}",
                            f"NETWORK: {network_support(cfg.network, cfg.sandbox, cfg.network_allow)}"]

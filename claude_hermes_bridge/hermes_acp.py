@@ -142,6 +142,17 @@ def approval_policy_dir(timeout_s: int, folder: Path, terminal: dict[str, Any] |
     return folder
 
 
+def error_words(error: Any) -> str:
+    """A JSON-RPC error in words: its message, and its data's details where Hermes puts the cause (0.22.2:
+    "Internal error" with "provider 'custom' resolved without credentials ..." in data.details)."""
+    if not isinstance(error, dict):
+        return shown(error, 300)
+    data = error.get("data")
+    details = data.get("details") if isinstance(data, dict) else data if isinstance(data, str) else None
+    message = shown(error.get("message"), 200)
+    return f"{message}: {shown(details, 500)}" if isinstance(details, str) and details.strip() else message
+
+
 def content_text(content: Any) -> str:
     """The text of an ACP content list (or one content block), other kinds skipped."""
     blocks = content if isinstance(content, list) else [content]
@@ -315,7 +326,7 @@ class WarmHermes:
             if message.get("id") == self.next_id and "method" not in message:
                 result = message.get("result")
                 if not isinstance(result, dict):
-                    raise OSError(f"Hermes answered {method} with an error: {shown(message.get('error'), 300)}")
+                    raise OSError(f"Hermes answered {method} with an error: {error_words(message.get('error'))}")
                 return result
             if "id" in message and isinstance(message.get("method"), str):  # a request: refused, nobody asked it
                 send_message(self.proc, {"id": message["id"], "error": {"code": -32601, "message": "no job yet"}})

@@ -208,6 +208,9 @@ class Agent:
                 send({"id": message["id"], "result": {"protocolVersion": 1, "agentInfo": {
                     "name": "hermes-agent", "version": os.environ.get("FAKE_ACP_VERSION", "0.22.2")},
                     "agentCapabilities": {"loadSession": True}}})
+            elif method == "session/new" and os.environ.get("FAKE_ACP_NO_MODEL") == "1":  # as 0.22.2 says it
+                send({"id": message["id"], "error": {"code": -32603, "message": "Internal error", "data": {
+                    "details": "provider 'custom' resolved without credentials (no endpoint or API key configured)."}}})
             elif method == "session/new":
                 session = str(uuid.uuid4())
                 self.cwd = params.get("cwd") or self.cwd

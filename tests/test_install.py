@@ -591,6 +591,24 @@ def test_check_does_not_claim_a_config_file_that_does_not_exist(bridge):
 
 
 @pytest.mark.posix("the fake hermes is a shell script")
+def test_check_fails_naming_the_cause_when_hermes_cannot_open_a_session_with_its_model(bridge):
+    """Issue 67: an empty base_url passed --check, then every job ended `Internal error`, the cause only in the
+    log's tail. --check opens a session over ACP (no prompt, no tool) and names the cause; so does the job."""
+    env = dict(bridge.env, FAKE_HERMES_ACP="1")
+    done = run([sys.executable, str(SERVER), "--check"], env)
+    assert done.returncode == 0 and "MODEL: yes: Hermes opened a session" in done.stdout, done.stdout
+    done = run([sys.executable, str(SERVER), "--check"], dict(env, FAKE_ACP_NO_MODEL="1"))
+    assert done.returncode == 1 and "CHECK: FAILED" in done.stdout, done.stdout
+    assert "MODEL: NO: Hermes answered session/new with an error: Internal error: provider 'custom' resolved " \
+           "without credentials" in done.stdout, done.stdout
+    bridge.extra_env.update(FAKE_HERMES_ACP="1", FAKE_ACP_NO_MODEL="1")
+    with bridge.client() as client:
+        final = client.wait_final(client.call("hermes_run", task="hi", wait_s=0).field("JOB_ID"))
+    assert final.field("STATUS") == "error"
+    assert "Internal error: provider 'custom' resolved without credentials" in final.field("REASON"), final.text
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
 def test_check_fails_when_the_hermes_found_does_not_run(bridge):
     broken = bridge.tmp / "broken-hermes"
     broken.write_text("#!/bin/sh\necho 'ImportError: no module named hermes_cli' >&2\nexit 1\n")
