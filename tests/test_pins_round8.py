@@ -229,3 +229,72 @@ def test_where_the_proxy_cannot_tell_hermes_from_its_tools_hermes_start_up_hosts
     assert answer.startswith(b"HTTP/1.1 403") and asked == [], answer
     assert proxy.refusals == ["openrouter.ai:443 (not on network_allow; Hermes' own request, not a tool's: not "
                               "asked about)"], proxy.refusals
+
+
+def test_a_standby_whose_settings_changed_by_the_time_a_job_takes_it_refuses_the_job(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """standby.py: the take checks again that the standby still fits (the periodic check may not have run since
+    the settings changed): it refuses the job, which starts cold, rather than serve it with the old settings."""
+    from test_standby_handover import Waiting
+
+    from claude_hermes_bridge import standby
+
+    with Waiting(tmp_path, monkeypatch) as waiting:
+        monkeypatch.setattr(standby, "still_fits", lambda _cfg, _held: not any(waiting.folder.glob("taken-*")))
+        (waiting.folder / "ready.json").rename(waiting.folder / "taken-20261206-120000-abcdef.json")
+        assert waiting.ended() == [None]
+        assert not (waiting.folder / "serving-20261206-120000-abcdef.json").exists()
+
+
+def test_a_job_launched_while_a_slot_is_free_and_jobs_wait_goes_behind_them(tmp_path: Path, monkeypatch: Any) -> None:
+    """launch.py: a free slot goes to the oldest queued job, not to the launch that found it free."""
+    from claude_hermes_bridge import job_queue, launch
+    from claude_hermes_bridge.jobs import JobState
+    from claude_hermes_bridge.launch import JobRequest, queue_job
+
+    cfg = config_for(tmp_path, allowed_roots=[str(tmp_path)], max_running_jobs=1)
+    store = JobStore.of(cfg)
+    store.ensure()
+    waiting = queue_job(store, JobRequest(kind="run", task="first", cwd=str(tmp_path), max_turns=None, timeout_s=60,
+                                          skills=[], toolsets=[]))
+    spawned: list[str] = []
+    monkeypatch.setattr(job_queue, "spawn_supervisor", lambda _cfg, _store, record, _log: spawned.append(record.id)
+                        or True)
+    monkeypatch.setattr(launch, "start_job", lambda _cfg, _store, request: (spawned.append(request.task), None)[1])
+    record, _ = launch.launch_job(cfg, JobRequest(kind="run", task="second", cwd=str(tmp_path), max_turns=None,
+                                                  timeout_s=60, skills=[], toolsets=[]))
+    assert spawned == [waiting.id]
+    assert record.state is JobState.QUEUED and store.read(waiting.id).state is JobState.STARTING
+
+
+def test_a_job_dequeued_after_a_long_wait_is_starting_not_orphaned_before_its_supervisor_reports() -> None:
+    """jobs.py: the start grace counts from the dequeue, not from the launch (it waited past START_GRACE_S)."""
+    from claude_hermes_bridge.config import START_GRACE_S
+    from claude_hermes_bridge.jobs import JobRecord, JobState, observe
+    from claude_hermes_bridge.safe_io import machine_clock
+
+    now = machine_clock()
+    record = JobRecord(id="20261206-120000-1", state=JobState.STARTING, created_clock=now - START_GRACE_S * 4,
+                       dequeued_clock=now - 1)
+    assert observe(record, Path("/nonexistent-jobs")).state is JobState.STARTING
+    record.dequeued_clock = None
+    assert observe(record, Path("/nonexistent-jobs")).state is JobState.ORPHANED  # a launch that long ago: gone
+
+
+@pytest.mark.posix("the fake hermes is a shell script")
+def test_a_server_start_starts_the_queue_when_no_supervisor_is_left_to(bridge: Any) -> None:
+    """mcp_edge.py: jobs left queued when every supervisor ended (the machine restarted) start with the next
+    server, before any tool is called."""
+    from claude_hermes_bridge.jobs import JobState
+    from claude_hermes_bridge.launch import JobRequest, queue_job
+    from harness import wait_until
+
+    bridge.configure(max_running_jobs=1)
+    from claude_hermes_bridge.config import load_config
+
+    store = JobStore.of(load_config(bridge.tmp / "config.json"))
+    store.ensure()
+    queued = queue_job(store, JobRequest(kind="run", task="left queued", cwd=str(bridge.root), max_turns=None,
+                                         timeout_s=60, skills=[], toolsets=[]))
+    with bridge.client():
+        wait_until(lambda: store.read(queued.id).state is not JobState.QUEUED or None, 30, "the queue to start")
