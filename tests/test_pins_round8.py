@@ -258,9 +258,16 @@ def test_a_job_launched_while_a_slot_is_free_and_jobs_wait_goes_behind_them(tmp_
     waiting = queue_job(store, JobRequest(kind="run", task="first", cwd=str(tmp_path), max_turns=None, timeout_s=60,
                                           skills=[], toolsets=[]))
     spawned: list[str] = []
-    monkeypatch.setattr(job_queue, "spawn_supervisor", lambda _cfg, _store, record, _log: spawned.append(record.id)
-                        or True)
-    monkeypatch.setattr(launch, "start_job", lambda _cfg, _store, request: (spawned.append(request.task), None)[1])
+
+    def spawn(_cfg: Any, _store: Any, record: Any, _log: Any) -> bool:
+        spawned.append(record.id)
+        return True
+
+    def start_at_once(_cfg: Any, _store: Any, request: Any) -> None:
+        spawned.append(request.task)
+
+    monkeypatch.setattr(job_queue, "spawn_supervisor", spawn)
+    monkeypatch.setattr(launch, "start_job", start_at_once)
     record, _ = launch.launch_job(cfg, JobRequest(kind="run", task="second", cwd=str(tmp_path), max_turns=None,
                                                   timeout_s=60, skills=[], toolsets=[]))
     assert spawned == [waiting.id]
