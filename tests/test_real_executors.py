@@ -15,7 +15,7 @@ import pytest
 from test_real_hermes import write_hermes_home
 from test_worktrees import git, make_repo
 
-from conftest import require_component
+from conftest import require_component, require_sandbox
 from harness import REAL_HERMES_VERSIONS, BridgeClient, nothing_started, refused, wait_until
 from scripted_model import ScriptedModel
 
@@ -262,3 +262,25 @@ def test_ssh_refusals_name_the_problem_and_start_nothing(on_ssh):
     missing = client.call("hermes_run", task="x", cwd=str(repo), isolation="worktree", executor="lab")
     assert refused(missing, "does not exist")
     nothing_started(bridge)
+
+
+def test_a_local_job_cannot_reach_the_real_docker_daemon_that_docker_host_names(bridge):
+    """Issue 63 against a real daemon: the server's DOCKER_HOST names it; a sandboxed job on this machine runs
+    `docker version` and is refused (its socket hidden under /dev/null in the job's mount namespace), while the
+    user's own docker reaches it."""
+    require_sandbox()
+    host = docker_host()
+    script = bridge.tmp / "docker.sh"
+    script.write_text(f"DOCKER_HOST={host} docker version --format '{{{{.Server.Version}}}}' > out.txt 2>&1; "
+                      "echo $? > code.txt\n")
+    bridge.extra_env["DOCKER_HOST"] = host
+    with bridge.client() as client:
+        job = final_of(client, client.call("hermes_run", task=f"docker !shell={script}", cwd=str(bridge.root),
+                                           wait_s=30))
+    assert job.field("STATUS") == "ok", job.text
+    assert (bridge.root / "code.txt").read_text().strip() != "0", (bridge.root / "out.txt").read_text()
+    assert "Cannot connect to the Docker daemon" in (bridge.root / "out.txt").read_text()
+    assert host[len("unix://"):] in job.field("READ_ONLY"), job.text
+    mine = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True,
+                          env={**os.environ, "DOCKER_HOST": host}, check=False)
+    assert mine.returncode == 0 and mine.stdout.strip(), mine.stderr
