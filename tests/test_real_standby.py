@@ -9,9 +9,10 @@ from typing import Any
 import psutil
 import pytest
 from test_real_hermes import assert_turn_ended, finish, write_hermes_home
+from test_real_network import served
 from test_standby import gone, hermes_of, ready
 
-from conftest import require_component
+from conftest import require_component, require_sandbox
 from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, live_standbys, wait_gone, wait_until
 from scripted_model import ScriptedModel
 
@@ -143,3 +144,36 @@ def test_a_killed_a_stale_and_a_serverless_standby_lose_no_job_and_leave_no_proc
     assert wait_until(lambda: (gone(preparing.pid) and gone(prepared_hermes)) or None, 60,
                       "the idle standby and its Hermes to exit")
     assert not live_standbys(bridge.jobs)
+
+
+def test_a_limited_job_never_takes_an_open_standby_and_a_warm_limited_one_stays_limited(warm_022: Bridge) -> None:
+    """Issue 64 with the real Hermes 0.22.2: after an open job a warm Hermes waits without a proxy; a model-only
+    job in the same folder starts cold, behind its own proxy, and cannot reach an unlisted server; the standby
+    readied after it waits behind a proxy of its own, and the next model-only job takes it warm, still held."""
+    require_sandbox()
+    bridge = warm_022
+    bridge.configure(network="open")
+    other = served(bridge.tmp)
+    probe = bridge.tmp / "probe.sh"
+    probe.write_text(f"if curl -sf --noproxy '*' -m 5 http://127.0.0.1:{other.server_address[1]}/ >/dev/null 2>&1 "
+                     f"|| curl -sf -m 5 http://127.0.0.1:{other.server_address[1]}/ >/dev/null 2>&1; then echo "
+                     "REACHED >> reach.txt; else echo HELD >> reach.txt; fi\n")
+    try:
+        with bridge.client() as client:
+            first = finish(client, client.call("hermes_run", task=f"Open.\nRUN: sh {probe}", wait_s=45), timeout=180)
+            assert_turn_ended(first)
+            assert ready(bridge, timeout=120)["shape"]["network"] == "open"
+            limited = finish(client, client.call("hermes_run", task=f"Held.\nRUN: sh {probe}", network="model-only",
+                                                 wait_s=45), timeout=180)
+            assert_turn_ended(limited)
+            assert limited.field("START").startswith("cold (") and "the warm Hermes waiting was started without a " \
+                "proxy (network open), and this job's network is model-only" in limited.field("START"), limited.text
+            assert ready(bridge, timeout=120)["shape"]["network"] == "model-only"
+            warm = finish(client, client.call("hermes_run", task=f"Held warm.\nRUN: sh {probe}",
+                                              network="model-only", wait_s=45), timeout=180)
+            assert_turn_ended(warm)
+            assert warm.field("START").startswith("warm"), warm.text
+            assert warm.field("NETWORK").startswith("model-only"), warm.text
+    finally:
+        other.shutdown()
+    assert (bridge.root / "reach.txt").read_text().split() == ["REACHED", "HELD", "HELD"]
