@@ -40,7 +40,7 @@ from .safe_io import (
     running_process,
     shown,
 )
-from .standby import TAKE_ANSWER_S, is_alive_standby, launch_key, standby_folder
+from .standby import TAKE_ANSWER_S, being_readied, is_alive_standby, launch_key, standby_folder
 from .worktrees import (
     STANDBY_NAME_RE,
     WORKTREE_BRANCH_PREFIX,
@@ -212,7 +212,8 @@ def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> dict[str, 
         ready = read_json(standby_folder(store) / "ready.json")
         place = worktree_place(record.worktree) if record.worktree else record.cwd or ""
         shape = confinement_shape(record.network_mode or "open", record.worktree)
-        why = (standby_mismatch(cfg, ready, place, shape)
+        why = ("a warm Hermes is still being readied (it was not ready when this job started)"
+               if ready is None and being_readied(store) else standby_mismatch(cfg, ready, place, shape)
                or (readied_mismatch(store, ready) if record.worktree else None))
         if why is None:
             record.start, record.standby_marker = "warm", str(ready["marker"])

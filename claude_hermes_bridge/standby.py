@@ -356,6 +356,18 @@ def handed_over(cfg: Config, store: JobStore, standby: Standby, job_id: str) -> 
     return True
 
 
+def being_readied(store: JobStore) -> bool:
+    """Whether a standby holds its lock without having published itself yet: it is starting Hermes now."""
+    folder = standby_folder(store)
+    if (folder / "ready.json").exists() or not (folder / "standby.lock").exists():
+        return False
+    try:
+        with locked(folder / "standby.lock", 0):
+            return False
+    except (LockTimeout, OSError):
+        return True
+
+
 def still_fits(cfg: Config, standby: Standby) -> bool:
     """Whether a job started now would start Hermes as this standby's was started (the key, computed again)."""
     try:

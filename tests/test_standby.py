@@ -358,3 +358,20 @@ def test_a_network_limited_job_after_another_of_its_mode_starts_warm_behind_the_
     assert job.field("STATUS") == "ok" and job.field("START").startswith("warm"), job.text
     assert connections == [] and (bridge.root / "code.txt").read_text() == "403", job.text
     assert f"1 request refused: 127.0.0.1:{port} (not Hermes' model (network: model-only))" in job.field("NETWORK")
+
+
+def test_a_job_arriving_while_the_standby_is_still_starting_is_told_so(bridge: Bridge) -> None:
+    """Issue 65: a second job that came while the next warm Hermes was being readied started cold and was told
+    "no warm Hermes is waiting", which is not what happened."""
+    bridge.configure(hermes_driver="acp", warm_start=True)
+    client = acp_client(bridge)
+    client.params.env = dict(client.params.env or {}, FAKE_ACP_INIT_DELAY="4")
+    with client:
+        first = client.wait_final(client.call("hermes_run", task="first !write=one.txt:1", cwd=str(bridge.root),
+                                              wait_s=0).field("JOB_ID"))
+        assert first.field("STATUS") == "ok", first.text
+        wait_until(lambda: live_standbys(bridge.jobs) or None, 20, "a standby to start preparing")
+        assert not (bridge.jobs / "standby" / "ready.json").exists()
+        second = final(client, task="second !write=two.txt:2", cwd=str(bridge.root))
+    assert second.field("STATUS") == "ok", second.text
+    assert "a warm Hermes is still being readied (it was not ready when this job started)" in second.field("START")
