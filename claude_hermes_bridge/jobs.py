@@ -651,6 +651,11 @@ class JobStore:
         """The folder of the newest bridge job that captured this session."""
         return next((record.cwd for record, sid in self._captures(scan_limit) if sid == session_id), None)
 
+    def session_executor(self, session_id: str, scan_limit: int = 500) -> str | None:
+        """The executor the newest bridge job of this session ran on (None: this machine, or no such job)."""
+        record = next((record for record, sid in self._captures(scan_limit) if sid == session_id), None)
+        return str(record.executor["name"]) if record and record.executor else None
+
     def remote_session_folder(self, session_id: str, folder: str, scan_limit: int = 5000) -> str | None:
         """The local worktree of the ssh job that captured this session, when Hermes recorded it in that job's
         remote worktree (folder): a resume runs there again, on the same executor."""

@@ -197,7 +197,9 @@ def job_request(cfg: Config, kind: str, arguments: LaunchArguments, session: str
         raise Refused(f"{given} would do nothing here: this job drives Hermes over ACP, whose session takes neither "
                       "(Hermes gives an ACP session every toolset and loads skills as it needs them). Leave them "
                       "out, or set hermes_driver to \"cli\" in config.json for jobs that need them")
-    executor = executor_of(cfg, arguments.executor, resumed)
+    inherited = resumed.get("executor") if resumed else (
+        JobStore.of(cfg).session_executor(session) if session and arguments.executor is None else None)
+    executor = executor_of(cfg, arguments.executor, inherited)
     resumed = {key: value for key, value in resumed.items() if key != "executor"} if resumed else None
     isolation = (Noted(resumed) if resumed else
                  isolation_of(cfg, arguments.isolation, arguments.isolation_base, resolved_cwd))
@@ -215,15 +217,13 @@ def job_request(cfg: Config, kind: str, arguments: LaunchArguments, session: str
     return Noted(request, timeout.notes + tokens.notes + cost.notes + isolation.notes)
 
 
-def executor_of(cfg: Config, given: Any, resumed: dict[str, Any] | None) -> Executor | None:
-    """The executor a job runs on: the one the call names, else a resumed worktree's own job's (its work is
-    carried from there), else default_executor; None for this machine."""
+def executor_of(cfg: Config, given: Any, inherited: str | None) -> Executor | None:
+    """The executor a job runs on: the one the call names, else the one the resumed session's job ran on
+    (inherited: its work and its files are there), else default_executor; None for this machine."""
     if given is not None and not isinstance(given, str):
         raise Refused(f'executor must be the name of one in config.json\'s executors, or "local", got '
                       f"{shown(given, 40)}")
-    if given is None and resumed and resumed.get("executor"):
-        given = resumed["executor"]
-    return executor_named(cfg, given)
+    return executor_named(cfg, given if given is not None else inherited)
 
 
 def isolation_of(cfg: Config, isolation: Any, base: Any, cwd: str) -> Noted[dict[str, Any] | None]:

@@ -71,6 +71,23 @@ def test_a_docker_default_job_runs_in_its_container_and_its_file_lands_in_its_fo
     assert job_containers(host, job.field("JOB_ID")) == []
 
 
+def test_a_resumed_docker_job_runs_in_a_container_again_unless_told_otherwise(on_docker):
+    bridge, client, host = on_docker
+    folder = bridge.root / "again"
+    folder.mkdir()
+    first = final_of(client, client.call("hermes_run", task="One.\nRUN: echo one > one.txt", cwd=str(folder),
+                                         executor="box", wait_s=30))
+    assert first.field("STATUS") == "ok", first.text
+    again = final_of(client, client.call("hermes_resume", session_id=first.field("SESSION_ID"), wait_s=30,
+                                         task="Two.\nRUN: test ! -d /work && cat one.txt > two.txt"))
+    assert again.field("STATUS") == "ok" and again.field("EXECUTOR").startswith("box (docker"), again.text
+    assert (folder / "two.txt").read_text() == "one\n"
+    local = final_of(client, client.call("hermes_resume", session_id=first.field("SESSION_ID"), wait_s=30,
+                                         executor="local", task="Three.\nRUN: test -d /work && echo here > three.txt"))
+    assert local.field("EXECUTOR") == "local (this machine)", local.text
+    assert (folder / "three.txt").read_text() == "here\n"
+
+
 def test_a_docker_worktree_job_commits_in_its_container_and_the_merge_lands_it(on_docker):
     bridge, client, host = on_docker
     repo = make_repo(bridge.root / "repo")
