@@ -647,20 +647,9 @@ class JobStore:
         for _, session_id in self._captures(scan_limit):
             yield session_id
 
-    def captured_session_folder(self, session_id: str, scan_limit: int = 5000) -> str | None:
-        """The folder of the newest bridge job that captured this session."""
-        return next((record.cwd for record, sid in self._captures(scan_limit) if sid == session_id), None)
-
-    def session_executor(self, session_id: str, scan_limit: int = 500) -> str | None:
-        """The executor the newest bridge job of this session ran on (None: this machine, or no such job)."""
-        record = next((record for record, sid in self._captures(scan_limit) if sid == session_id), None)
-        return str(record.executor["name"]) if record and record.executor else None
-
-    def remote_session_folder(self, session_id: str, folder: str, scan_limit: int = 5000) -> str | None:
-        """The local worktree of the ssh job that captured this session, when Hermes recorded it in that job's
-        remote worktree (folder): a resume runs there again, on the same executor."""
-        return next((record.cwd for record, sid in self._captures(scan_limit)
-                     if sid == session_id and (record.worktree or {}).get("remote") == folder), None)
+    def captured_by(self, session_id: str, scan_limit: int = 5000) -> Iterator[JobRecord]:
+        """The bridge's jobs that captured this session, newest first; bounded by scan_limit."""
+        return (record for record, sid in self._captures(scan_limit) if sid == session_id)
 
     def _captures(self, scan_limit: int) -> Iterator[tuple[JobRecord, str]]:
         seen: set[str] = set()

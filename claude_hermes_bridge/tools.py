@@ -198,7 +198,7 @@ def job_request(cfg: Config, kind: str, arguments: LaunchArguments, session: str
                       "(Hermes gives an ACP session every toolset and loads skills as it needs them). Leave them "
                       "out, or set hermes_driver to \"cli\" in config.json for jobs that need them")
     inherited = resumed.get("executor") if resumed else (
-        JobStore.of(cfg).session_executor(session) if session and arguments.executor is None else None)
+        session_executor(JobStore.of(cfg), session) if session and arguments.executor is None else None)
     executor = executor_of(cfg, arguments.executor, inherited)
     resumed = {key: value for key, value in resumed.items() if key != "executor"} if resumed else None
     isolation = (Noted(resumed) if resumed else
@@ -269,7 +269,7 @@ def session_home(cfg: Config, store: JobStore, session_id: str) -> tuple[str, st
     try:
         folder = session_folder(cfg, session_id)
     except StoreUnavailable as exc:
-        captured = store.captured_session_folder(session_id)
+        captured = next((record.cwd for record in store.captured_by(session_id)), None)
         if captured is None:
             raise Refused(f"cannot tell where session {session_id} would run: {exc}. Hermes resumes a session in "
                           "the folder recorded for it, so the bridge resumes only sessions whose folder it can "
@@ -278,8 +278,15 @@ def session_home(cfg: Config, store: JobStore, session_id: str) -> tuple[str, st
                           "that captured this session")
     if within_any(os.path.realpath(folder), cfg.roots):
         return folder, None
-    local = store.remote_session_folder(session_id, folder)  # recorded on an ssh executor's host
+    local = next((record.cwd for record in store.captured_by(session_id)  # recorded on an ssh executor's host
+                  if (record.worktree or {}).get("remote") == folder), None)
     return (local, None) if local else (folder, None)
+
+
+def session_executor(store: JobStore, session_id: str) -> str | None:
+    """The executor the newest bridge job of this session ran on (None: this machine, or no such job)."""
+    record = next(store.captured_by(session_id, scan_limit=500), None)
+    return str(record.executor["name"]) if record and record.executor else None
 
 
 def resolve_resume(cfg: Config, session_id: Any, cwd: str | None
