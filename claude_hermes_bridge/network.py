@@ -307,16 +307,17 @@ class JobProxy:
         if not is_model and rule is None:
             # Hermes' own process fetches by itself at every start (its update check on PyPI, model metadata from
             # models.dev and openrouter.ai, its catalog on GitHub): under ask only the tools it runs are asked
-            # about, or every job would open with questions nobody asked for
-            asking = self.policy.mode == "ask" and not self.from_hermes(client) and not (
-                host in HERMES_START_HOSTS and not CAN_TELL_HERMES)
+            # about, or every job would open with questions nobody asked for; in every mode the refusal says whose
+            hermes_own = self.from_hermes(client) or (host in HERMES_START_HOSTS and not CAN_TELL_HERMES)
+            asking = self.policy.mode == "ask" and not hermes_own
             if asking and self._asked(where):
                 rule = HostRule(host, port)
             else:
                 why = ("not Hermes' model (network: model-only)" if self.policy.mode == "model-only"
-                       else "not on network_allow" + (" and not allowed when asked" if asking else
-                                                      "; Hermes' own request, not a tool's: not asked about"
-                                                      if self.policy.mode == "ask" else ""))
+                       else "not on network_allow" + (" and not allowed when asked" if asking else ""))
+                if hermes_own:
+                    why += "; Hermes' own request, not a tool's" + (": not asked about" if self.policy.mode == "ask"
+                                                                    else "")
                 raise self._refuse(where, why)
         try:
             found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)

@@ -442,3 +442,20 @@ def test_the_default_network_is_ask_with_the_package_registries_allowed_and_chec
     line = support_line(cfg.network, "auto", cfg.network_allow)
     assert line.startswith("ask") and "allowed without a question: Hermes' model and pypi.org, " in line, line
     assert "Hermes' model alone (network_allow is empty)" in support_line("ask", "auto", [])
+
+
+@pytest.mark.posix("/proc tells a socket's process")
+def test_hermes_own_refused_requests_are_labelled_under_every_limited_mode(servers: list[int]) -> None:
+    """Issue 67: under allow-list and model-only the NETWORK line listed Hermes' own start-up fetches among the
+    refusals unlabelled, as if the job's tools had tried them; under ask they were labelled."""
+    import os
+
+    for mode in ("allow-list", "model-only"):
+        proxy = JobProxy(policy(mode), lambda where: "deny", hermes_pid=os.getpid)
+        try:
+            status, body = fetch(proxy, f"http://127.0.0.1:{servers[0]}/")
+            assert status == 403 and "; Hermes' own request, not a tool's" in body, (mode, body)
+            assert "not asked about" not in body
+            assert proxy.refusals[-1].endswith("Hermes' own request, not a tool's)"), proxy.refusals
+        finally:
+            proxy.close()
