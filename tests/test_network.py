@@ -451,7 +451,7 @@ def test_hermes_own_refused_requests_are_labelled_under_every_limited_mode(serve
     import os
 
     for mode in ("allow-list", "model-only"):
-        proxy = JobProxy(policy(mode), lambda where: "deny", hermes_pid=os.getpid)
+        proxy = JobProxy(policy(mode), lambda _where: "deny", hermes_pid=os.getpid)
         try:
             status, body = fetch(proxy, f"http://127.0.0.1:{servers[0]}/")
             assert status == 403 and "; Hermes' own request, not a tool's" in body, (mode, body)
