@@ -17,8 +17,10 @@ from .config import (
     config_places,
     config_search,
     load_config,
+    parse_executors,
     roots_missing,
 )
+from .executors import readiness_refusal
 from .health import approvals_line
 from .hermes_acp import INITIALIZE, WarmHermes, acp_available, driver_line
 from .hermes_cli import hermes_env, locate_hermes
@@ -144,6 +146,13 @@ def model_line(cfg: Config, exe: str) -> tuple[bool, str]:
     return True, "yes: Hermes opened a session with its model settings"
 
 
+def executor_lines(cfg: Config) -> list[str]:
+    """Each executor checked as a job's call checks it (the daemon and its image, the key, the host and its key)."""
+    table, _ = parse_executors(cfg.executors)
+    return [f"EXECUTOR {name}: " + (f"NO: {refusal}" if (refusal := readiness_refusal(executor)) else
+                                    f"ready: {executor.described()}") for name, executor in table.items()]
+
+
 def check_command(serve_command: list[str]) -> int:
     """--check: the server as a host starts it, then Hermes started once. Exit 0 (CHECK: OK) when a job can
     run; 3 (CHECK: INCOMPLETE) when the server works but no job can run yet (no Hermes, no roots), saying
@@ -166,7 +175,8 @@ def check_command(serve_command: list[str]) -> int:
                 report += [driver_line(cfg, hermes.usable, probe=True), f"MODEL: {model}",
                            f"APPROVALS: {approvals_line(cfg, hermes.usable)}",
                            f"SANDBOX: {support_line(cfg.sandbox)}",
-                           f"NETWORK: {network_support(cfg.network, cfg.sandbox, cfg.network_allow)}"]
+                           f"NETWORK: {network_support(cfg.network, cfg.sandbox, cfg.network_allow)}",
+                           *executor_lines(cfg)]
         else:
             blockers.append(f"no usable Hermes: {hermes.problem}")
         if not cfg.roots:

@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,16 @@ def test_a_container_left_by_a_killed_supervisor_is_removed_at_the_next_server_s
         assert again.call("hermes_status", job_id=job_id).field("STATUS") == "orphaned"
     audit = (bridge.tmp / "logs" / "audit.log").read_text()
     assert f"removed 1 container(s) left by ended jobs on executor box: {job_id}" in audit
+
+
+def test_check_says_whether_each_executor_is_ready(on_docker):
+    bridge, client, host = on_docker
+    bridge.configure(executors={"box": {"kind": "docker", "image": IMAGE, "docker_host": host},
+                                "gone": {"kind": "docker", "image": "chb-e2e:missing", "docker_host": host}})
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve().parent.parent / "server.py"), "--check"],
+                          env=bridge.env, capture_output=True, text=True, timeout=300)
+    assert f"EXECUTOR box: ready: box (docker image {IMAGE}" in done.stdout, done.stdout
+    assert "EXECUTOR gone: NO: executor gone: the image chb-e2e:missing is not on the docker daemon" in done.stdout
 
 
 def test_docker_refusals_name_the_problem_and_start_nothing(on_docker):
