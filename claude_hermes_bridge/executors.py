@@ -6,6 +6,7 @@ removed by the bridge's labels, and over ssh the job's work carried out and back
 import contextlib
 import hashlib
 import os
+import secrets
 import shlex
 import shutil
 import stat
@@ -15,7 +16,7 @@ from typing import Any, Callable
 
 from .config import Executor
 from .git_calls import GitFailed, git
-from .safe_io import shown
+from .safe_io import NOFOLLOW, shown
 
 CHECK_TIMEOUT_S = 10.0  # a daemon or a host that does not answer within it refuses the job
 REMOVE_TIMEOUT_S = 30.0
@@ -109,9 +110,13 @@ def probe_mount(executor: Executor, job_id: str, jobs_root: Path, folder: str, n
     namespace lacks the path, would mount an empty folder and the job's writes would vanish), on the network the
     job's container gets: a probe file written here is read back through a throwaway container. None, or what
     went wrong in words."""
-    probe = Path(folder) / f"{PROBE_NAME}-{job_id}"
-    try:
-        probe.write_text(job_id, encoding="utf-8")
+    probe = Path(folder) / f"{PROBE_NAME}-{secrets.token_hex(8)}"
+    made = False
+    try:  # made afresh, never through a name a job planted (a symbolic link would send the write elsewhere)
+        descriptor = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600)
+        made = True
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(job_id)
         code, said = run_tool(docker_command("run", "--rm", *(() if network else ("--network", "none")),
                                              "--label", f"{LABEL_JOB}={job_id}",
                                              "--label", f"{LABEL_JOBS}={jobs_label(jobs_root)}", "-v",
@@ -121,7 +126,8 @@ def probe_mount(executor: Executor, job_id: str, jobs_root: Path, folder: str, n
     except OSError as exc:
         return f"the probe file could not be written ({exc.strerror or exc})"
     finally:
-        probe.unlink(missing_ok=True)
+        if made:
+            probe.unlink(missing_ok=True)
     if code != 0 or said.strip() != job_id:
         return (f"a container of executor {executor.name} could not read the job's folder {shown(folder, 200)} "
                 f"({shown(said, 200) or 'the probe file was not there'}): is the daemon on another machine, or "

@@ -136,3 +136,27 @@ def test_health_names_the_executors_without_the_key_and_without_starting_anythin
     line = executors_line(cfg)
     assert line.startswith("local (this machine); also box (docker image debian:bookworm), lab (ssh u@h)")
     assert "a job given none runs on box" in line and "/secret/id" not in line
+
+
+def test_the_mount_probe_is_a_fresh_file_read_back_through_a_container_and_left_nowhere(tmp_path, monkeypatch):
+    from claude_hermes_bridge import executors
+
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "kept.txt").write_text("x")
+    seen: list[tuple[str, str]] = []
+
+    def container(argv, *_rest, **_options):
+        name = argv[-1].rsplit("/", 1)[1]
+        seen.append((name, (folder / name).read_text()))
+        assert "--network" in argv and argv[argv.index("--network") + 1] == "none"
+        return 0, (folder / name).read_text()
+
+    monkeypatch.setattr(executors, "run_tool", container)
+    assert executors.probe_mount(BOX, "20261206-1", tmp_path, str(folder), network=False) is None
+    assert seen[0][0].startswith(".claude-hermes-bridge-probe-") and seen[0][1] == "20261206-1"
+    assert sorted(path.name for path in folder.iterdir()) == ["kept.txt"]
+    monkeypatch.setattr(executors, "run_tool", lambda *_args, **_options: (0, ""))  # a daemon that sees another folder
+    refusal = executors.probe_mount(BOX, "20261206-2", tmp_path, str(folder), network=True)
+    assert "could not read the job's folder" in str(refusal) and "another machine" in str(refusal)
+    assert sorted(path.name for path in folder.iterdir()) == ["kept.txt"]
