@@ -11,6 +11,7 @@ import shlex
 import shutil
 import stat
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -308,28 +309,62 @@ def carry_out(executor: Executor, top: str, start: str, job_id: str, branch: str
     return absolute_bare, absolute_tree
 
 
+PROGRESS_FETCH_S = 20.0  # how often an ssh job's branch is fetched back while it runs
+
+
+def progress_ref(job_id: str) -> str:
+    return f"refs/hermes-bridge-remote/{job_id}"
+
+
+def fetch_progress(executor: Executor, worktree: dict[str, Any], local_git: list[str], objects: dict[str, str],
+                   job_id: str) -> str:
+    """The job's branch as the host has it now, fetched into the job's own objects (git hashes every object)
+    under progress_ref: its commit. GitFailed when the host does not answer."""
+    path = worktree["path"]
+    git(path, *local_git, "fetch", "-q", "--no-tags", "--no-write-fetch-head",
+        remote_url(executor, worktree["remote_bare"], "/"), f"+refs/heads/{worktree['branch']}:{progress_ref(job_id)}",
+        env={**objects, **ssh_git_environment(executor)}, protocol="ssh")
+    return git(path, *local_git, "rev-parse", "--verify", f"{progress_ref(job_id)}^{{commit}}",
+               env=objects).stdout.decode().strip()
+
+
+def keep_fetching(executor: Executor, worktree: dict[str, Any], local_git: list[str], objects: dict[str, str],
+                  job_id: str, stop: threading.Event) -> None:
+    """While the job runs: its branch fetched back every PROGRESS_FETCH_S, so a host lost mid-job leaves what it
+    had committed by then (a host that does not answer is tried again at the next turn)."""
+    while not stop.wait(PROGRESS_FETCH_S):
+        with contextlib.suppress(GitFailed):
+            fetch_progress(executor, worktree, local_git, objects, job_id)
+
+
+def fetched_so_far(worktree: dict[str, Any], local_git: list[str], objects: dict[str, str], job_id: str) -> str | None:
+    """The commit last fetched back while the job ran, if any."""
+    done = git(worktree["path"], *local_git, "rev-parse", "--verify", "--quiet", f"{progress_ref(job_id)}^{{commit}}",
+               env=objects, check=False)
+    return done.stdout.decode().strip() or None if done.returncode == 0 else None
+
+
 def carry_back(executor: Executor, worktree: dict[str, Any], local_git: list[str], objects: dict[str, str],
                job_id: str) -> str:
     """What the job did on the host brought back into its local worktree: what it left uncommitted committed
-    there, its branch fetched (into the job's own objects, every object hashed by git) and the local worktree
-    moved to it. Returns the commit; GitFailed when the host cannot be reached (the local worktree then keeps
-    what came back before)."""
-    remote_tree, branch = worktree["remote"], worktree["branch"]
+    there, its branch fetched (fetch_progress) and the local worktree moved to it. Returns the commit; GitFailed
+    when the host cannot be reached (keep_what_came then keeps what was fetched while the job ran)."""
     message = shlex.quote(f"claude-hermes-bridge: what job {job_id} left uncommitted on {executor.host}")
-    code, said = ssh_run(executor, f"cd {shlex.quote(remote_tree)} && {REMOTE_GIT} add -A && ({REMOTE_GIT} diff "
-                                   f"--cached --quiet || {REMOTE_GIT} -c user.name=claude-hermes-bridge -c "
+    code, said = ssh_run(executor, f"cd {shlex.quote(worktree['remote'])} && {REMOTE_GIT} add -A && ({REMOTE_GIT} "
+                                   f"diff --cached --quiet || {REMOTE_GIT} -c user.name=claude-hermes-bridge -c "
                                    f"user.email=bridge@localhost commit -q --no-verify -m {message})")
     if code != 0:
         raise GitFailed(f"the host {executor.host} could not be reached to bring the work back: {shown(said, 200)}")
-    bare, path = worktree["remote_bare"], worktree["path"]
-    git(path, *local_git, "fetch", "-q", "--no-tags", "--no-write-fetch-head", remote_url(executor, bare, "/"),
-        f"+refs/heads/{branch}:refs/hermes-bridge-remote/{job_id}", env={**objects, **ssh_git_environment(executor)},
-        protocol="ssh")
-    fetched = git(path, *local_git, "rev-parse", "--verify", f"refs/hermes-bridge-remote/{job_id}^{{commit}}",
-                  env=objects).stdout.decode().strip()
-    git(path, *local_git, "reset", "-q", "--hard", fetched, env=objects)
-    git(path, *local_git, "update-ref", "-d", f"refs/hermes-bridge-remote/{job_id}", env=objects)
+    fetched = fetch_progress(executor, worktree, local_git, objects, job_id)
+    keep_what_came(worktree, local_git, objects, job_id, fetched)
     return fetched
+
+
+def keep_what_came(worktree: dict[str, Any], local_git: list[str], objects: dict[str, str], job_id: str,
+                   commit: str) -> None:
+    """The local worktree moved to a commit that came back from the host; the progress ref dropped."""
+    git(worktree["path"], *local_git, "reset", "-q", "--hard", commit, env=objects)
+    git(worktree["path"], *local_git, "update-ref", "-d", progress_ref(job_id), env=objects)
 
 
 def remove_remote_worktree(executor: Executor, worktree: dict[str, Any]) -> None:

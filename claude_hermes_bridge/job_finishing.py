@@ -11,9 +11,17 @@ from typing import Any, cast
 
 from .config import Executor, audit
 from .drivers import HermesRun, job_unreadable
-from .executors import carry_back, remove_job_containers, remove_remote_worktree, unlink_short_tmp
+from .executors import (
+    CHECK_TIMEOUT_S,
+    carry_back,
+    fetched_so_far,
+    keep_what_came,
+    remove_job_containers,
+    remove_remote_worktree,
+    unlink_short_tmp,
+)
 from .folder_changes import FolderWatch
-from .git_calls import GitFailed
+from .git_calls import GIT_TIMEOUT_S, GitFailed
 from .hermes_cli import read_tail
 from .hermes_store import StoreUnavailable, read_store, refusal_texts
 from .home_guard import restore_home
@@ -104,16 +112,26 @@ class JobFinish:
         worktree = record.worktree
         if not worktree or "remote" not in worktree:
             return outcome
+        if job.fetching is not None:  # stopped before the last fetch: two fetches would race for the ref
+            stop, fetcher = job.fetching
+            stop.set()
+            fetcher.join(GIT_TIMEOUT_S + CHECK_TIMEOUT_S)
+        objects = object_environment(str(job.store.worktree_objects_path(worktree.get("job", job.job_id))),
+                                     worktree["repo"])
+        local_git = worktree_git(worktree)
         try:
-            objects = object_environment(str(job.store.worktree_objects_path(worktree.get("job", job.job_id))),
-                                         worktree["repo"])
-            commit = carry_back(executor, worktree, worktree_git(worktree), objects, job.job_id)
+            commit = carry_back(executor, worktree, local_git, objects, job.job_id)
         except GitFailed as exc:
-            record.executor_report = f"nothing came back from {executor.host}: {exc}"
+            kept = "the branch keeps the job's start"
+            with contextlib.suppress(GitFailed):
+                if so_far := fetched_so_far(worktree, local_git, objects, job.job_id):
+                    keep_what_came(worktree, local_git, objects, job.job_id, so_far)
+                    kept = f"the branch keeps what came back while it ran ({so_far[:12]})"
+            record.executor_report = f"the work did not all come back from {executor.host}: {exc}; {kept}"
             if outcome.state != JobState.OK:
                 return outcome
             return Outcome(JobState.ERROR, outcome.exit_code, f"the host {executor.host} was lost before the job's "
-                           f"work came back ({exc}); the branch keeps the job's start")
+                           f"work came back ({exc}); {kept}")
         remove_remote_worktree(executor, worktree)
         record.executor_report = (f"the job's branch came back from {executor.host} at {commit[:12]} (its remote "
                                   "worktree removed)")

@@ -1,6 +1,7 @@
 """[supervisor] A job's first phase: everything checked and made before Hermes starts (Hermes itself, the
 worktree, the repository's guard, the folder, the sandbox, the network) and what its blocks say about them."""
 import os
+import threading
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,6 +24,7 @@ from .executors import (
     container_network,
     docker_environment,
     docker_socket,
+    keep_fetching,
     link_short_tmp,
     probe_mount,
 )
@@ -35,7 +37,7 @@ from .safe_io import Refused, plural, read_capped, shown, within_any
 from .sandbox import mechanism as sandbox_mechanism
 from .sandbox import private_devices_refusal, private_folders
 from .supervised_job import SupervisedJob
-from .worktrees import add_worktree, common_folder_refusal, own_objects
+from .worktrees import add_worktree, common_folder_refusal, object_environment, own_objects, worktree_git
 
 
 class JobPlanner:
@@ -113,6 +115,13 @@ class JobPlanner:
             job.note(f"the job's start {start[:12]} pushed to {executor.host}: its worktree there is {remote}")
             job.save()
             self.also_ports = (executor.port,)
+            objects = object_environment(str(job.store.worktree_objects_path(worktree.get("job", job.job_id))),
+                                         worktree["repo"])
+            stop = threading.Event()
+            fetcher = threading.Thread(target=keep_fetching, name="progress", daemon=True,
+                                       args=(executor, worktree, worktree_git(worktree), objects, job.job_id, stop))
+            fetcher.start()
+            job.fetching = (stop, fetcher)
             if self.private_tmp is not None:
                 try:
                     link = link_short_tmp(self.private_tmp, job.job_id, job.store.root)

@@ -2,6 +2,7 @@
 finishing): its record, written when the disk takes it, notes in its log, and whether a stop was asked."""
 import contextlib
 import sys
+import threading
 
 from .config import Config
 from .jobs import JobStore
@@ -19,6 +20,7 @@ class SupervisedJob:
         self.record = store.read(job_id)
         self.unsaved = False
         self.stop_signal = False  # SIGTERM arrived
+        self.fetching: tuple[threading.Event, threading.Thread] | None = None  # an ssh job's fetching of its progress
 
     def note(self, text: str) -> None:
         self.write_log(f"[bridge] {text}\n")
