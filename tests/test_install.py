@@ -538,8 +538,8 @@ def test_macos_entry_carries_the_absolute_hermes_and_a_path_for_launchd(tmp_path
     (mac / "Library/Application Support/Claude").mkdir(parents=True)
     tools = tmp_path / "tools"
     tools.mkdir()
-    (tools / "hermes").write_text("#!/bin/sh\n")
-    (tools / "hermes").chmod(0o755)
+    (tools / "hermes").write_text('#!/bin/sh\n[ "$1" = acp ] && exit 1\nexit 0\n')  # a Hermes without ACP, which
+    (tools / "hermes").chmod(0o755)  # --check runs (--version) but opens no session with (no model here)
     env_path = f"{tools}:/usr/bin:/bin"
     done = subprocess.run([sys.executable, str(SCRIPT), "--platform", "macos"], capture_output=True, text=True,
                           timeout=300, env={"PATH": env_path, "HOME": str(mac)})
