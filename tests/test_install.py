@@ -741,8 +741,12 @@ def test_uvx_from_a_folder_with_no_hermes_is_refused_and_with_hermes_exe_registe
     assert "check passed" not in done.stdout and "no usable Hermes" not in done.stdout
     assert any("no allowed roots" in line for line in lines[incomplete:])
     entry = json.loads(config.read_text())["mcpServers"]["hermes"]
+    import register_with_claude as reg
+
+    ca = reg.ca_settings(env)  # this machine's CA bundle settings, where its shell has them, go along
     assert entry == {"command": "uvx",
-                     "args": ["--from", str(REPO), "claude-hermes-bridge", "--hermes-exe", str(hermes)]}
+                     "args": ["--from", str(REPO), "claude-hermes-bridge", "--hermes-exe", str(hermes)],
+                     **({"env": ca} if ca else {})}
     root = tmp_path / "root"
     root.mkdir()
     done = run([*register, "--hermes-exe", str(hermes), "--allowed-roots", str(root)], env)
