@@ -20,6 +20,7 @@ from .config import (
     parse_executors,
     roots_missing,
 )
+from .drivers import start_hermes
 from .executors import readiness_refusal
 from .health import approvals_line
 from .hermes_acp import INITIALIZE, WarmHermes, acp_available, driver_line
@@ -126,8 +127,7 @@ def model_line(cfg: Config, exe: str) -> tuple[bool, str]:
     if not acp_available(cfg, exe):
         return True, "not checked: this Hermes has no ACP (the CLI opens no session without calling the model)"
     with tempfile.TemporaryDirectory(prefix="hermes-bridge-check-") as folder:
-        proc = subprocess.Popen([exe, "acp"], cwd=folder, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, env=hermes_env(cfg))
+        proc = start_hermes([exe, "acp"], folder, hermes_env(cfg), subprocess.PIPE, subprocess.PIPE, subprocess.DEVNULL)
         hermes = WarmHermes(proc)
         try:
             hermes.request("initialize", INITIALIZE, SESSION_CHECK_S)

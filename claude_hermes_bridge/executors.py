@@ -31,13 +31,13 @@ def jobs_label(jobs_root: Path) -> str:
     return hashlib.sha256(os.path.realpath(jobs_root).encode()).hexdigest()[:16]
 
 
-def run_tool(argv: list[str], env: dict[str, str] | None = None, timeout_s: float = CHECK_TIMEOUT_S,
-             given: bytes | None = None) -> tuple[int, str]:
+def run_tool(argv: list[str], env: dict[str, str] | None = None, timeout_s: float = CHECK_TIMEOUT_S
+             ) -> tuple[int, str]:
     """A docker or ssh client run to its end within timeout_s: its exit code (124: it did not end) and its last
     line of output."""
     try:
-        done = subprocess.run(argv, input=given, stdin=None if given is not None else subprocess.DEVNULL,
-                              capture_output=True, env=env, timeout=timeout_s, check=False)
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, env=env, timeout=timeout_s,
+                              check=False)
     except subprocess.TimeoutExpired:
         return 124, f"no answer within {timeout_s:g} s"
     except OSError as exc:
@@ -271,8 +271,7 @@ def remote_places(executor: Executor, top: str, job_id: str) -> tuple[str, str]:
     return f"{root}/repos/{name}.git", f"{root}/worktrees/{job_id}"
 
 
-def remote_url(executor: Executor, path: str, home: str) -> str:
-    absolute = path if path.startswith("/") else f"{home}/{path}"
+def remote_url(executor: Executor, absolute: str) -> str:
     return f"ssh://{executor.user}@{executor.host}:{executor.port}{absolute}"
 
 
@@ -300,7 +299,7 @@ def carry_out(executor: Executor, top: str, start: str, job_id: str, branch: str
                                    f"{shlex.quote(absolute_bare)}")
     if code != 0:
         raise GitFailed(f"the bare repository on {executor.host} could not be made: {shown(said, 200)}")
-    git(top, "push", "-q", "--no-verify", remote_url(executor, absolute_bare, "/"), f"+{start}:refs/heads/{branch}",
+    git(top, "push", "-q", "--no-verify", remote_url(executor, absolute_bare), f"+{start}:refs/heads/{branch}",
         env=ssh_git_environment(executor), protocol="ssh")
     code, said = ssh_run(executor, f"{REMOTE_GIT} -C {shlex.quote(absolute_bare)} worktree add -q -f "
                                    f"{shlex.quote(absolute_tree)} {shlex.quote(branch)}")
@@ -322,7 +321,7 @@ def fetch_progress(executor: Executor, worktree: dict[str, Any], local_git: list
     under progress_ref: its commit. GitFailed when the host does not answer."""
     path = worktree["path"]
     git(path, *local_git, "fetch", "-q", "--no-tags", "--no-write-fetch-head",
-        remote_url(executor, worktree["remote_bare"], "/"), f"+refs/heads/{worktree['branch']}:{progress_ref(job_id)}",
+        remote_url(executor, worktree["remote_bare"]), f"+refs/heads/{worktree['branch']}:{progress_ref(job_id)}",
         env={**objects, **ssh_git_environment(executor)}, protocol="ssh")
     return git(path, *local_git, "rev-parse", "--verify", f"{progress_ref(job_id)}^{{commit}}",
                env=objects).stdout.decode().strip()

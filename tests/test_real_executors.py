@@ -105,13 +105,19 @@ def test_a_docker_worktree_job_commits_in_its_container_and_the_merge_lands_it(o
     assert "boxed" in git(repo, "log", "--format=%s").splitlines()  # the commit made in the container
 
 
-def test_a_cancelled_docker_job_leaves_no_container(on_docker):
-    bridge, client, host = on_docker
-    folder = bridge.root / "slow"
+def waiting_in_its_container(bridge: Any, client: BridgeClient, host: str, name: str) -> tuple[Any, str]:
+    """A docker job in a folder of its own, sleeping in its container (which exists by then): its first block and id."""
+    folder = bridge.root / name
     folder.mkdir()
-    started = client.call("hermes_run", task="Wait.\nRUN: sleep 120", cwd=str(folder), executor="box", wait_s=1)
+    started = client.call("hermes_run", task="Wait.\nRUN: sleep 300", cwd=str(folder), executor="box", wait_s=1)
     job_id = started.field("JOB_ID")
     wait_until(lambda: job_containers(host, job_id) or None, 60, "the job's container")
+    return started, job_id
+
+
+def test_a_cancelled_docker_job_leaves_no_container(on_docker):
+    bridge, client, host = on_docker
+    started, job_id = waiting_in_its_container(bridge, client, host, "slow")
     client.call("hermes_cancel", job_id=job_id)
     began = time.monotonic()
     wait_until(lambda: job_containers(host, job_id) == [] or None, 20, "the container to go")
@@ -122,11 +128,7 @@ def test_a_cancelled_docker_job_leaves_no_container(on_docker):
 
 def test_a_container_left_by_a_killed_supervisor_is_removed_at_the_next_server_start(on_docker):
     bridge, client, host = on_docker
-    folder = bridge.root / "killed"
-    folder.mkdir()
-    started = client.call("hermes_run", task="Wait.\nRUN: sleep 300", cwd=str(folder), executor="box", wait_s=1)
-    job_id = started.field("JOB_ID")
-    wait_until(lambda: job_containers(host, job_id) or None, 60, "the job's container")
+    _, job_id = waiting_in_its_container(bridge, client, host, "killed")
     record = bridge.record(job_id)
     for pid in (record.supervisor.pid, record.hermes.pid):  # the supervisor first, so nothing removes it
         os.kill(pid, signal.SIGKILL)
