@@ -55,6 +55,7 @@ the MCP stack). A module imports only from modules above it in this list (tests/
   skills ............. [server] Hermes' skills for hermes_capabilities
   health ............. [server] hermes_health and the server's instructions
   bodies ............. [server] async tool bodies (run_tool_body, ...), disk work off the event loop, no MCP
+  handshake .......... [server] the host's initialize answered before the SDK is imported, from the kept answer
   mcp_edge ........... [server] the only module importing mcp: JobTasks, McpEdge (both SDK lines), build_server
   cli ................ [server] --check, --try, --init-config, serving
   entry .............. [both] console_main: guard stdio, then the supervisor or the server
@@ -62,9 +63,8 @@ the MCP stack). A module imports only from modules above it in this list (tests/
 One hermes_run, end to end, as module hops: mcp_edge (build_server's hermes_run) → bodies (run_tool_body) →
 tools (run_tool, job_request: arguments, roots, Hermes, the launch plan from drivers) → bodies (launch_and_wait)
 → launch (launch_job writes the record through jobs; start_job spawns `python -c SUPERVISOR_BOOT`) → supervisor
-(main → Supervisor.run: JobPlanner.plan, Hermes started through drivers, JobWatch.watch, JobFinish.finish writes
-the outcome through jobs) ← bodies (wait_for_end polls the record: JobStore.read → observe) → tools
-(status_result) → render (render_status) → mcp_edge → the text the host reads.
+(main → Supervisor.run: JobPlanner.plan, Hermes started through drivers, JobWatch.watch, JobFinish.finish) ←
+bodies (wait_for_end polls the record) → tools (status_result) → render → mcp_edge → the text the host reads.
 """
 
 import os

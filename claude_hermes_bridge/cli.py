@@ -22,6 +22,7 @@ from .config import (
 )
 from .drivers import start_hermes
 from .executors import readiness_refusal
+from .handshake import EarlyStart
 from .health import approvals_line
 from .hermes_acp import INITIALIZE, WarmHermes, acp_available, driver_line
 from .hermes_cli import hermes_env, locate_hermes
@@ -410,7 +411,7 @@ def server_command() -> list[str]:
     return [sys.executable, "-m", "claude_hermes_bridge"]
 
 
-def main(argv: list[str], protocol_fds: tuple[int, int] | None = None) -> int:
+def main(argv: list[str], protocol_fds: tuple[int, int] | None = None, early: EarlyStart | None = None) -> int:
     args = parse_command_line(without_unset_settings(argv))
     if args.version:
         print(f"claude-hermes-bridge {VERSION}")
@@ -432,5 +433,5 @@ def main(argv: list[str], protocol_fds: tuple[int, int] | None = None) -> int:
     if args.try_task is not None:
         return 0 if anyio.run(try_task, serve_command, args.try_task, args.cwd) else 1
     assert protocol_fds is not None, "serves_protocol() and main() disagree about this command line"
-    serve_after_the_script(protocol_fds)
+    serve_after_the_script(protocol_fds, early or EarlyStart())
     return 0

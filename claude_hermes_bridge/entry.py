@@ -23,6 +23,11 @@ def console_main() -> None:
         with preflight.bytecode_cached():
             from claude_hermes_bridge import standby
         sys.exit(standby.main(argv[1]))
+    early = None
+    if protocol_fds is not None:  # the host's initialize, answered before the SDK is imported where it can be
+        with preflight.bytecode_cached():
+            from claude_hermes_bridge import handshake
+        early = handshake.answer_early(protocol_fds, argv)
     with preflight.bytecode_cached():
         from claude_hermes_bridge import cli
-    sys.exit(cli.main(argv, protocol_fds))
+    sys.exit(cli.main(argv, protocol_fds, early))

@@ -31,6 +31,7 @@ from .bodies import (
     view_steer_tool,
 )
 from .config import Config, config_search, load_config
+from .handshake import AnswerFilter, EarlyStart, PrefixedInput
 from .health import health, server_instructions
 from .job_queue import queue_words, start_queued
 from .jobs import FINAL_STATES, JobState, JobStore, is_network_question
@@ -663,9 +664,10 @@ def release_freed_memory() -> None:
         ctypes.CDLL(None).malloc_trim(0)
 
 
-async def serve(protocol_fds: tuple[int, int]) -> None:
-    """Serve MCP over the client's pipes kept by the stdio guard."""
-    from io import TextIOWrapper
+async def serve(protocol_fds: tuple[int, int], early: EarlyStart) -> None:
+    """Serve MCP over the client's pipes kept by the stdio guard, reading first what was read before the SDK
+    (handshake)."""
+    from io import BufferedReader, TextIOWrapper
 
     import anyio
     from mcp.server.stdio import stdio_server
@@ -675,7 +677,8 @@ async def serve(protocol_fds: tuple[int, int]) -> None:
               else f"no config file (looked in: {config_search()})")
     sys.stderr.write(f"claude-hermes-bridge {VERSION}: python {sys.version.split()[0]} ({sys.executable}), "
                      f"mcp {dependency_version('mcp') or 'not installed'}, {config} "
-                     f"({plural(len(cfg.problems), 'problem')})\n")
+                     f"({plural(len(cfg.problems), 'problem')})"
+                     f"{'; initialize answered before the SDK was imported' if early.answered is not None else ''}\n")
     sys.stderr.flush()
     edge = McpEdge()
     server = build_server(cfg, edge)
@@ -683,15 +686,17 @@ async def serve(protocol_fds: tuple[int, int]) -> None:
     threading.Thread(target=start_queued, args=(cfg, JobStore.of(cfg)), name="the queue", daemon=True).start()
     threading.Thread(target=sweep_containers, args=(cfg,), name="leftover containers", daemon=True).start()
     release_freed_memory()
-    lines = ProtocolLines(TextIOWrapper(os.fdopen(protocol_fds[0], "rb"), encoding="utf-8", errors="replace"))
+    lines = ProtocolLines(TextIOWrapper(BufferedReader(PrefixedInput(protocol_fds[0], early.read)), encoding="utf-8",
+                                        errors="replace"))
     stdin = anyio.wrap_file(cast(Any, lines))
-    stdout = anyio.wrap_file(TextIOWrapper(os.fdopen(protocol_fds[1], "wb"), encoding="utf-8"))
+    stdout = anyio.wrap_file(cast(Any, AnswerFilter(TextIOWrapper(os.fdopen(protocol_fds[1], "wb"), encoding="utf-8"),
+                                                    early)))
     lowlevel = edge.lowlevel(server)
     async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
         await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
 
 
-def serve_after_the_script(protocol_fds: tuple[int, int]) -> None:
+def serve_after_the_script(protocol_fds: tuple[int, int], early: EarlyStart) -> None:
     """Serve from a thread and let the script return: CPython keeps a script's whole syntax tree until the
     script ends (about 12 MB for this file), and a server's script would never end. The interpreter waits
     for the thread before it exits; Ctrl-C in a terminal ends the process at once (jobs live on in their
@@ -699,4 +704,4 @@ def serve_after_the_script(protocol_fds: tuple[int, int]) -> None:
     import anyio
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    threading.Thread(target=anyio.run, args=(serve, protocol_fds), name="mcp-server").start()
+    threading.Thread(target=anyio.run, args=(serve, protocol_fds, early), name="mcp-server").start()

@@ -227,3 +227,22 @@ def test_in_print_mode_the_model_reads_the_approval_instructions_and_the_landing
     assert f"JOB_ID: {job_id}" in denied
     assert "STATUS: ok" in worked and "DIFF: " in worked
     assert "STATUS: ok" in landed and (repo / "b.txt").read_text() == "hello"
+
+
+def test_in_print_mode_under_load_the_tools_are_there_every_run(bridge):
+    """Issue 67: `claude -p` on a two-core machine at load 10 (ten busy processes made here), five runs in a
+    row: each time the model finds the bridge's tools and reads hermes_health's block (the server answers
+    initialize before the SDK is imported from the second start on: the first start here is before the load,
+    as a person's earlier session would be)."""
+    claude = require_component(CLAUDE_CODE, f"Claude Code {CLAUDE_CODE_VERSION}")
+    with FakeAnthropic(bridge.tmp) as api:
+        assert "BRIDGE: " in read_by_the_model(print_mode(bridge, claude, api, "HERMES_CALL: hermes_health {}"))
+        spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(10)]
+        try:
+            read = [read_by_the_model(print_mode(bridge, claude, api, "HERMES_CALL: hermes_health {}"))
+                    for _ in range(5)]
+        finally:
+            for process in spinning:
+                process.kill()
+                process.wait()
+    assert all("BRIDGE: claude-hermes-bridge" in text for text in read), read
