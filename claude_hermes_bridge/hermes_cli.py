@@ -94,9 +94,20 @@ def hermes_file_problem(path: str) -> str | None:
     return None
 
 
+VERSIONS_SEEN: dict[tuple[str, str], str | None] = {}  # by the executable and its fingerprint (an upgrade rewrites it)
+
+
 def hermes_version_on_disk(exe: str) -> str | None:
     """Hermes' version from the dist-info beside its install, for display only: the command line is decided
     by the flags Hermes declares, never by its version (no 0.20.x has --query-file, though 0.20 has --in)."""
+    key = (exe, exe_fingerprint(exe))
+    if key not in VERSIONS_SEEN:
+        VERSIONS_SEEN.clear()
+        VERSIONS_SEEN[key] = dist_info_version(exe)
+    return VERSIONS_SEEN[key]
+
+
+def dist_info_version(exe: str) -> str | None:
     prefix = Path(os.path.realpath(exe)).parent.parent
     site = "Lib/site-packages" if IS_WINDOWS else "lib/python*/site-packages"
     pattern = f"{site}/hermes_agent*.dist-info"
@@ -277,9 +288,20 @@ def is_handed(cfg: Config, name: str) -> bool:
             or upper.endswith(ENVIRONMENT_SUFFIXES))
 
 
+# the server's environment's answer, by its names and the two settings
+LEFT_OUT_SEEN: dict[tuple[frozenset[str], str, str], list[str]] = {}
+
+
 def left_out_environment(cfg: Config, environment: dict[str, str] | None = None) -> list[str]:
-    """The names in the environment that a job is not handed (is_handed), sorted."""
-    return sorted(name for name in (os.environ if environment is None else environment) if not is_handed(cfg, name))
+    """The names in the environment that a job is not handed (is_handed), sorted (the server's own environment's
+    answer kept while its names and the settings stay: hermes_health asks on every call)."""
+    if environment is not None:
+        return sorted(name for name in environment if not is_handed(cfg, name))
+    key = (frozenset(os.environ), repr(cfg.pass_credentials), repr(cfg.pass_environment))
+    if key not in LEFT_OUT_SEEN:
+        LEFT_OUT_SEEN.clear()
+        LEFT_OUT_SEEN[key] = sorted(name for name in os.environ if not is_handed(cfg, name))
+    return list(LEFT_OUT_SEEN[key])
 
 
 def hermes_env(cfg: Config, marker: str | None = None) -> dict[str, str]:

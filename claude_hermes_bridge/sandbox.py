@@ -3,6 +3,7 @@ Seatbelt through sandbox-exec, by review only): what this machine supports, and 
 and Hermes that confines the process that then becomes Hermes. Imports nothing of the package: the Linux step
 runs before Hermes starts, in a process of its own."""
 import ctypes
+import functools
 import os
 import re
 import sys
@@ -81,14 +82,17 @@ def mechanism() -> Mechanism:
     return Mechanism(f"Landlock ABI {abi}" if abi else "", why_not, abi >= 6)
 
 
+@functools.cache  # one handle per process: hermes_health asks on every call
 def libc() -> ctypes.CDLL:
     library = ctypes.CDLL(None, use_errno=True)
     library.syscall.restype = ctypes.c_long
     return library
 
 
+@functools.cache
 def landlock_abi() -> tuple[int, str]:
-    """The Landlock ABI this kernel offers (0 when none), and why not in words."""
+    """The Landlock ABI this kernel offers (0 when none), and why not in words: asked once per process (the
+    kernel does not change under it)."""
     if not sys.platform.startswith("linux"):
         return 0, f"Landlock is Linux's; this is {sys.platform}"
     numbers = SYSCALLS.get(os.uname().machine)
