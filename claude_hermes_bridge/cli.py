@@ -25,7 +25,7 @@ from .executors import readiness_refusal
 from .handshake import EarlyStart
 from .health import approvals_line
 from .hermes_acp import INITIALIZE, WarmHermes, acp_available, driver_line
-from .hermes_cli import hermes_env, locate_hermes
+from .hermes_cli import confined_call, hermes_env, locate_hermes
 from .mcp_edge import JOB_VIEW_URI, TRY_CLIENT_NAME, serve_after_the_script
 from .network import support_line as network_support
 from .preflight import SERVER_DIR, VERSION, dependency_version, missing_dependencies
@@ -105,8 +105,8 @@ def hermes_runs(cfg: Config, exe: str) -> tuple[bool, str]:
     """Start the Hermes found once, `hermes --version`, bounded: a file that exists is not yet a Hermes that
     runs (a broken venv, a wrong architecture, a missing library)."""
     try:
-        done = subprocess.run([exe, "--version"], stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
-                              env=hermes_env(cfg))
+        with confined_call(cfg, [exe, "--version"]) as (argv, env):
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60, env=env)
     except (OSError, subprocess.SubprocessError) as exc:
         return False, f"NO: `{exe} --version` could not run: {exc}"
     said = clean_text(done.stdout + done.stderr).strip().splitlines()

@@ -35,6 +35,7 @@ from .hermes_cli import (
     locate_hermes,
     probe_cli,
     read_tail,
+    sandbox_extra,
     session_id_from_log,
 )
 from .hermes_store import StoreUnavailable, Usage, blocked_commands, read_store, session_started_in, session_usage
@@ -275,10 +276,6 @@ def job_unreadable(cfg: Config, writable: list[str], exe: str) -> list[str]:
     """What a sandboxed job may not read: everything of the private folders but readable_paths, and
     sandbox_unreadable."""
     return unreadable_paths(os.path.expanduser("~"), cfg.sandbox_unreadable, readable_paths(cfg, writable, exe))
-
-
-def sandbox_extra(cfg: Config) -> list[str]:
-    return [path for path in cfg.sandbox_writable if os.path.isabs(path) and os.path.isdir(path)]
 
 
 def executor_terminal(store: JobStore, record: JobRecord, folder: str) -> dict[str, Any] | None:

@@ -4,15 +4,19 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from .config import SETTINGS_ENV, Config
 from .jobs import SESSION_NAME_RE, JobRecord, JobState
 from .processes import JOB_MARKER
 from .safe_io import IS_WINDOWS, open_regular, read_json, shown, write_atomic
+from .sandbox import devices, mechanism, step_argv
 
 # Linux caps one argument at 128 KiB (MAX_ARG_STRLEN counts the terminating NUL); macOS caps the whole
 # argv and environment at 1 MiB, which an argument within this limit leaves room for.
@@ -164,13 +168,39 @@ def known_cli(cfg: Config, exe: str | None) -> HermesCli | None:
 PROBES_RUNNING: dict[int, str] = {}  # thread id -> the probe it waits on
 
 
+def sandbox_extra(cfg: Config) -> list[str]:
+    """The folders sandbox_writable adds to what a sandboxed job, and the bridge's own calls of Hermes, may write."""
+    return [path for path in cfg.sandbox_writable if os.path.isabs(path) and os.path.isdir(path)]
+
+
+@contextlib.contextmanager
+def confined_call(cfg: Config, argv: list[str], writable: tuple[str, ...] = ()) -> Iterator[tuple[list[str],
+                                                                                                   dict[str, str]]]:
+    """The command and environment of one of the bridge's own calls of Hermes (its options, whether it speaks ACP,
+    its version, a session deleted): inside the sandbox, with nothing writable but a fresh temporary folder,
+    `writable`, sandbox_writable and the devices, because a job may have changed Hermes' install where no mount
+    namespace holds it read-only (it lies in Hermes' home, which jobs write, as Hermes' own installer lays it
+    out). As it is where the sandbox is off or this machine has none (Windows)."""
+    env = hermes_env(cfg)
+    if cfg.sandbox == "off" or not mechanism().name:
+        yield argv, env
+        return
+    private_tmp = tempfile.mkdtemp(prefix="chb-hermes-call-")
+    try:
+        confined = step_argv([private_tmp, *writable, *sandbox_extra(cfg), *devices()], argv)
+        yield confined, dict(env, TMPDIR=private_tmp, TEMP=private_tmp, TMP=private_tmp)
+    finally:
+        shutil.rmtree(private_tmp, ignore_errors=True)
+
+
 def run_probe(cfg: Config, exe: str, *args: str) -> "subprocess.CompletedProcess[bytes]":
-    """Start Hermes to ask it something (its options, whether it speaks ACP), marked running meanwhile: the
-    first start after an install can outlast a tool's deadline, and that deadline's message says why."""
+    """Start Hermes, confined (confined_call), to ask it something (its options, whether it speaks ACP), marked
+    running meanwhile: the first start after an install can outlast a tool's deadline, and that deadline's
+    message says why."""
     PROBES_RUNNING[threading.get_ident()] = " ".join(("hermes",) + args)
     try:
-        return subprocess.run([exe, *args], stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
-                              env=hermes_env(cfg))
+        with confined_call(cfg, [exe, *args]) as (argv, env):
+            return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60, env=env)
     finally:
         PROBES_RUNNING.pop(threading.get_ident(), None)
 

@@ -14,7 +14,6 @@ from .drivers import (
     plan_launch,
     private_tmp_of,
     project_cache,
-    sandbox_extra,
     sandbox_mounts,
     sandbox_writable,
     usable_hermes,
@@ -29,6 +28,7 @@ from .executors import (
     probe_mount,
 )
 from .git_calls import GitFailed, git
+from .hermes_cli import sandbox_extra
 from .home_guard import guard_home
 from .job_network import JobNetwork
 from .jobs import MAX_TASK_BYTES, JobState, Outcome

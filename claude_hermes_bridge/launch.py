@@ -40,7 +40,7 @@ from .safe_io import (
     running_process,
     shown,
 )
-from .standby import TAKE_ANSWER_S, being_readied, is_alive_standby, launch_key, standby_folder
+from .standby import TAKE_ANSWER_S, any_standby_running, being_readied, is_alive_standby, launch_key, standby_folder
 from .worktrees import (
     STANDBY_NAME_RE,
     WORKTREE_BRANCH_PREFIX,
@@ -321,6 +321,28 @@ def start_standby(cfg: Config, store: JobStore, job_id: str) -> None:
                 return
             except OSError:
                 continue
+
+
+STANDBY_AT_START_SCAN = 20  # the newest records a server's start looks through for the place of its first standby
+
+
+def standby_at_start(cfg: Config) -> str | None:
+    """At a server's start, with warm_start on and no standby running (waiting, being readied, or about to be): one
+    readied for the place
+    of the newest job that could start warm (an ACP job in a folder or a worktree, not on an executor), so that
+    the server's first job there starts warm too. The id of the job it stands for, or None."""
+    store = JobStore.of(cfg)
+    if not cfg.warm_start or cfg.hermes_driver == "cli" or any_standby_running(store):
+        return None
+    for job_id in reversed(store.list_ids()[-STANDBY_AT_START_SCAN:]):
+        try:
+            record = store.read(job_id)
+        except (Refused, DamagedRecord):
+            continue
+        if warm_startable(cfg, record) and not record.executor:
+            start_standby(cfg, store, job_id)
+            return job_id
+    return None
 
 
 def drop_worktree(store: JobStore, job_id: str) -> None:

@@ -40,7 +40,7 @@ from .drivers import (
 )
 from .git_calls import GitFailed, git_text
 from .hermes_acp import ACP_SESSION_RE, WarmHermes, approval_policy_dir
-from .hermes_cli import hermes_env
+from .hermes_cli import confined_call, hermes_env
 from .hermes_store import StoreUnavailable, read_store
 from .home_guard import GUARDED_NAMES, walk
 from .jobs import FINAL_STATES, JobStore
@@ -272,8 +272,9 @@ def forget_warm_up(cfg: Config, session_id: str | None) -> None:
     if held is None or held[0] != 0:
         return
     try:
-        done = subprocess.run([exe, "sessions", "delete", session_id, "--yes"], stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=FORGET_S, env=hermes_env(cfg))
+        with confined_call(cfg, [exe, "sessions", "delete", session_id, "--yes"], (str(cfg.hermes_home_path),)
+                           ) as (argv, env):
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=FORGET_S, env=env)
     except (OSError, subprocess.SubprocessError):
         return
     audit(cfg, event="standby", warm_up_session=session_id, deleted=done.returncode == 0)
@@ -366,6 +367,13 @@ def being_readied(store: JobStore) -> bool:
             return False
     except (LockTimeout, OSError):
         return True
+
+
+def any_standby_running(store: JobStore) -> bool:
+    """Whether a standby process of this jobs folder runs now, in whatever step (its standby-<pid>.pid)."""
+    with contextlib.suppress(OSError):
+        return any(is_alive_standby(read_json(path)) for path in standby_folder(store).glob("standby-*.pid"))
+    return False
 
 
 def still_fits(cfg: Config, standby: Standby) -> bool:

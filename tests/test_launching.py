@@ -282,7 +282,7 @@ def test_a_probe_past_the_deadline_says_it_waited_on_hermes_and_its_answer_is_ke
 
     fake = make_fake_hermes(bridge.tmp / "slow-venv")
     slow = fake.parent / "hermes-slow"
-    asked = bridge.tmp / "asked"
+    asked = bridge.trace / "asked"  # the probe runs confined: the trace folder is sandbox_writable
     slow.write_text(f'#!/bin/sh\n[ "$1 $2" = "chat --help" ] && echo >> "{asked}" && sleep 1.5\nexec "{fake}" "$@"\n')
     slow.chmod(0o755)
     bridge.configure(hermes_exe=str(slow), hermes_driver="cli")

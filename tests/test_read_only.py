@@ -14,6 +14,7 @@ from claude_hermes_bridge.drivers import git_folder_mounts, install_mounts
 from claude_hermes_bridge.git_calls import git as bridge_git
 from claude_hermes_bridge.git_calls import git_text
 from claude_hermes_bridge.health import health
+from claude_hermes_bridge.hermes_cli import probe_cli, run_probe
 from claude_hermes_bridge.safe_io import Refused
 from claude_hermes_bridge.worktrees import admin_folder_change, repository_of, worktree_git
 from conftest import require_sandbox
@@ -183,3 +184,25 @@ def test_health_says_when_hermes_is_installed_inside_its_own_home(tmp_path: Path
     assert "HERMES_INSTALL: inside Hermes' home, which every sandboxed job may write" in inside, inside
     elsewhere = health(config_for(tmp_path, hermes_exe=str(exe), hermes_home=str(tmp_path / "other-home")))
     assert "HERMES_INSTALL" not in elsewhere
+
+
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
+def test_the_bridges_own_calls_of_hermes_run_inside_the_sandbox(tmp_path: Path, sandbox: str) -> None:
+    """Issue 63: Hermes installed in its own home, which jobs write, where no mount namespace holds it read-only:
+    a job's line in the `hermes` executable runs at the bridge's next probe (`chat --help`, `acp --check`,
+    `--version`, `sessions delete`) inside the sandbox, writing nothing outside a fresh temporary folder, with
+    no way to gain privileges. The sandbox off: as it is (said by hermes_health's SANDBOX line)."""
+    require_sandbox()
+    home, mark = tmp_path / "hermes-home", tmp_path / "MARK"
+    exe = home / "hermes-agent" / "venv" / "bin" / "hermes"
+    exe.parent.mkdir(parents=True)
+    exe.write_text(f"#!/bin/sh\ngrep NoNewPrivs /proc/self/status\necho planted > '{mark}' || echo refused\n"
+                   "echo --query\n")
+    exe.chmod(0o755)
+    cfg = config_for(tmp_path, hermes_exe=str(exe), hermes_home=str(home), sandbox=sandbox)
+    said = run_probe(cfg, str(exe), "chat", "--help").stdout.decode()
+    if sandbox == "off":
+        assert mark.exists() and "NoNewPrivs:\t0" in said, said
+        return
+    assert not mark.exists() and "refused" in said and "NoNewPrivs:\t1" in said, said
+    assert probe_cli(cfg, str(exe)).flags == frozenset({"--query"})  # what it declares is still read

@@ -142,3 +142,49 @@ def test_a_real_hermes_worktree_job_cannot_touch_the_history_and_its_commit_land
     assert landed.field("STATUS") == "ok", landed.text
     assert (repo / "mine.txt").read_text() == "mine\n" and history(repo) == before
     assert "mine" in git(repo, "log", "--format=%s", "main").splitlines()
+
+
+LAZY_FETCH_ATTACK = """set -e
+evil="$TMPDIR/evil"; mkdir -p "$evil"
+(unset GIT_DIR GIT_COMMON_DIR GIT_INDEX_FILE GIT_OBJECT_DIRECTORY GIT_ALTERNATE_OBJECT_DIRECTORIES
+git init -q "$evil/src"; echo blob > "$evil/src/big.txt"
+git -C "$evil/src" add big.txt; git -C "$evil/src" -c user.name=a -c user.email=a@b commit -qm big
+git -C "$evil/src" config uploadpack.allowFilter true
+git clone -q --filter=blob:none --no-checkout "file://$evil/src" "$evil/clone"
+printf '#!/bin/sh\\necho ran >> %s\\nexec git-upload-pack "$@"\\n' "$MARK" > "$evil/up.sh"; chmod +x "$evil/up.sh"
+git -C "$evil/clone" config remote.origin.uploadpack "$evil/up.sh")
+admin=$(git rev-parse --git-dir)
+(echo "$evil/clone/.git" > "$admin/commondir") 2>/dev/null && echo planted >> tried.txt || echo refused >> tried.txt
+echo mine > mine.txt; git add mine.txt tried.txt; git -c user.name=h -c user.email=h@t commit -qm mine
+"""
+
+
+@pytest.mark.parametrize("version", REAL_ACP_VERSIONS)
+def test_a_real_hermes_worktree_job_cannot_make_the_bridges_git_fetch_through_its_remote(bridge, version):
+    """Issue 63 with the real Hermes over ACP, sandboxed, `approvals: yolo`: the job makes a partial clone whose
+    promisor remote's uploadpack is its program and names it in its worktree's commondir, as an attacker would;
+    the admin folder's commondir is read-only in its mount namespace, the bridge's git refuses every transport,
+    and the program never runs outside the job when the bridge saves the work, which lands whole."""
+    from conftest import require_sandbox
+
+    require_sandbox()
+    exe = require_component(REAL_HERMES_VERSIONS[version], f"the real Hermes CLI {version}")
+    home, mark = bridge.tmp / "real-home", bridge.tmp / "MARK"
+    repo = make_repo(bridge.root / "repo")
+    script = bridge.tmp / "lazy.sh"
+    script.write_text(LAZY_FETCH_ATTACK.replace("$MARK", str(mark)))
+    with ScriptedModel(bridge.tmp) as model:
+        write_hermes_home(home, model.base_url)
+        bridge.configure(hermes_exe=str(exe), hermes_home=str(home), kill_grace_s=5, hermes_driver="acp",
+                         approvals="yolo")
+        with bridge.client() as client:
+            job = final_of(client, client.call("hermes_run", task=f"Work.\nRUN: sh {script} && echo tried",
+                                               cwd=str(repo), isolation="worktree", wait_s=45))
+            assert job.field("STATUS") == "ok", job.text
+            branch = f"hermes-bridge/{job.field('JOB_ID')}"
+            assert git(repo, "show", f"{branch}:tried.txt") == "refused", job.text
+            landed = client.call("hermes_land", job_id=job.field("JOB_ID"), action="merge")
+    assert landed.field("STATUS") == "ok", landed.text
+    assert (repo / "mine.txt").read_text() == "mine\n"
+    git(repo, "status")
+    assert not mark.exists(), "the job's program ran outside the job"

@@ -375,3 +375,37 @@ def test_a_job_arriving_while_the_standby_is_still_starting_is_told_so(bridge: B
         second = final(client, task="second !write=two.txt:2", cwd=str(bridge.root))
     assert second.field("STATUS") == "ok", second.text
     assert "a warm Hermes is still being readied (it was not ready when this job started)" in second.field("START")
+
+
+def test_a_servers_first_job_starts_warm_in_the_folder_of_the_last_one(bridge: Bridge) -> None:
+    """Issue 65: a server's start readies a standby for the place of the newest job that could start warm, so
+    the first job after a restart of the host is warm there too."""
+    bridge.configure(hermes_driver="acp", warm_start=True)
+    with acp_client(bridge) as client:
+        assert final(client, task="before !write=one.txt:1", cwd=str(bridge.root)).field("STATUS") == "ok"
+        standby = ready(bridge)
+    psutil.Process(standby["pid"]).kill()  # as a reboot would: no standby survives into the next server
+    wait_until(lambda: gone(standby["pid"]) or None, 10, "the killed standby to be gone")
+    with acp_client(bridge) as client:
+        readied = wait_until(lambda: (found := ready(bridge))["pid"] != standby["pid"] and found or None, 40,
+                             "a standby readied at the server's start")
+        assert readied["folder"] == str(bridge.root)
+        first = final(client, task="first after the start !write=two.txt:2", cwd=str(bridge.root))
+        assert first.field("STATUS") == "ok" and first.field("START").startswith("warm ("), first.text
+        assert (bridge.root / "two.txt").read_text() == "2"
+
+
+def test_a_server_starts_no_standby_with_warm_start_off_or_one_waiting(bridge: Bridge) -> None:
+    bridge.configure(hermes_driver="acp", warm_start=True)
+    with acp_client(bridge) as client:
+        final(client, task="before !write=one.txt:1", cwd=str(bridge.root))
+        standby = ready(bridge)
+    with acp_client(bridge):  # one waits already: it is the one the next job takes
+        time.sleep(1)
+        assert [process.pid for process in live_standbys(bridge.jobs)] == [standby["pid"]]
+    psutil.Process(standby["pid"]).kill()
+    wait_until(lambda: gone(standby["pid"]) or None, 10, "the killed standby to be gone")
+    bridge.configure(warm_start=False)
+    with acp_client(bridge):
+        time.sleep(1)
+        assert not live_standbys(bridge.jobs)
