@@ -2,6 +2,7 @@
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import os
 import stat
 import subprocess
@@ -43,7 +44,7 @@ from .jobs import JobRecord, JobState, JobStore, Outcome, write_record
 from .network import NO_PROXY_VARIABLES, JobProxy, proxy_environment
 from .processes import WindowsJob, hermes_creation_flags, interrupt_group, popen_kwargs
 from .repo_guard import repository_around
-from .safe_io import IS_WINDOWS, Refused, open_regular, shown_whole, within_any
+from .safe_io import IS_WINDOWS, Refused, open_regular, read_json, shown, shown_whole, within_any
 from .sandbox import READABLE_IN_HOME, SESSION_SERVICES, step_argv, unreadable_paths
 from .sandbox import devices as sandbox_devices
 from .worktrees import common_git_folder, object_environment, worktree_git_paths
@@ -227,6 +228,47 @@ def install_mounts(exe: str, writable: list[str]) -> list[str]:
     inside = any(within_any(install, [os.path.realpath(folder)]) or within_any(real, [os.path.realpath(folder)])
                  for folder in writable if os.path.isdir(folder))
     return [f"ro:{install}"] if inside else []
+
+
+INSTALL_ENTRIES = 200_000  # an install past this many entries counts as changed: no cap a job can hide behind
+
+
+def install_fingerprint(install: str) -> str:
+    """Hermes' install by every entry's path, inode, size, modification and change time (no program can set a
+    change time back): whatever a job changed in it changes this. Symlinks are entries, never followed."""
+    digest, count = hashlib.sha256(), 0
+    for folder, subfolders, files in os.walk(install):
+        subfolders.sort()
+        for name in sorted(files + subfolders):
+            path = os.path.join(folder, name)
+            with contextlib.suppress(OSError):
+                info = os.lstat(path)
+                digest.update(f"{path}\0{info.st_ino}\0{info.st_size}\0{info.st_mtime_ns}\0{info.st_ctime_ns}\n"
+                              .encode(errors="surrogateescape"))
+            count += 1
+            if count > INSTALL_ENTRIES:
+                return "past the bound"
+    return digest.hexdigest()
+
+
+def install_changed_path(store: JobStore) -> Path:
+    return store.root / "hermes-install-changed.json"
+
+
+def install_change_refusal(store: JobStore) -> str | None:
+    """Why no job may start: a job changed Hermes' install where nothing held it read-only (job_finishing), and
+    it is still as that job left it. None once it is not (reinstalled): the note is then removed."""
+    changed = read_json(install_changed_path(store))
+    if not isinstance(changed, dict) or not isinstance(changed.get("install"), str):
+        return None
+    if install_fingerprint(changed["install"]) != changed.get("fingerprint"):
+        install_changed_path(store).unlink(missing_ok=True)
+        return None
+    return (f"Hermes' install {shown(changed['install'])} was changed by job {shown(str(changed.get('job_id')))} "
+            "(nothing held it read-only: no mount namespace could be made here), so any Hermes started from it, "
+            "yours included, may run what that job wrote. Reinstall Hermes, best outside its home (`uv tool "
+            "install` or a virtual environment of its own, then hermes_exe), or delete "
+            f"{shown(str(install_changed_path(store)))} to accept it as it is")
 
 
 def sandbox_mounts(exe: str, folder: str, worktree: dict[str, Any] | None, writable: list[str]) -> list[str]:

@@ -4,13 +4,14 @@ listed or the worktree's work saved, the usage read; then the outcome written wh
 the job's files removed, and the next queued job started."""
 import contextlib
 import dataclasses
+import json
 import shutil
 import time
 from pathlib import Path
 from typing import Any, cast
 
 from .config import Executor, audit
-from .drivers import HermesRun, job_unreadable
+from .drivers import HermesRun, install_changed_path, install_fingerprint, job_unreadable
 from .executors import (
     CHECK_TIMEOUT_S,
     carry_back,
@@ -29,7 +30,7 @@ from .job_network import JobNetwork
 from .job_queue import start_queued
 from .jobs import GUARD_NOTES_KEPT, LATE_ANSWERS_KEPT, REFUSED_PATHS_KEPT, JobState, Outcome
 from .repo_guard import check_repository
-from .safe_io import DamagedRecord, clean_text, disk_error, within_any
+from .safe_io import DamagedRecord, clean_text, disk_error, shown, within_any, write_atomic
 from .sandbox import refused_paths
 from .supervised_job import SupervisedJob
 from .worktrees import object_environment, save_worktree_work, worktree_git
@@ -73,6 +74,7 @@ class JobFinish:
             if self.writable:
                 self.note_refusals(session_id)
                 self.put_back_home()
+                self.check_install()
             if record.worktree or record.guarded_repo:
                 self.put_back_repository()
             if record.worktree:  # a worktree job's changes are git's to tell
@@ -181,6 +183,24 @@ class JobFinish:
         if notes:
             self.job.record.hermes_home = notes[-GUARD_NOTES_KEPT:]
             audit(self.job.cfg, event="hermes_home", job_id=self.job.job_id, changed=notes)
+
+    def check_install(self) -> None:
+        """Hermes' install, where the job could write it: changed, it is said, and no job starts from it until it
+        is reinstalled (drivers.install_change_refusal); it cannot be put back."""
+        if self.job.install_kept is None:
+            return
+        install, before = self.job.install_kept
+        after = install_fingerprint(install)
+        if after == before:
+            return
+        note = (f"Hermes' install {shown(install)} was CHANGED by this job (no mount namespace held it read-only "
+                "here): no job starts from it until Hermes is reinstalled")
+        self.job.note(note)
+        self.job.record.hermes_home = [*(self.job.record.hermes_home or []), note][-GUARD_NOTES_KEPT:]
+        with contextlib.suppress(OSError):
+            write_atomic(install_changed_path(self.job.store), json.dumps(
+                {"job_id": self.job.job_id, "install": install, "fingerprint": after}).encode())
+        audit(self.job.cfg, event="hermes_install", job_id=self.job.job_id, changed=install)
 
     def put_back_repository(self) -> None:
         """The job's repository put back as it was before Hermes started, what the job changed reported and

@@ -10,6 +10,8 @@ from .drivers import (
     LaunchPlan,
     WarmStart,
     executor_terminal,
+    install_fingerprint,
+    install_mounts,
     job_unreadable,
     plan_launch,
     private_tmp_of,
@@ -182,6 +184,9 @@ class JobPlanner:
         self.writable = sandbox_writable(cfg, own[0], self.private_tmp, record.worktree)
         self.cache = project_cache(self.private_tmp, own[0], record.worktree)
         self.mounts = sandbox_mounts(exe, folder, record.worktree, self.writable)
+        held = [spec[len("ro:"):] for spec in install_mounts(exe, self.writable)]
+        if held and private_devices_refusal():  # nothing holds it read-only: what the job changes there is said
+            job.install_kept = (held[0], install_fingerprint(held[0]))
         record.read_only = read_only_words(self.mounts, bool(record.worktree))
         home = cfg.hermes_home_path
         extra = sandbox_extra(cfg)

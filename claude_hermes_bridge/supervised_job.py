@@ -20,6 +20,7 @@ class SupervisedJob:
         self.record = store.read(job_id)
         self.unsaved = False
         self.stop_signal = False  # SIGTERM arrived
+        self.install_kept: tuple[str, str] | None = None  # Hermes' install and its fingerprint, where it was writable
         self.fetching: tuple[threading.Event, threading.Thread] | None = None  # an ssh job's fetching of its progress
 
     def note(self, text: str) -> None:

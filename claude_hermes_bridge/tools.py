@@ -15,7 +15,7 @@ from typing import Any, Generic, cast
 import psutil
 
 from .config import ISOLATIONS, Config, Executor, audit, confine_cwd, confine_read, executor_named
-from .drivers import plan_launch, usable_hermes
+from .drivers import install_change_refusal, plan_launch, usable_hermes
 from .executors import launch_refusal, readiness_refusal
 from .git_calls import GitFailed, git
 from .hermes_acp import choose_driver
@@ -190,6 +190,8 @@ def job_request(cfg: Config, kind: str, arguments: LaunchArguments, session: str
     except ValueError as exc:
         raise Refused(str(exc)) from None
     exe = usable_hermes(cfg)
+    if refusal := install_change_refusal(JobStore.of(cfg)):
+        raise Refused(refusal)
     driver, _ = choose_driver(cfg, exe, session)
     skills, toolsets = names_argument("skills", arguments.skills), names_argument("toolsets", arguments.toolsets)
     if driver == "acp" and (skills or toolsets):

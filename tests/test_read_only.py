@@ -5,6 +5,7 @@ hidden from the job's commands. A planted program proves it ran by writing MARK 
 import socket
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from claude_hermes_bridge.hermes_cli import probe_cli, run_probe
 from claude_hermes_bridge.safe_io import Refused
 from claude_hermes_bridge.worktrees import admin_folder_change, repository_of, worktree_git
 from conftest import require_sandbox
-from harness import Bridge, config_for
+from harness import SERVER, Bridge, BridgeClient, config_for, make_fake_hermes
 
 pytestmark = pytest.mark.posix("the fake Hermes' shell directive and a mount namespace are Linux's")
 
@@ -206,3 +207,33 @@ def test_the_bridges_own_calls_of_hermes_run_inside_the_sandbox(tmp_path: Path, 
         return
     assert not mark.exists() and "refused" in said and "NoNewPrivs:\t1" in said, said
     assert probe_cli(cfg, str(exe)).flags == frozenset({"--query"})  # what it declares is still read
+
+
+WITHOUT_NAMESPACES = Path(__file__).resolve().parent / "without_namespaces.py"
+
+
+def test_without_a_mount_namespace_a_job_that_changes_hermes_install_is_said_and_no_job_starts_from_it(
+        bridge: Bridge) -> None:
+    """Issue 63, the fallback forced (unshare refused for the server and all it starts): Hermes installed in its
+    own home, which the job may write and nothing holds read-only, is changed by the job; the block says so,
+    the next hermes_run is refused naming the job, and a reinstalled Hermes starts jobs again."""
+    require_sandbox()
+    home = bridge.tmp / "hermes-home"
+    exe = make_fake_hermes(home / "hermes-agent" / "venv")
+    bridge.configure(hermes_exe=str(exe), hermes_home=str(home))
+    script = bridge.tmp / "plant.sh"
+    script.write_text(f"echo '# planted by the job' >> '{exe}'\n")
+    served = [sys.executable, str(WITHOUT_NAMESPACES), sys.executable, str(SERVER)]
+    with BridgeClient(bridge.env, command=served) as client:
+        job = final(client, task=f"!shell={script}", cwd=str(bridge.root))
+        assert job.field("STATUS") == "ok", job.text
+        assert job.field("READ_ONLY").startswith("nothing: no mount namespace can be made here"), job.text
+        assert "planted by the job" in exe.read_text()
+        assert f"Hermes' install {exe.parent.parent} was CHANGED by this job" in job.field("HERMES_SETTINGS"), job.text
+        refused = client.call("hermes_run", task="next", cwd=str(bridge.root), wait_s=0)
+        assert refused.field("STATUS") == "refused", refused.text
+        assert f"was changed by job {job.field('JOB_ID')}" in refused.text and "Reinstall Hermes" in refused.text
+        exe.write_text(exe.read_text().replace("# planted by the job\n", ""))  # as a reinstall would
+        again = final(client, task="after the reinstall", cwd=str(bridge.root))
+        assert again.field("STATUS") == "ok", again.text
+        assert "was CHANGED by this job" not in again.text
