@@ -49,11 +49,12 @@ def answers_folder() -> Path:
 
 def answer_key(params: Any, argv: list[str]) -> str:
     """Everything the SDK's answer depends on: the request, the command line and settings the host gave, the
-    config file's bytes, the bridge's code, the Python and the SDK."""
+    config file (where, and its bytes), the bridge's code, the Python and the SDK."""
+    config_file = str(config_path())
     try:
-        config = hashlib.sha256(read_capped(str(config_path()), CONFIG_MAX)).hexdigest()
+        config = [config_file, hashlib.sha256(read_capped(config_file, CONFIG_MAX)).hexdigest()]
     except (OSError, ValueError):
-        config = "none"
+        config = [config_file, "none"]
     code = []
     for path in sorted(PACKAGE_DIR.glob("*.py")):
         with contextlib.suppress(OSError):
