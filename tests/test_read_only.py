@@ -237,3 +237,32 @@ def test_without_a_mount_namespace_a_job_that_changes_hermes_install_is_said_and
         again = final(client, task="after the reinstall", cwd=str(bridge.root))
         assert again.field("STATUS") == "ok", again.text
         assert "was CHANGED by this job" not in again.text
+
+
+def test_without_a_mount_namespace_the_guard_puts_back_what_a_default_job_planted_in_git(bridge: Bridge) -> None:
+    """Issue 63, the fallback forced: a default job writes `.git` (nothing holds it read-only), planting a hook
+    behind 600 fillers, a `commondir` and a submodule's fsmonitor; the guard puts each back and says so, and the
+    user's own git then runs none of them."""
+    require_sandbox()
+    repo = make_repo(bridge.root / "repo")
+    (repo / ".git" / "modules" / "sub").mkdir(parents=True)
+    (repo / ".git" / "modules" / "sub" / "config").write_text("[core]\n\tbare = false\n")
+    mark = bridge.tmp / "MARK"
+    script = bridge.tmp / "plant.sh"
+    hook = ".git/hooks/pre-commit"
+    script.write_text(f"for n in $(seq 600); do : > .git/hooks/aaa-$n; done\n"
+                      f"printf '#!/bin/sh\\necho hook >> {mark}\\n' > {hook}; chmod +x {hook}\n"
+                      "echo /tmp > .git/commondir\n"
+                      f"printf '[core]\\n\\tfsmonitor = echo fsmonitor >> {mark}\\n' > .git/modules/sub/config\n")
+    served = [sys.executable, str(WITHOUT_NAMESPACES), sys.executable, str(SERVER)]
+    with BridgeClient(bridge.env, command=served) as client:
+        job = final(client, task=f"!shell={script}", cwd=str(repo))
+    assert job.field("STATUS") == "ok", job.text
+    assert job.field("READ_ONLY").startswith("nothing: no mount namespace can be made here"), job.text
+    said = job.field("REPOSITORY")
+    assert ".git/hooks held more than 500 entries" in said and ".git/commondir" in said, job.text
+    assert not (repo / ".git" / "commondir").exists() and not (repo / ".git" / "hooks" / "pre-commit").exists()
+    assert "fsmonitor" not in (repo / ".git" / "modules" / "sub" / "config").read_text()
+    git(repo, "status")
+    git(repo, "commit", "--allow-empty", "-qm", "the user's next commit")
+    assert not mark.exists(), "a program the job planted ran outside the job"
