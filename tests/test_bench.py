@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.posix("the benchmark drives the fake 
 
 TINY_ACP_VERSIONS = REAL_ACP_VERSIONS[-1:]  # --tiny runs the real Hermes rows on the newest ACP version only
 ROWS = ["server start: spawn to the initialize reply", "cold start: spawn, initialize, tools/list",
-        "server RSS after start", "one hermes_health call, warm",
+        "server RSS after start", "spawn to the initialize reply at load 10", "one hermes_health call, warm",
         "hermes_run(wait_s=0) until the record shows Hermes' pid", "supervisor RSS",
         "supervisor CPU per minute with a token and a cost budget",
         "hermes_status of a job with a 8 MiB log", "start listing of a folder of 2,000 files",
