@@ -1,7 +1,7 @@
 """[server] The host's `initialize` answered before the MCP SDK is imported.
 
 A host gives a server a few seconds to answer `initialize`, and on a busy two-core machine importing the SDK
-takes longer than that on its own (0.6 CPU-seconds, over 4 s of wall time at load 10). What the SDK answers is
+can take longer than that on its own (0.6 CPU-seconds; 2.1-4.4 s of wall time were seen at load 7). What it answers is
 fixed by what the host asked, this server's code, its settings and the SDK itself: the answer it gave is kept
 under a key made of all of those (answer_key), and the next start with the same key answers from it at once,
 before any import, then reads the same request into the SDK and drops the SDK's own answer, comparing the two
