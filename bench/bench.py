@@ -41,7 +41,9 @@ from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore  # noqa: E40
 from claude_hermes_bridge.launch import JobRequest  # noqa: E402
 from claude_hermes_bridge.network import JobProxy, NetworkPolicy, host_rule  # noqa: E402
 from claude_hermes_bridge.processes import JOB_MARKER  # noqa: E402
+from claude_hermes_bridge.safe_io import read_json  # noqa: E402
 from claude_hermes_bridge.sandbox import mechanism, step_argv  # noqa: E402
+from claude_hermes_bridge.standby import is_alive_standby  # noqa: E402
 from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, BridgeClient, wait_until  # noqa: E402
 from scripted_model import ScriptedModel  # noqa: E402
 
@@ -551,6 +553,43 @@ def warm_start_rows(runs: int, versions: Sequence[str], worktree: bool = False) 
     return rows
 
 
+def standby_waits(ready: Path) -> bool | None:
+    return is_alive_standby(read_json(ready)) or None
+
+
+def first_job_rows(runs: int, versions: Sequence[str]) -> list[Row]:
+    """Issue 65: a server's first job, in the folder of the last job before the server was restarted (no standby
+    survives the restart): warm, once the standby the server's start readies for that folder is ready, against
+    cold (warm_start off), alternating, for each of these versions of the real Hermes with ACP."""
+    rows = []
+    for version, exe in installed_acp_versions("first job", versions):
+        with tempfile.TemporaryDirectory() as tmp, ScriptedModel(Path(tmp)) as model:
+            bridge = Bridge.create(Path(tmp))
+            write_hermes_home(bridge.tmp / "real-home", model.base_url)
+            ready = bridge.jobs / "standby" / "ready.json"
+            times: dict[str, list[float]] = {"warm": [], "cold": []}
+            try:
+                for n in range(runs):
+                    for side in ("cold", "warm"):
+                        bridge.kill_leftovers()
+                        bridge.configure(hermes_exe=str(exe), hermes_home=str(bridge.tmp / "real-home"),
+                                         hermes_driver="acp", approvals="yolo", warm_start=side == "warm")
+                        with bridge.client() as client:
+                            if side == "warm":
+                                wait_until(functools.partial(standby_waits, ready), 120,
+                                           "the standby of the server's start")
+                            took, start = first_request_s(client, model, f"first {side} {n}")
+                        assert start.startswith(side), start
+                        times[side].append(took)
+            finally:
+                bridge.kill_leftovers()
+        warm = statistics.median(times["warm"])
+        rows.append(Row(f"a server's first job until the model's first request, Hermes {version} over ACP, warm "
+                        "(floor: cold)", times["warm"], times["cold"], "s",
+                        f"warm {warm:.2f} s {'PASS' if warm <= 1.0 else 'MISS'}", "warm <= 1.0 s"))
+    return rows
+
+
 def session_new_rows(runs: int, versions: Sequence[str]) -> list[Row]:
     """Issue 51: what `session/new` spends in a new folder on a `hermes acp` already warmed by a session in
     another folder (what a standby readied elsewhere would pay), against one more session in the warmed folder,
@@ -634,6 +673,7 @@ def main(argv: list[str]) -> int:
     rows += warm_start_rows(max(5, runs) if not args.tiny else runs, acp_versions)
     rows += warm_start_rows(max(3, runs) if not args.tiny else runs, acp_versions, worktree=True)
     rows += session_new_rows(runs * 3, acp_versions)
+    rows += first_job_rows(max(3, runs) if not args.tiny else runs, acp_versions)
     print(f"machine: {machine()}")
     print(f"runs: {runs} per figure ({calls} for single calls); total {time.time() - started:.0f} s\n")
     header = ["figure", "bridge: median (min-max)", "floor: median (min-max)", "result", "target"]
