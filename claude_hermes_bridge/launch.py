@@ -193,7 +193,8 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
 
 
 def warm_startable(cfg: Config, record: JobRecord) -> bool:
-    return (record.driver == "acp" and cfg.warm_start
+    """Whether a standby could be readied for the next job like this one (a job on an executor starts its own)."""
+    return (record.driver == "acp" and cfg.warm_start and not record.executor
             and (not record.worktree or not warm_worktree_refusal(record.worktree)))
 
 
@@ -327,10 +328,9 @@ STANDBY_AT_START_SCAN = 20  # the newest records a server's start looks through 
 
 
 def standby_at_start(cfg: Config) -> str | None:
-    """At a server's start, with warm_start on and no standby running (waiting, being readied, or about to be): one
-    readied for the place
-    of the newest job that could start warm (an ACP job in a folder or a worktree, not on an executor), so that
-    the server's first job there starts warm too. The id of the job it stands for, or None."""
+    """At a server's start, with warm_start on and no standby running (waiting, being readied, or about to be):
+    one readied for the place of the newest job that could start warm (warm_startable), so that the server's
+    first job there starts warm too. The id of the job it stands for, or None."""
     store = JobStore.of(cfg)
     if not cfg.warm_start or cfg.hermes_driver == "cli" or any_standby_running(store):
         return None
@@ -339,7 +339,7 @@ def standby_at_start(cfg: Config) -> str | None:
             record = store.read(job_id)
         except (Refused, DamagedRecord):
             continue
-        if warm_startable(cfg, record) and not record.executor:
+        if warm_startable(cfg, record):
             start_standby(cfg, store, job_id)
             return job_id
     return None
