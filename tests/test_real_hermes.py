@@ -114,8 +114,9 @@ def test_cancel_during_a_tool_call_leaves_no_process(real):
 
 def test_timeout_during_a_tool_call_leaves_no_process(real):
     bridge, model, client = real
-    job_id = client.call("hermes_run", task="Wait long.\nRUN: sleep 62", timeout_s=25, wait_s=0).field("JOB_ID")
-    tree = wait_for_command(bridge, job_id, "sleep 62", timeout=24)
+    # The timeout leaves room for a cold start on a loaded CI machine (25 s once ran out before the command began).
+    job_id = client.call("hermes_run", task="Wait long.\nRUN: sleep 62", timeout_s=50, wait_s=0).field("JOB_ID")
+    tree = wait_for_command(bridge, job_id, "sleep 62", timeout=49)
     result = client.wait_final(job_id, timeout=90)
     assert result.field("STATUS") == "timeout", result.text
     assert wait_gone(tree) == []
