@@ -45,7 +45,7 @@ from .network import NO_PROXY_VARIABLES, JobProxy, proxy_environment
 from .processes import WindowsJob, hermes_creation_flags, interrupt_group, popen_kwargs
 from .repo_guard import repository_around
 from .safe_io import IS_WINDOWS, Refused, open_regular, read_json, shown, shown_whole, within_any
-from .sandbox import READABLE_IN_HOME, SESSION_SERVICES, step_argv, unreadable_paths
+from .sandbox import READABLE_IN_HOME, SESSION_SERVICES, handed_descriptors, step_argv, unreadable_paths
 from .sandbox import devices as sandbox_devices
 from .worktrees import common_git_folder, object_environment, worktree_git_paths
 
@@ -77,9 +77,15 @@ def usable_hermes(cfg: Config) -> str:
 
 def start_hermes(argv: list[str], folder: str, env: dict[str, str], stdin: Any, stdout: Any,
                  stderr: Any) -> subprocess.Popen[bytes]:
-    """Hermes in the job's folder, in a process group of its own, never through a shell (every driver)."""
-    return subprocess.Popen(argv, cwd=folder, stdin=stdin, stdout=stdout, stderr=stderr, env=env, close_fds=True,
-                            **popen_kwargs(hermes_creation_flags(IS_WINDOWS)))
+    """Hermes in the job's folder, in a process group of its own, never through a shell (every driver); the
+    descriptors the sandbox's step is handed (its network namespace's channel) given to it, not kept."""
+    handed = handed_descriptors(argv)
+    try:
+        return subprocess.Popen(argv, cwd=folder, stdin=stdin, stdout=stdout, stderr=stderr, env=env, close_fds=True,
+                                pass_fds=handed, **popen_kwargs(hermes_creation_flags(IS_WINDOWS)))
+    finally:
+        for descriptor in handed:
+            os.close(descriptor)
 
 
 @dataclasses.dataclass
@@ -98,26 +104,30 @@ class WarmStart:
 
 
 def hermes_launch(cfg: Config, argv: list[str], marker: str, writable: list[str], private_tmp: Path | None,
-                  extra_env: dict[str, str] | None = None, proxy_port: int | None = None,
+                  extra_env: dict[str, str] | None = None, proxy: JobProxy | None = None,
                   confine_network: bool = False, mounts: list[str] | None = None,
                   cache: Path | None = None, also_ports: tuple[int, ...] = ()) -> tuple[list[str], dict[str, str]]:
     """Hermes' command and environment (with extra_env, the bridge's own, last: a docker job's DOCKER_HOST is
     its executor's daemon, not a session service): through the sandbox's step when writable is given, with
     its private temporary folder, its mounts (sandbox_mounts), its project's tool cache (project_cache) and
-    without the addresses of the user's session services; given proxy_port,
+    without the addresses of the user's session services; given proxy,
     every HTTP client pointed at the job's proxy (nothing sent around it), and with confine_network the
-    operating system holding the job to it (and to also_ports: an ssh executor's, for Hermes' own ssh)."""
+    operating system holding the job to it (and to also_ports: an ssh executor's, for Hermes' own ssh); on Linux
+    without also_ports, in a network of the job's own (sandbox.hand_listener)."""
     env = hermes_env(cfg, marker)
-    if proxy_port is not None:
+    if proxy is not None:
         env = {key: value for key, value in env.items() if key not in NO_PROXY_VARIABLES}
-        env.update(proxy_environment(proxy_port))
+        env.update(proxy_environment(proxy.port))
     if not writable:
         return argv, {**env, **(extra_env or {})}
     env = {key: value for key, value in env.items() if key not in SESSION_SERVICES}
     env.update(TMPDIR=str(private_tmp), TEMP=str(private_tmp), TMP=str(private_tmp))
     env.update(cache_environment(cast(Path, cache)))
     unreadable = job_unreadable(cfg, writable, argv[0])
-    return step_argv(writable, argv, unreadable, proxy_port if confine_network else None, mounts, also_ports), {
+    held = proxy if confine_network else None
+    own_network = (held.namespace_channel() if held and not also_ports and sys.platform.startswith("linux")
+                   else None)
+    return step_argv(writable, argv, unreadable, held.port if held else None, mounts, also_ports, own_network), {
         **env, **(extra_env or {})}
 
 

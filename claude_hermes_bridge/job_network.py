@@ -9,7 +9,7 @@ import time
 
 from .config import Config, audit
 from .jobs import ANSWERERS, NETWORK_QUESTION_PREFIX, QUESTIONS_KEPT, JobRecord, JobStore
-from .network import JobProxy, NetworkPolicy, enforcement, job_policy
+from .network import ENFORCED_OWN_NETWORK, JobProxy, NetworkPolicy, enforcement, job_policy
 from .safe_io import machine_clock, plural, shown
 
 NETWORK_QUESTIONS_MAX = 10  # per job; past it every other host is refused unasked (a job must not flood the user)
@@ -45,11 +45,7 @@ class JobNetwork:
         self.waiting: dict[str, Ask] = {}
         self.refusals: queue.Queue[tuple[str, str]] = queue.Queue()
         self.asked = self.unasked = 0
-        self.shown_refusals = -1
-
-    @property
-    def port(self) -> int | None:
-        return self.proxy.port if self.proxy else None
+        self.shown: tuple[int, bool] = (-1, False)  # the refusals and own network NETWORK says
 
     def start(self, sandboxed: bool, warm_proxy: JobProxy | None = None) -> str | None:
         """The proxy started (or, for a warm start, the one its Hermes was started behind, taken over) and
@@ -90,7 +86,7 @@ class JobNetwork:
         while not self.refusals.empty():
             where, why = self.refusals.get()
             audit(self.cfg, event="network", job_id=self.record.id, refused=where, why=why)
-        if self.proxy.refused_count != self.shown_refusals:
+        if (self.proxy.refused_count, self.proxy.own_network) != self.shown:
             self._say()
             changed = True
         return changed
@@ -98,8 +94,9 @@ class JobNetwork:
     def _say(self) -> None:
         proxy, policy = self.proxy, self.policy
         assert proxy is not None and policy is not None
-        self.shown_refusals = proxy.refused_count
-        enforced = self.how if self.enforced else f"not enforced: {self.how}"
+        self.shown = (proxy.refused_count, proxy.own_network)
+        how = ENFORCED_OWN_NETWORK if proxy.own_network else self.how
+        enforced = how if self.enforced else f"not enforced: {how}"
         refused = (f"; {plural(proxy.refused_count, 'request')} refused: " + ", ".join(proxy.refusals[:8])
                    + (" ..." if len(proxy.refusals) > 8 else "")
                    + ". To allow a host, add it to network_allow (or set network: open)") if proxy.refused_count else ""

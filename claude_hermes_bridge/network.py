@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .safe_io import plural, read_capped, shown
-from .sandbox import NETWORK_ABI, landlock_abi
+from .sandbox import NETWORK_ABI, landlock_abi, private_devices_refusal
 from .sandbox import mechanism as sandbox_mechanism
 
 # The strictest first: a misspelt mode in config.json falls back to it (Config takes a choice's first word).
@@ -241,18 +241,46 @@ class JobProxy:
         self.listener.listen(64)
         self.port: int = self.listener.getsockname()[1]
         self.closed = False
-        threading.Thread(target=self._accept, name="job-proxy", daemon=True).start()
+        self.own_network = False  # it listens inside the job's own network namespace (namespace_channel)
+        threading.Thread(target=self._accept, args=(self.listener,), name="job-proxy", daemon=True).start()
 
     def close(self) -> None:
-        self.closed = True
-        with contextlib.suppress(OSError):
-            self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
+        with self.lock:
+            self.closed = True
+        stop_listening(self.listener)
 
-    def _accept(self) -> None:
+    def namespace_channel(self) -> int:
+        """A descriptor for the sandbox's step (sandbox.hand_listener), which sends on it the socket listening
+        on this proxy's port inside the job's own network namespace; the proxy then accepts there instead of on
+        this machine's loopback. Nothing sent (no namespace could be made): it goes on here."""
+        ours, theirs = socket.socketpair()
+        threading.Thread(target=self._take_listener, args=(ours,), name="job-proxy-namespace", daemon=True).start()
+        return theirs.detach()
+
+    def _take_listener(self, channel: socket.socket) -> None:
+        with channel:
+            try:
+                _, descriptors, _, _ = socket.recv_fds(channel, 64, 1)
+            except OSError:
+                return
+        if not descriptors:
+            return
+        inside = socket.socket(fileno=descriptors[0])
+        if inside.family != socket.AF_INET or not inside.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            inside.close()
+            return
+        with self.lock:
+            if self.closed:
+                inside.close()
+                return
+            outside, self.listener, self.own_network = self.listener, inside, True
+        stop_listening(outside)
+        threading.Thread(target=self._accept, args=(inside,), name="job-proxy", daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
         while not self.closed:
             try:
-                client, _ = self.listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return
             if not self.slots.acquire(blocking=False):
@@ -380,12 +408,20 @@ class JobProxy:
         return Refusal("403 Forbidden", f"{where}: {why}")
 
 
+def stop_listening(listener: socket.socket) -> None:
+    """The listener closed, its accept() woken."""
+    with contextlib.suppress(OSError):
+        listener.shutdown(socket.SHUT_RDWR)
+    listener.close()
+
+
 def socket_owned_by(local_port: int, pid: int) -> bool:
-    """Whether process pid holds the TCP socket bound to 127.0.0.1:local_port (its inode in /proc/net/tcp among
-    the process's descriptors). False wherever /proc cannot tell."""
+    """Whether process pid holds the TCP socket bound to 127.0.0.1:local_port (its inode in the TCP table of
+    pid's network, which is its own under a limited network, among the process's descriptors). False wherever
+    /proc cannot tell."""
     wanted = f"0100007F:{local_port:04X}"
     try:
-        with open("/proc/net/tcp") as table:
+        with open(f"/proc/{pid}/net/tcp") as table:
             inodes = {fields[9] for fields in (line.split() for line in table.readlines()[1:])
                       if len(fields) > 9 and fields[1] == wanted}
         if not inodes:
@@ -447,9 +483,13 @@ def relay(one: socket.socket, other: socket.socket) -> None:
 
 
 # listen() is not refused: seccomp cannot tell a TCP socket's from a Unix socket's, and Hermes' own code tool
-# listens on a Unix socket (0.22.2, tools/code_kernel.py); a listen() on a TCP socket never bound gets a free port.
+# listens on a Unix socket (0.22.2, tools/code_kernel.py); a listen() on a TCP socket never bound gets a free port,
+# which only a network namespace of the job's own keeps from the world (JobProxy.own_network).
 ENFORCED_LINUX = ("Landlock: TCP connections to the proxy's port only, no port bound by the job (a listen() without "
                   "a bind still gets a free port); seccomp: no UDP, raw or other sockets, no io_uring")
+ENFORCED_OWN_NETWORK = ("a network of its own: only a loopback, where the proxy listens, so nothing outside reaches "
+                        "a port it listens on; Landlock: TCP connections to the proxy's port only, no port bound by "
+                        "the job; seccomp: no UDP, raw or other sockets, no io_uring")
 
 
 def enforcement(sandboxed: bool, platform: str = sys.platform) -> tuple[bool, str]:
@@ -477,6 +517,8 @@ def support_line(mode: str, sandbox_mode: str, allowed: list[str] | None = None)
     found = sandbox_mechanism()
     enforced, how = enforcement(sandbox_mode != "off" and bool(found.name))
     if enforced:
+        if how == ENFORCED_LINUX and not private_devices_refusal():
+            how = ENFORCED_OWN_NETWORK
         return f"{mode}, enforced here ({how}){listed}"
     refused = "every job is refused (sandbox: required)" if sandbox_mode == "required" else "not enforced"
     return f"{mode}: {refused} ({how}){listed}"

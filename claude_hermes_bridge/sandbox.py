@@ -249,21 +249,33 @@ CONNECT_MARK = "--connect"  # before the writable paths: the one TCP port the jo
 
 def step_argv(writable: list[str], argv: list[str], unreadable: list[str] | None = None,
               connect_port: int | None = None, mounts: list[str] | None = None,
-              also_ports: tuple[int, ...] = ()) -> list[str]:
+              also_ports: tuple[int, ...] = (), own_network: int | None = None) -> list[str]:
     """The command that confines itself to `writable` (and, given `unreadable`, reading to everything else: see
     read_grants, listed by the step itself right before it confines; given `connect_port`, the network to that
     port; given `mounts`, those made in its mount namespace: see private_devices), then becomes argv (same process,
     same pid, same environment). Linux: `python -I -S -B` spends no time
     on site packages and writes no bytecode beside the package (compiling this module costs less than reading
     the per-user cache, which -X pycache_prefix would extend to every standard module). macOS: sandbox-exec with
-    the profile made from the same lists. also_ports: more ports it may connect to (an ssh executor's)."""
+    the profile made from the same lists. also_ports: more ports it may connect to (an ssh executor's).
+    own_network (Linux, with connect_port): the descriptor to send the proxy's listener on, from a network
+    namespace of the job's own (hand_listener); start_hermes passes it on (handed_descriptors)."""
     if sys.platform == "darwin":
         return [SANDBOX_EXEC, "-p", seatbelt_profile(writable, unreadable or [], connect_port, also_ports), *argv]
     network = [word for port in (connect_port, *also_ports) for word in (CONNECT_MARK, str(port))] \
         if connect_port is not None else []
     mounting = [word for spec in mounts or [] for word in (MOUNT_MARK, spec)]
     reading = [UNREADABLE_MARK, *unreadable] if unreadable is not None else []
-    return [*this_module_calling("step"), *network, *mounting, *writable, *reading, "--", *argv]
+    namespace = [NAMESPACE_MARK, str(own_network)] if own_network is not None and connect_port is not None else []
+    return [*this_module_calling("step"), *network, *namespace, *mounting, *writable, *reading, "--", *argv]
+
+
+def handed_descriptors(argv: list[str]) -> tuple[int, ...]:
+    """The descriptors a step command (step_argv) is handed: its own_network channel, if any."""
+    step = this_module_calling("step")
+    if argv[:len(step)] != step or "--" not in argv:
+        return ()
+    given = argv[len(step):argv.index("--")]
+    return tuple(int(given[index + 1]) for index, word in enumerate(given[:-1]) if word == NAMESPACE_MARK)
 
 
 def this_module_calling(function: str) -> list[str]:
@@ -301,7 +313,10 @@ def seatbelt_profile(writable: list[str], unreadable: list[str] | None = None, c
 # install), what it must still write bound again writable beneath, and the daemons' sockets hidden under
 # /dev/null. Root makes the namespace itself; a user makes it in a user namespace of its own that maps only its
 # own ids. Made before Landlock applies, the job cannot undo them: a thread Landlock restricts may not mount.
-CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
+# Under a limited network the namespace has a network of its own too (own_network): only a loopback, where the
+# job's proxy listens (hand_listener), so a port the job gets by listen() without bind() is reachable from
+# nowhere else, and nothing but the proxy leads out.
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
 MS_REC, MS_PRIVATE = 0x4000, 1 << 18
 # statvfs's flags that a user namespace locks on a mount (a remount must repeat them), as mount(2)'s flags
@@ -310,20 +325,23 @@ PRIVATE_MOUNTS = ((b"devpts", b"/dev/pts", MS_NOSUID | MS_NOEXEC, b"newinstance,
                   (b"tmpfs", b"/dev/shm", MS_NOSUID | MS_NODEV, b"mode=1777"))
 MOUNT_MARK = "--mount"  # before one "ro:PATH", "rw:PATH" or "hide:PATH" of the step's command, in order
 MOUNT_KINDS = ("ro", "rw", "hide")
+NAMESPACE_MARK = "--own-network"  # before the descriptor the step sends its proxy's listener on (hand_listener)
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP, IFREQ = 0x8913, 0x8914, 1, "16sH22x"  # struct ifreq: a name, then its flags
 
 
-def private_devices(mounts: tuple[str, ...] = ()) -> None:
+def private_devices(mounts: tuple[str, ...] = (), own_network: bool = False) -> None:
     """Give this process (and all it starts) a /dev/pts and a /dev/shm of its own, and make its mounts ("ro:PATH"
-    read-only, "rw:PATH" writable again beneath one, "hide:PATH" /dev/null over a socket), in order; OSError
-    naming the step that failed. A user tries first in a child: a user namespace left without its ids would make
-    every file the job writes fail, so this process enters one only where the child's whole attempt succeeded."""
+    read-only, "rw:PATH" writable again beneath one, "hide:PATH" /dev/null over a socket), in order, and given
+    own_network, a network of its own with only its loopback up; OSError naming the step that failed. A user
+    tries first in a child: a user namespace left without its ids would make every file the job writes fail, so
+    this process enters one only where the child's whole attempt succeeded."""
     user = os.geteuid() != 0
     if user:
         reading, writing = os.pipe()
         child = os.fork()
         if child == 0:
             try:
-                enter_private_devices(user, mounts)
+                enter_private_devices(user, mounts, own_network)
             except OSError as exc:
                 os.write(writing, str(exc).encode())
                 os._exit(1)
@@ -333,7 +351,7 @@ def private_devices(mounts: tuple[str, ...] = ()) -> None:
         os.close(reading)
         if os.waitpid(child, 0)[1] != 0:
             raise OSError(failure or "the attempt in a child failed")
-    enter_private_devices(user, mounts)
+    enter_private_devices(user, mounts, own_network)
 
 
 REFUSALS_FOUND: dict[str, str] = {}  # private_devices_refusal's answer, once per process
@@ -346,16 +364,21 @@ def private_devices_refusal() -> str:
     import subprocess
 
     if "found" not in REFUSALS_FOUND:
-        tried = subprocess.run(this_module_calling("private_devices"), capture_output=True, timeout=30)
+        tried = subprocess.run(this_module_calling("private_devices_with_network"), capture_output=True, timeout=30)
         REFUSALS_FOUND["found"] = ("" if tried.returncode == 0 else
                                    tried.stderr.decode(errors="replace").strip().splitlines()[-1])
     return REFUSALS_FOUND["found"]
 
 
-def enter_private_devices(user: bool, mounts: tuple[str, ...]) -> None:
+def private_devices_with_network() -> None:
+    """What private_devices_refusal tries: the namespaces a job under a limited network gets."""
+    private_devices(own_network=True)
+
+
+def enter_private_devices(user: bool, mounts: tuple[str, ...], own_network: bool) -> None:
     call = libc()
     ids = os.getuid(), os.getgid()
-    if call.unshare(CLONE_NEWNS | (CLONE_NEWUSER if user else 0)) != 0:
+    if call.unshare(CLONE_NEWNS | (CLONE_NEWUSER if user else 0) | (CLONE_NEWNET if own_network else 0)) != 0:
         raise OSError(ctypes.get_errno(), f"unshare: {os.strerror(ctypes.get_errno())}")
     if user:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{ids[0]} {ids[0]} 1"),
@@ -370,6 +393,37 @@ def enter_private_devices(user: bool, mounts: tuple[str, ...]) -> None:
         how, _, path = spec.partition(":")
         if os.path.lexists(path):  # nothing there: nothing to keep
             bind(call, "/dev/null" if how == "hide" else path, path, read_only=how != "rw")
+    if own_network:
+        loopback_up()
+
+
+def loopback_up() -> None:
+    """A new network namespace's loopback starts down (ioctl: the standard library has no netlink client)."""
+    import fcntl
+    import socket
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as control:
+            flags = struct.unpack(IFREQ, fcntl.ioctl(control, SIOCGIFFLAGS, struct.pack(IFREQ, b"lo", 0)))[1]
+            fcntl.ioctl(control, SIOCSIFFLAGS, struct.pack(IFREQ, b"lo", flags | IFF_UP))
+    except OSError as exc:
+        raise OSError(exc.errno, f"loopback up: {exc.strerror}") from None
+
+
+def hand_listener(channel: int, port: int | None) -> None:
+    """The job's way to its proxy: a socket listening on 127.0.0.1:port inside its network namespace, sent over
+    channel to the supervisor, whose proxy accepts there (network.JobProxy.namespace_channel); port None (no
+    namespace was made) sends nothing. The channel is closed either way, before Hermes starts."""
+    import socket
+
+    with socket.socket(fileno=channel) as handoff:
+        if port is None:
+            return
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", port))
+            listener.listen(64)
+            socket.send_fds(handoff, [b"listening"], [listener.fileno()])
 
 
 def bind(call: ctypes.CDLL, source: str, target: str, read_only: bool) -> None:
@@ -388,7 +442,7 @@ def step() -> None:
     separator = sys.argv.index("--")  # writable paths are absolute: none is a mark
     given, argv = sys.argv[1:separator], sys.argv[separator + 1:]
     ports: list[int] = []
-    mounts, writable, unreadable = [], [], None
+    mounts, writable, unreadable, channel = [], [], None, None
     index = 0
     while index < len(given):
         token = given[index]
@@ -398,17 +452,28 @@ def step() -> None:
         elif token == MOUNT_MARK:
             mounts.append(given[index + 1])
             index += 2
+        elif token == NAMESPACE_MARK:
+            channel = int(given[index + 1])
+            index += 2
         elif token == UNREADABLE_MARK:
             unreadable, index = given[index + 1:], len(given)
         else:
             writable.append(token)
             index += 1
+    own_network = False
     try:
-        private_devices(tuple(mounts))
+        private_devices(tuple(mounts), channel is not None)
+        own_network = channel is not None
     except OSError as exc:
         sys.stderr.write(f"[bridge] this job shares your /dev/pts and /dev/shm and has no read-only mounts (a mount "
                          f"namespace of its own could not be made: {exc}); typing into your terminals stays refused, "
                          "and its repository's git folder is guarded and put back instead\n")
+    try:
+        if channel is not None:
+            hand_listener(channel, ports[0] if own_network else None)
+    except OSError as exc:
+        sys.stderr.write(f"[bridge] the job's network has no way to its proxy ({exc}); Hermes was not started\n")
+        sys.exit(126)
     try:
         confine(writable, read_grants(unreadable) if unreadable is not None else None, ports[0] if ports else None,
                 tuple(ports[1:]))

@@ -194,7 +194,7 @@ def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str, shape
         proxy = JobProxy(job_policy(shape["network"], cfg.network_allow, cfg.hermes_home_path))
         enforced = enforcement(bool(writable))[0]
     argv, env = hermes_launch(cfg, [exe, "acp"], marker, writable, private_tmp, git_environment,
-                              proxy.port if proxy else None, enforced, mounts=mounts, cache=cache)
+                              proxy, enforced, mounts=mounts, cache=cache)
     policy = approval_policy_dir(int(cfg.approval_timeout_s), store.policy_path(owned))
     proc = start_hermes(argv, folder, dict(env, HERMES_MANAGED_DIR=str(policy)), subprocess.PIPE, subprocess.PIPE,
                         subprocess.PIPE)

@@ -111,7 +111,7 @@ class Supervisor:
             proc = run.adopt(plan, self.warm)
         else:
             argv, env = hermes_launch(cfg, plan.argv, record.marker, planner.writable, planner.private_tmp,
-                                      self._git_environment(), self.network.port, self.network.enforced,
+                                      self._git_environment(), self.network.proxy, self.network.enforced,
                                       planner.mounts, planner.cache, planner.also_ports)
             proc = run.start(dataclasses.replace(plan, argv=argv), env)
         if IS_WINDOWS:

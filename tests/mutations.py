@@ -326,6 +326,9 @@ MUTATIONS = (
              'executors.py', 'if not stat.S_ISREG(info.st_mode) or info.st_mode & 0o077:',
              'if not stat.S_ISREG(info.st_mode):',
              'tests/test_executors.py', 'readable_by_others'),
+    Mutation(68, "a limited job shares this machine's network: a port it listens on without bind() is reachable",
+             'drivers.py', 'held.namespace_channel() if held and not also_ports', 'None if held and not also_ports',
+             'tests/test_network.py', 'unbound_listener'),
 )
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from claude_hermes_bridge.acp_conversation import AcpConversation
 from claude_hermes_bridge.config import DRIVER_NAMES, Config
-from claude_hermes_bridge.drivers import DRIVERS, AcpRun, HermesRun, LaunchPlan
+from claude_hermes_bridge.drivers import DRIVERS, AcpRun, HermesRun, LaunchPlan, start_hermes
 from claude_hermes_bridge.hermes_acp import COMMAND_SHOWN_CHARS
 from claude_hermes_bridge.hermes_cli import exe_fingerprint, flags_cache_path
 from claude_hermes_bridge.jobs import DECISIONS_KEPT, RECORD_MAX_BYTES, JobRecord, JobState, JobStore, Outcome, observe
@@ -277,7 +277,7 @@ class Recorder(HermesRun):
     @staticmethod
     def start_default(argv: list[str], folder: str, stdin: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
         Recorder.calls.append(("start", time.monotonic()))
-        return subprocess.Popen(argv, cwd=folder, stdin=stdin, env=env, start_new_session=True)
+        return start_hermes(argv, folder, env, stdin, None, None)
 
     def start(self, plan: LaunchPlan, env: dict[str, str]) -> subprocess.Popen[bytes]:
         return self.start_process(plan.argv, plan.folder, subprocess.DEVNULL, env)

@@ -5,6 +5,7 @@ it refused; the sandbox's step holds a process to the proxy's port (Landlock) an
 import contextlib
 import http.client
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from typing import Any, cast
 
 import pytest
 
+from claude_hermes_bridge.drivers import start_hermes
 from claude_hermes_bridge.job_network import NETWORK_QUESTIONS_MAX, JobNetwork
 from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore
 from claude_hermes_bridge.network import (
@@ -30,7 +32,7 @@ from claude_hermes_bridge.network import (
     rules_problem,
     support_line,
 )
-from claude_hermes_bridge.sandbox import landlock_abi, step_argv
+from claude_hermes_bridge.sandbox import landlock_abi, private_devices_refusal, step_argv
 from conftest import require_sandbox
 from harness import Bridge, config_for, wait_until
 
@@ -299,6 +301,75 @@ def test_the_step_holds_a_process_to_the_proxy_port_and_to_unix_and_tcp_sockets(
             listener.close()
 
 
+INBOUND_TRY = r"""
+import json, socket, sys
+proxy, server = int(sys.argv[1]), int(sys.argv[2])
+unbound = socket.socket()
+unbound.listen(1)  # no bind(): the kernel gives it a free port on every address of the job's network
+with socket.create_connection(("127.0.0.1", proxy), 5) as through:
+    through.sendall(f"GET http://127.0.0.1:{server}/ HTTP/1.0\r\n\r\n".encode())
+    answer = through.recv(200).decode()
+print(json.dumps({"listening": unbound.getsockname()[1], "answer": answer}), flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.posix("network namespaces are Linux's")
+def test_under_a_limited_network_a_port_the_job_listens_on_is_reached_from_nowhere_and_its_proxy_is(
+        tmp_path: Path, servers: list[int]) -> None:
+    """listen() without bind() gets a port Landlock cannot refuse: only a network of the job's own, where the
+    proxy's listener is the one way out, keeps the port from everything else on this machine and beyond."""
+    require_sandbox()
+    script = tmp_path / "inbound.py"
+    script.write_text(INBOUND_TRY)
+    proxy = JobProxy(policy("allow-list", f"127.0.0.1:{servers[0]}"))
+    try:
+        argv = step_argv([str(tmp_path)], [sys.executable, str(script), str(proxy.port), str(servers[0])], None,
+                         proxy.port, own_network=proxy.namespace_channel())
+        job = start_hermes(argv, str(tmp_path), {"PATH": os.environ["PATH"]}, subprocess.PIPE, subprocess.PIPE,
+                           subprocess.PIPE)
+        try:
+            found = json.loads(cast(Any, job.stdout).readline() or "{}")
+            assert found.get("answer", "").startswith("HTTP/1.0 200"), (found, cast(Any, job.stderr).read(4000))
+            assert proxy.own_network
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", found["listening"]), 5).close()
+        finally:
+            job.kill()
+            job.communicate()
+        with pytest.raises(ConnectionRefusedError):  # the loopback's own listener handed over, not kept
+            socket.create_connection(("127.0.0.1", proxy.port), 5).close()
+    finally:
+        proxy.close()
+
+
+@pytest.mark.posix("network namespaces are Linux's")
+@pytest.mark.parametrize("driver", ["cli", "acp"])
+def test_a_limited_jobs_unbound_listener_is_reached_from_nowhere_and_its_block_says_why(
+        bridge: Bridge, driver: str) -> None:
+    """Through the server (the fake Hermes, each driver): a model-only job listens without bind() and waits for
+    a connection; one from this machine's loopback finds nothing, and NETWORK says the job has a network of its
+    own."""
+    require_sandbox()
+    port_file = bridge.root / "inbound.port"
+    script = bridge.tmp / "inbound.sh"
+    script.write_text(f"{sys.executable} -c 'import socket; s = socket.socket(); s.listen(1); s.settimeout(5)\n"
+                      f"open(\"{port_file}\", \"w\").write(str(s.getsockname()[1])); s.accept()' "
+                      f"&& echo accepted > {bridge.root}/inbound.txt || echo nobody > {bridge.root}/inbound.txt\n")
+    bridge.configure(hermes_driver=driver, network="model-only")
+    client = bridge.client()
+    client.params.env = dict(bridge.env, FAKE_HERMES_ACP="1" if driver == "acp" else "0")
+    with client:
+        job_id = client.call("hermes_run", task=f"!shell={script}", cwd=str(bridge.root), wait_s=0).field("JOB_ID")
+        port = wait_until(lambda: port_file.exists() and port_file.read_text(), 60, "the job's port")
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", int(port)), 5).close()
+        result = client.wait_final(job_id, timeout=60)
+    assert result.field("STATUS") == "ok", result.text
+    assert (bridge.root / "inbound.txt").read_text() == "nobody\n"
+    assert "through the job's proxy (a network of its own: only a loopback" in result.field("NETWORK"), result.text
+
+
 def network_job(tmp_path: Path, **settings: Any) -> tuple[JobNetwork, JobStore, JobRecord]:
     tmp_path.mkdir(exist_ok=True)
     cfg = config_for(tmp_path, allowed_roots=[str(tmp_path)], hermes_home=str(tmp_path / "home"), **settings)
@@ -385,16 +456,17 @@ def test_a_limited_network_the_machine_cannot_enforce_refuses_a_job_that_require
     network, _, record = network_job(tmp_path, network="model-only", sandbox="required")
     refused = network.start(sandboxed=False)
     assert refused and refused.startswith("network model-only cannot be enforced here (the job is not sandboxed")
-    assert network.port is None and record.network is None
+    assert network.proxy is None and record.network is None
     open_job, _, open_record = network_job(tmp_path / "open", network="open")
-    assert open_job.start(sandboxed=True) is None and open_job.port is None
+    assert open_job.start(sandboxed=True) is None and open_job.proxy is None
     assert open_record.network == "open (setting network: open): the job reaches any host"
 
 
 def test_health_says_what_this_machine_enforces() -> None:
     assert support_line("open", "auto").startswith("open (setting network: open)")
     enforced = support_line("allow-list", "auto")
-    assert enforced.startswith("allow-list, enforced here (Landlock: TCP") if landlock_abi()[0] >= 4 else (
+    own = "a network of its own" if not private_devices_refusal() else "Landlock: TCP"
+    assert enforced.startswith(f"allow-list, enforced here ({own}") if landlock_abi()[0] >= 4 else (
         "not enforced" in enforced)
     assert support_line("model-only", "off") == ("model-only: not enforced (the job is not sandboxed, so only tools "
                                                  "that honour HTTPS_PROXY use the proxy)")

@@ -19,7 +19,7 @@ from claude_hermes_bridge.drivers import hermes_launch
 from claude_hermes_bridge.git_calls import GitFailed
 from claude_hermes_bridge.jobs import JobStore
 from claude_hermes_bridge.launch import readied_mismatch
-from claude_hermes_bridge.network import JobProxy, NetworkPolicy, host_rule
+from claude_hermes_bridge.network import JobProxy, NetworkPolicy, host_rule, job_policy
 from claude_hermes_bridge.sandbox import step_argv
 from claude_hermes_bridge.worktrees import (
     hand_over_worktree,
@@ -44,10 +44,14 @@ def test_a_limited_jobs_hermes_gets_every_proxy_variable_and_no_no_proxy(tmp_pat
     monkeypatch.setenv("NO_PROXY", "internal.example,127.0.0.1")
     monkeypatch.setenv("no_proxy", "internal.example")
     cfg = config_for(tmp_path, hermes_home=str(tmp_path / "home"))
-    _, env = hermes_launch(cfg, ["/bin/true"], "marker", [], None, proxy_port=4321)
+    proxy = JobProxy(job_policy("model-only", [], cfg.hermes_home_path))
+    try:
+        _, env = hermes_launch(cfg, ["/bin/true"], "marker", [], None, proxy=proxy)
+    finally:
+        proxy.close()
     assert "NO_PROXY" not in env and "no_proxy" not in env
     for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "all_proxy"):
-        assert env[name] == "http://127.0.0.1:4321", name
+        assert env[name] == f"http://127.0.0.1:{proxy.port}", name
 
 
 class Echo(BaseHTTPRequestHandler):

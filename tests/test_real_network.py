@@ -6,8 +6,10 @@ environment, GITHUB_TOKEN in Hermes' environment) and the proxy refuses a host n
 address, each named in NETWORK, while a package installed from an allow-listed index and a clone over HTTP from
 an allowed host work, and Hermes' model answers. Under `network: ask` the question reaches the user
 (hermes_approve) and the answer decides."""
+import socket
 import subprocess
 import threading
+import time
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,8 +27,8 @@ from scripted_model import ScriptedModel
 
 pytestmark = [pytest.mark.e2e, pytest.mark.posix("Landlock is Linux's")]
 
-WAYS_OUT = ("curl", "python", "devtcp", "udp", "lookup", "listen", "unlisted", "metadata", "ssh", "aws", "environ",
-            "token")
+WAYS_OUT = ("curl", "python", "devtcp", "udp", "lookup", "listen", "inbound", "unlisted", "metadata", "ssh", "aws",
+            "environ", "token")
 WORK = ("pip", "clone")
 
 
@@ -53,7 +55,8 @@ def package_index_and_repository(folder: Path) -> None:
 
 def ways_out_script(bridge: Bridge, index: int, other: int, outsider: int = 0) -> Path:
     """`sh net.sh NAME`: one way out (the network, the user's keys, another process's environment, a credential
-    in Hermes' own) or one piece of work, its result appended to net.txt as DONE or DENIED."""
+    in Hermes' own) or one piece of work, its result appended to net.txt as DONE or DENIED. `inbound` listens
+    without bind() and waits 10 s for a connection from outside (knock_when_listening)."""
     script = bridge.tmp / "net.sh"
     python = ("python3 -c 'import socket,sys; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
               f"s.sendto(b\"x\", (\"127.0.0.1\", {other}))'")
@@ -67,6 +70,8 @@ case $1 in
   udp) try udp {python};;
   lookup) try lookup python3 -c 'import socket; socket.getaddrinfo("pypi.org", 443)';;
   listen) try listen python3 -c 'import socket; socket.create_server(("127.0.0.1", 0))';;
+  inbound) try inbound python3 -c 'import socket; s=socket.socket(); s.listen(1); s.settimeout(10)
+open("inbound.port", "w").write(str(s.getsockname()[1])); s.accept()';;
   unlisted) try unlisted curl -sf -m 5 http://127.0.0.1:{other}/;;
   metadata) try metadata curl -sf -m 5 http://169.254.169.254/latest/meta-data/;;
   pip) try pip sh -c 'python3 -m venv v && v/bin/pip install -q --index-url http://127.0.0.1:{index}/simple tiny \
@@ -80,6 +85,26 @@ esac
 tail -n 1 net.txt
 """)
     return script
+
+
+def knock_when_listening(port_file: Path) -> list[str]:
+    """What a connection from this machine's loopback to the port the job names in port_file met, once it
+    appears (filled in by a thread: "refused", or "accepted" when the job's port was reachable)."""
+    met: list[str] = []
+
+    def knock() -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if port_file.exists() and port_file.read_text().strip().isdigit():
+                try:
+                    socket.create_connection(("127.0.0.1", int(port_file.read_text())), 5).close()
+                    met.append("accepted")
+                except OSError:
+                    met.append("refused")
+                return
+            time.sleep(0.05)
+    threading.Thread(target=knock, daemon=True).start()
+    return met
 
 
 @pytest.fixture(params=[(version, driver) for version in REAL_ACP_VERSIONS for driver in ("cli", "acp")],
@@ -115,8 +140,10 @@ def test_every_way_out_but_the_proxy_is_refused_and_allowed_work_goes_through_it
     bridge, client, model, index, other, outsider = limited
     script = ways_out_script(bridge, index, other, outsider)
     steps = "\n".join(f"RUN: sh {script} {name}" for name in (*WAYS_OUT, *WORK))
+    knocked = knock_when_listening(bridge.root / "inbound.port")
     result = finish(client, client.call("hermes_run", task=f"Try each.\n{steps}", wait_s=45), timeout=300)
     assert_turn_ended(result)
+    assert knocked == ["refused"], knocked  # the job's port exists in its own network only
     tried = (bridge.root / "net.txt").read_text()
     assert [line.split()[1] for line in tried.splitlines()] == [*WAYS_OUT, *WORK], tried
     for name in WAYS_OUT:
@@ -125,7 +152,8 @@ def test_every_way_out_but_the_proxy_is_refused_and_allowed_work_goes_through_it
     assert (bridge.root / "cloned" / "README.md").read_text() == "served over http\n"
     network, model_port = result.field("NETWORK"), model.server_address[1]
     assert network.startswith(f"allow-list (1 host of network_allow and Hermes' model 127.0.0.1:{model_port}) "
-                              "through the job's proxy (Landlock: TCP connections to the proxy's port only"), network
+                              "through the job's proxy (a network of its own: only a loopback, where the proxy "
+                              "listens"), network
     # Hermes' own lookups (models.dev, its update check) are refused too: nothing is allowed but what is listed
     assert f"127.0.0.1:{other} (not on network_allow)" in network
     assert "169.254.169.254:80 (not on network_allow)" in network
