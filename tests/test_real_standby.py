@@ -99,16 +99,26 @@ def test_the_next_worktree_job_takes_the_readied_worktree_and_commits_in_its_own
     assert not landed.is_error and (repo / "mine.txt").read_text() == "mine\n", landed.text
 
 
-@pytest.fixture
-def warm_022(bridge: Bridge) -> Any:
-    """The faults with the real Hermes 0.22.2 (each costs Hermes' start more than once: one version is enough to
-    show the real process behaves as the fake's tests say)."""
-    exe = require_component(REAL_HERMES_VERSIONS["0.22.2"], "the real Hermes CLI 0.22.2")
+def configured_warm(bridge: Bridge, version: str) -> Any:
+    """The bridge set for warm starts with the real Hermes of this version and a scripted model; no server yet."""
+    exe = require_component(REAL_HERMES_VERSIONS[version], f"the real Hermes CLI {version}")
     with ScriptedModel(bridge.tmp) as model:
         write_hermes_home(bridge.tmp / "real-home", model.base_url)
         bridge.configure(hermes_exe=str(exe), hermes_home=str(bridge.tmp / "real-home"), kill_grace_s=5,
                          hermes_driver="acp", approvals="yolo", warm_start=True)
         yield bridge
+
+
+@pytest.fixture
+def warm_022(bridge: Bridge) -> Any:
+    """The faults with the real Hermes 0.22.2 (each costs Hermes' start more than once: one version is enough to
+    show the real process behaves as the fake's tests say)."""
+    yield from configured_warm(bridge, "0.22.2")
+
+
+@pytest.fixture(params=REAL_ACP_VERSIONS, ids=lambda version: f"hermes-{version}")
+def warm_each(bridge: Bridge, request: pytest.FixtureRequest) -> Any:
+    yield from configured_warm(bridge, request.param)
 
 
 def test_a_killed_a_stale_and_a_serverless_standby_lose_no_job_and_leave_no_process(warm_022: Bridge) -> None:
@@ -146,12 +156,13 @@ def test_a_killed_a_stale_and_a_serverless_standby_lose_no_job_and_leave_no_proc
     assert not live_standbys(bridge.jobs)
 
 
-def test_a_limited_job_never_takes_an_open_standby_and_a_warm_limited_one_stays_limited(warm_022: Bridge) -> None:
-    """Issue 64 with the real Hermes 0.22.2: after an open job a warm Hermes waits without a proxy; a model-only
-    job in the same folder starts cold, behind its own proxy, and cannot reach an unlisted server; the standby
-    readied after it waits behind a proxy of its own, and the next model-only job takes it warm, still held."""
+def test_a_limited_job_never_takes_an_open_standby_and_a_warm_limited_one_stays_limited(warm_each: Bridge) -> None:
+    """Issue 64 with the real Hermes 0.19.0 and 0.22.2: after an open job a warm Hermes waits without a proxy; a
+    model-only job in the same folder starts cold, behind its own proxy, and cannot reach an unlisted server; the
+    standby readied after it waits behind a proxy (and in a network) of its own, and the next model-only job takes
+    it warm, still held."""
     require_sandbox()
-    bridge = warm_022
+    bridge = warm_each
     bridge.configure(network="open")
     other = served(bridge.tmp)
     probe = bridge.tmp / "probe.sh"
@@ -174,6 +185,7 @@ def test_a_limited_job_never_takes_an_open_standby_and_a_warm_limited_one_stays_
             assert_turn_ended(warm)
             assert warm.field("START").startswith("warm"), warm.text
             assert warm.field("NETWORK").startswith("model-only"), warm.text
+            assert "through the job's proxy (a network of its own" in warm.field("NETWORK"), warm.text
     finally:
         other.shutdown()
     assert (bridge.root / "reach.txt").read_text().split() == ["REACHED", "HELD", "HELD"]
