@@ -409,3 +409,42 @@ def test_a_server_starts_no_standby_with_warm_start_off_or_one_waiting(bridge: B
     with acp_client(bridge):
         time.sleep(1)
         assert not live_standbys(bridge.jobs)
+
+
+WHAT_A_TOOL_GETS = r"""{
+env | cut -d= -f1 | grep -v '^_$' | sort | tr '\n' ' '; echo
+echo "cwd=$(pwd) home=$HOME tmp_is_private=$(case "$TMPDIR" in "$JOBS"/tmp/*) echo yes;; *) echo no;; esac)"
+grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status | tr -s ' \t' ' ' | tr '\n' ' '; echo
+echo "network: $(awk -F: 'NR > 2 {gsub(/ /, "", $1); print $1}' /proc/self/net/dev | sort | tr '\n' ' ')"
+echo "proxy: ${HTTPS_PROXY:+set}"
+awk '$4 == "/" || $4 ~ /^\/dev/ {print $5, ($6 ~ /^ro/ ? "ro" : "rw")}' /proc/self/mountinfo | grep -v "$TMPDIR" | sort
+echo x > "$OUTSIDE" 2>/dev/null && echo "outside: written" || echo "outside: refused"
+cat "$SECRET" 2>/dev/null || echo "secret: unreadable"
+} > "what-$KIND.txt"
+"""
+
+
+@pytest.mark.parametrize("network", ["open", "model-only"])
+def test_a_warm_job_gets_what_the_same_job_started_cold_gets(bridge: Bridge, network: str) -> None:
+    """Issue 65: what a job's tools get (the names in their environment, their folder and home, a private
+    temporary folder, no_new_privs and seccomp, the network's interfaces and proxy, the mounts, a write outside
+    and a read of the user's keys) is the same whether its Hermes was started for it or waited as a standby."""
+    require_sandbox()
+    outside, secret = bridge.tmp / "outside.txt", bridge.tmp / "home" / ".ssh" / "id_ed25519"
+    secret.parent.mkdir(parents=True, exist_ok=True)
+    secret.write_text("secret: READ\n")
+    for kind in ("cold", "warm"):
+        (bridge.tmp / f"{kind}.sh").write_text(f"KIND={kind} JOBS={bridge.jobs} OUTSIDE={outside} SECRET={secret}\n"
+                                              f"{WHAT_A_TOOL_GETS}")
+    bridge.configure(hermes_driver="acp", warm_start=True, network=network)
+    with acp_client(bridge) as client:
+        cold = final(client, task=f"cold !shell={bridge.tmp / 'cold.sh'}", cwd=str(bridge.root))
+        ready(bridge)
+        warm = final(client, task=f"warm !shell={bridge.tmp / 'warm.sh'}", cwd=str(bridge.root))
+    assert cold.field("START").startswith("cold") and warm.field("START").startswith("warm"), warm.text
+    got = {kind: (bridge.root / f"what-{kind}.txt").read_text() for kind in ("cold", "warm")}
+    assert got["warm"] == got["cold"], got
+    assert "outside: refused" in got["cold"] and "secret: unreadable" in got["cold"]
+    assert "tmp_is_private=yes" in got["cold"] and "NoNewPrivs: 1" in got["cold"]
+    assert ("network: lo \n" in got["cold"]) == (network != "open"), got["cold"]
+    assert not outside.exists()
