@@ -519,34 +519,41 @@ def installed_acp_versions(rows_of: str, versions: Sequence[str]) -> Iterator[tu
             print(f"{rows_of} rows: the real Hermes {version} is not installed (bash tests/install_e2e.sh)")
 
 
-def warm_start_rows(runs: int, versions: Sequence[str], worktree: bool = False) -> list[Row]:
+def warm_start_rows(runs: int, versions: Sequence[str], worktree: bool = False, folders: int = 1) -> list[Row]:
     """Issue 39: hermes_run until the model's first request with a warm Hermes against a cold start, alternating,
     for each of these versions of the real Hermes with ACP (installed by tests/install_e2e.sh), the next job in the
-    same folder; with worktree (issue 51), the next worktree job on the same repository."""
+    same folder; with worktree (issue 51), the next worktree job on the same repository; with folders (issue 65),
+    jobs taking turns in that many folders (the first job in each readies its folder's standby, not measured)."""
     rows = []
     for version, exe in installed_acp_versions("warm start", versions):
         with tempfile.TemporaryDirectory() as tmp, ScriptedModel(Path(tmp)) as model:
             bridge = Bridge.create(Path(tmp))
             write_hermes_home(bridge.tmp / "real-home", model.base_url)
             times: dict[str, list[float]] = {"warm": [], "cold": []}
-            where = {"cwd": str(make_repo(bridge.root / "repo")), "isolation": "worktree"} if worktree else {}
+            places = [{"cwd": str(make_repo(bridge.root / "repo")), "isolation": "worktree"}] if worktree else [
+                {"cwd": str(bridge.root / f"project-{number}")} for number in range(folders)]
+            for place in places:
+                Path(place["cwd"]).mkdir(exist_ok=True)
             try:
-                for n in range(runs + 1):
+                for n in range(runs + len(places)):
+                    where = places[n % len(places)]
                     for side in ("cold", "warm"):
                         bridge.configure(hermes_exe=str(exe), hermes_home=str(bridge.tmp / "real-home"),
-                                         hermes_driver="acp", approvals="yolo", warm_start=side == "warm")
+                                         hermes_driver="acp", approvals="yolo", warm_start=side == "warm",
+                                         warm_start_folders=len(places))
                         with bridge.client() as client:
-                            if side == "warm" and n:  # the first warm job readies the standby the others take
-                                wait_until(functools.partial(Path.exists, bridge.jobs / "standby" / "ready.json"), 120,
+                            if side == "warm" and n >= len(places):  # the first in each readies its standby
+                                wait_until(functools.partial(standby_waits_in, bridge.jobs, where), 120,
                                            "a ready standby")
                             took, start = first_request_s(client, model, f"bench {side} {n}", **where)
-                        assert start.startswith(side) or (n == 0 and side == "warm"), start
-                        if n:
+                        assert start.startswith(side) or (n < len(places) and side == "warm"), start
+                        if n >= len(places):
                             times[side].append(took)
             finally:
                 bridge.kill_leftovers()  # the last standby too
         warm, limit = statistics.median(times["warm"]), 1.5 if worktree else 1.0
-        kind = "a worktree job" if worktree else "hermes_run"
+        kind = ("a worktree job" if worktree else "hermes_run" if folders == 1
+                else f"jobs taking turns in {folders} folders") + " (network ask, the default)"
         rows.append(Row(f"{kind} until the model's first request, Hermes {version} over ACP, warm (floor: cold)",
                         times["warm"], times["cold"], "s", f"warm {warm:.2f} s {'PASS' if warm <= limit else 'MISS'}",
                         f"warm <= {limit} s"))
@@ -555,6 +562,12 @@ def warm_start_rows(runs: int, versions: Sequence[str], worktree: bool = False) 
 
 def standby_waits(ready: Path) -> bool | None:
     return is_alive_standby(read_json(ready)) or None
+
+
+def standby_waits_in(jobs: Path, where: dict[str, str]) -> bool | None:
+    """Whether a standby of any slot waits for a job there (a worktree job's place: any standby, one slot)."""
+    return any(is_alive_standby(ready) and ("isolation" in where or ready.get("folder") == where["cwd"])
+               for ready in (read_json(path) for path in jobs.glob("standby*/ready.json"))) or None
 
 
 def first_job_rows(runs: int, versions: Sequence[str]) -> list[Row]:
@@ -672,6 +685,7 @@ def main(argv: list[str]) -> int:
     acp_versions = REAL_ACP_VERSIONS[-1:] if args.tiny else REAL_ACP_VERSIONS
     rows += warm_start_rows(max(5, runs) if not args.tiny else runs, acp_versions)
     rows += warm_start_rows(max(3, runs) if not args.tiny else runs, acp_versions, worktree=True)
+    rows += warm_start_rows(max(4, runs) if not args.tiny else runs, acp_versions, folders=2)
     rows += session_new_rows(runs * 3, acp_versions)
     rows += first_job_rows(max(3, runs) if not args.tiny else runs, acp_versions)
     print(f"machine: {machine()}")

@@ -131,9 +131,12 @@ class Config:
     logs_dir: str | None = setting(None, *FOLDER_OR_NULL, "the audit log's folder (else the per-user one)")
     read_anywhere: bool = setting(False, *FLAG, "let hermes_read read outside the allowed roots")
     kill_grace_s: float = setting(5, *SECONDS, "how long a stopped Hermes gets before it is killed", low=0)
-    warm_start: bool = setting(True, *FLAG, "keep one `hermes acp` started and warmed for the next ACP job in the "
-                               "same folder and settings (its start drops from seconds to under one)")
+    warm_start: bool = setting(True, *FLAG, "keep a `hermes acp` started and warmed for the next ACP job in the "
+                               "same folder and settings, for each of the last jobs' folders (warm_start_folders): "
+                               "its start drops from seconds to under one")
     standby_idle_s: float = setting(600, *SECONDS, "how long a warm Hermes waits for a job before it exits", low=5)
+    warm_start_folders: int = setting(2, *WHOLE, "how many folders keep a warm Hermes waiting at once (those of the "
+                                      "last jobs; each costs about 100-170 MB while it waits)", low=1, high=4)
     retention_days: float = setting(30, "a number of days", (int, float), "how long finished jobs are kept",
                                     low=0)
     retention_max_jobs: int = setting(1000, *WHOLE, "how many finished jobs are kept at most", low=1)

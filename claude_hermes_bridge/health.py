@@ -13,7 +13,7 @@ from .preflight import VERSION, dependency_version, version_tuple
 from .safe_io import clock_words, disk_error, plural, read_json, shown
 from .sandbox import support_line
 from .skills import HEALTH_RECENT_JOBS
-from .standby import is_alive_standby, standby_folder
+from .standby import is_alive_standby, standby_slots
 
 
 def job_counts(store: JobStore) -> str:
@@ -56,11 +56,14 @@ def warm_start_line(cfg: Config, store: JobStore) -> str:
     """Whether a warm Hermes waits for the next ACP job, and for which folder."""
     if not cfg.warm_start:
         return "off (setting warm_start: false)"
-    ready = read_json(standby_folder(store) / "ready.json")
-    if is_alive_standby(ready) and isinstance(ready.get("folder"), str):
-        return (f"a warm Hermes waits for the next ACP job in {shown(ready['folder'])} "
-                f"(readied in {ready.get('prepared_s', '?')} s{clock_words(ready.get('ready_at'))})")
-    return "on; no warm Hermes waits now (one is readied after an ACP job starts, for the next in its folder)"
+    waiting = [ready for ready in (read_json(slot / "ready.json") for slot in standby_slots(store,
+                                                                                      cfg.warm_start_folders))
+               if is_alive_standby(ready) and isinstance(ready.get("folder"), str)]
+    if waiting:
+        return "; ".join(f"a warm Hermes waits for the next ACP job in {shown(ready['folder'])} (readied in "
+                         f"{ready.get('prepared_s', '?')} s{clock_words(ready.get('ready_at'))})" for ready in waiting)
+    return ("on; no warm Hermes waits now (one is readied after an ACP job starts, for the next in its folder; "
+            f"warm_start_folders: {cfg.warm_start_folders})")
 
 
 def credentials_line(cfg: Config) -> str:

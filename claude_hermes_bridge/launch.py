@@ -7,6 +7,7 @@ import os
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any, cast
 
 from .config import Config, audit, parse_executors
@@ -40,7 +41,15 @@ from .safe_io import (
     running_process,
     shown,
 )
-from .standby import TAKE_ANSWER_S, any_standby_running, being_readied, is_alive_standby, launch_key, standby_folder
+from .standby import (
+    TAKE_ANSWER_S,
+    any_standby_running,
+    being_readied,
+    is_alive_standby,
+    launch_key,
+    standby_folder,
+    standby_slots,
+)
 from .worktrees import (
     STANDBY_NAME_RE,
     WORKTREE_BRANCH_PREFIX,
@@ -177,8 +186,8 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
     standby = ready_standby(cfg, store, record)
     log = keep_record(store, record)
     with log:
-        if standby and take_standby(store, record):
-            note_supervisor(store, job_id, int(standby["pid"]))
+        if standby and take_standby(standby[0], record):
+            note_supervisor(store, job_id, int(standby[1]["pid"]))
             start_standby(cfg, store, job_id)
             return record
         if record.start == "warm":
@@ -198,9 +207,9 @@ def warm_startable(cfg: Config, record: JobRecord) -> bool:
             and (not record.worktree or not warm_worktree_refusal(record.worktree)))
 
 
-def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> dict[str, Any] | None:
-    """The standby this job can take, with record.start and its marker set for it; or None, and record.start
-    says why the job starts cold."""
+def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> tuple[Path, dict[str, Any]] | None:
+    """The standby this job can take (its slot and what it published), with record.start and its marker set for
+    it; or None, and record.start says why the job starts cold."""
     if record.driver != "acp":
         record.start = "cold: the CLI driver starts Hermes for each job"
     elif not cfg.warm_start:
@@ -210,19 +219,33 @@ def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> dict[str, 
     elif record.worktree and (refusal := warm_worktree_refusal(record.worktree)):
         record.start = f"cold: {refusal}"
     else:
-        ready = read_json(standby_folder(store) / "ready.json")
         place = worktree_place(record.worktree) if record.worktree else record.cwd or ""
         shape = confinement_shape(record.network_mode or "open", record.worktree)
-        why = ("a warm Hermes is still being readied (it was not ready when this job started)"
-               if ready is None and being_readied(store) else standby_mismatch(cfg, ready, place, shape)
-               or (readied_mismatch(store, ready) if record.worktree else None))
-        if why is None:
-            record.start, record.standby_marker = "warm", str(ready["marker"])
-            if record.worktree:  # the standby moves its worktree to the job's place when it takes the job
-                record.worktree.update({key: ready["worktree"][key] for key in ("admin", "identity")})
-            return cast(dict[str, Any], ready)
-        record.start = f"cold: {why}"
+        whys = []
+        for slot in standby_slots(store, cfg.warm_start_folders):
+            ready = read_json(slot / "ready.json")
+            why = ("a warm Hermes is still being readied for this folder (it was not ready when this job started)"
+                   if ready is None and being_readied(slot) == place else standby_mismatch(cfg, ready, place, shape)
+                   or (readied_mismatch(store, ready) if record.worktree else None))
+            if why is None:
+                record.start, record.standby_marker = "warm", str(ready["marker"])
+                if record.worktree:  # the standby moves its worktree to the job's place when it takes the job
+                    record.worktree.update({key: ready["worktree"][key] for key in ("admin", "identity")})
+                return slot, cast(dict[str, Any], ready)
+            whys.append(why)
+        record.start = f"cold: {nearest_reason(whys)}"
     return None
+
+
+NONE_WAITING = "no warm Hermes is waiting (one is readied after a job starts, for the next in its folder)"
+OTHER_FOLDER = "the warm Hermes waiting was readied for another folder"
+COLD_REASONS_LAST = (OTHER_FOLDER, NONE_WAITING)
+
+
+def nearest_reason(whys: list[str]) -> str:
+    """Of each slot's reason, the one of the standby nearest to fitting: another folder's, or none waiting,
+    only when no slot says more of this job."""
+    return min(whys, key=lambda why: COLD_REASONS_LAST.index(why) if why in COLD_REASONS_LAST else -1)
 
 
 def standby_mismatch(cfg: Config, ready: Any, folder: str, shape: dict[str, Any]) -> str | None:
@@ -231,7 +254,7 @@ def standby_mismatch(cfg: Config, ready: Any, folder: str, shape: dict[str, Any]
     if shape["worktree"] == "resumed":
         return "a resumed worktree job's Hermes is confined to that job's own worktree from its start"
     if not isinstance(ready, dict) or not is_standby_marker(ready.get("marker")):
-        return "no warm Hermes is waiting (one is readied after a job starts, for the next in its folder)"
+        return NONE_WAITING
     published = ready.get("shape")
     readied = published.get("network", "open") if isinstance(published, dict) else "open"
     if readied != shape["network"]:
@@ -240,7 +263,7 @@ def standby_mismatch(cfg: Config, ready: Any, folder: str, shape: dict[str, Any]
     if ready.get("folder") != folder:
         if "worktree" in ready and folder.startswith("a worktree of "):
             return "the warm Hermes waiting readied a worktree of another repository or commit (HEAD moved since)"
-        return "the warm Hermes waiting was readied for another folder"
+        return OTHER_FOLDER
     try:
         exe = locate_hermes(cfg).usable or ""
     except OSError:
@@ -265,10 +288,10 @@ def readied_mismatch(store: JobStore, ready: dict[str, Any]) -> str | None:
     return None
 
 
-def take_standby(store: JobStore, record: JobRecord) -> bool:
-    """Hand the job to the standby: claim it (one server wins), name the job, and wait for its answer; on none
-    within TAKE_ANSWER_S, take the job back (one of the two renames wins), so exactly one supervisor serves it."""
-    folder = standby_folder(store)
+def take_standby(folder: Path, record: JobRecord) -> bool:
+    """Hand the job to the standby waiting in the slot folder: claim it (one server wins), name the job, and wait
+    for its answer; on none within TAKE_ANSWER_S, take the job back (one of the two renames wins), so exactly one
+    supervisor serves it."""
     claimed, taken = folder / f"claimed-{record.id}.json", folder / f"taken-{record.id}.json"
     try:
         os.rename(folder / "ready.json", claimed)

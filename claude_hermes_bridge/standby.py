@@ -1,7 +1,8 @@
 """[supervisor] A warm Hermes for the next job: one `hermes acp` started, initialized and warmed with a throw-away
 session in the folder of the job that asked for it, waiting, under a supervisor that becomes the next matching
-job's supervisor (`--standby ID`). One per jobs folder; the hand-over is a chain of renames in its folder, each
-of which only one process can win:
+job's supervisor (`--standby ID`). One per slot of the jobs folder (warm_start_folders slots: the folders used
+last each keep one; a job elsewhere takes over the slot readied longest ago); the hand-over is a chain of renames
+in its slot's folder, each of which only one process can win:
 
   ready.json (the standby, ready) --server--> claimed-<job>.json --server--> taken-<job>.json
   taken-<job>.json --standby--> serving-<job>.json     (the standby serves the job)
@@ -82,11 +83,36 @@ WARM_UP_S = 90.0
 STALE_CHECK_S = 5.0
 LOOK_S = 1.0  # how often a waiting standby looks at its Hermes, its idle time and whether another is wanted
 FORGET_S = 120.0  # how long Hermes' own `sessions delete` may take (a Hermes CLI start; slowest on Windows)
-STANDBY_SETTINGS = ("warm_start", "standby_idle_s")  # the standby's own: they do not change how Hermes started
+STANDBY_SETTINGS = ("warm_start", "standby_idle_s", "warm_start_folders")  # the standby's own: not Hermes' start
 
 
 def standby_folder(store: JobStore) -> Path:
+    """The first slot's folder, which also holds every standby's pid file and the standbys' log."""
     return store.root / "standby"
+
+
+def standby_slots(store: JobStore, count: int) -> list[Path]:
+    """The folders of the slots a standby may wait in (warm_start_folders of them)."""
+    return [standby_folder(store), *(store.root / f"standby-{number}" for number in range(1, count))]
+
+
+def slot_for(slots: list[Path], place: str) -> Path:
+    """Where a standby for place waits: the slot last readied for place (what waits there is another settings'
+    or network's), else a slot no standby holds, else the one whose standby was readied longest ago (one still
+    being readied last: it is the newest)."""
+    for slot in slots:
+        if place in {found.get("folder") for found in (read_json(slot / "ready.json"), read_json(slot / "wanted.json"))
+                     if isinstance(found, dict)}:
+            return slot
+    for slot in slots:
+        if not holds_standby(slot):
+            return slot
+
+    def readied_at(slot: Path) -> float:
+        published = read_json(slot / "ready.json")
+        at = published.get("ready_at") if isinstance(published, dict) else None
+        return float(at) if isinstance(at, (int, float)) else float("inf")
+    return min(slots, key=readied_at)
 
 
 KEY_FILE_BYTES = 1 << 20  # a guarded file of Hermes' home up to this size is in the key by its content
@@ -293,10 +319,10 @@ def wait_past_start(store: JobStore, job_id: str) -> None:
         time.sleep(0.2)
 
 
-def wait_for_a_job(cfg: Config, store: JobStore, standby: Standby) -> str | None:
-    """Publish the standby, then wait: the id of the job that took it, or None once it retired (idle past
-    standby_idle_s, replaced by another folder's or settings', stale, or its Hermes gone)."""
-    folder = standby_folder(store)
+def wait_for_a_job(cfg: Config, store: JobStore, slot: Path, standby: Standby) -> str | None:
+    """Publish the standby in its slot, then wait: the id of the job that took it, or None once it retired (idle
+    past standby_idle_s, its slot wanted for another folder or settings, stale, or its Hermes gone)."""
+    folder = slot
     ready, wanted = folder / "ready.json", folder / "wanted.json"
     process = ProcessId.of(psutil.Process())
     readied = ({"worktree": {key: standby.worktree[key] for key in ("path", "admin", "identity", "base")}}
@@ -357,16 +383,24 @@ def handed_over(cfg: Config, store: JobStore, standby: Standby, job_id: str) -> 
     return True
 
 
-def being_readied(store: JobStore) -> bool:
-    """Whether a standby holds its lock without having published itself yet: it is starting Hermes now."""
-    folder = standby_folder(store)
-    if (folder / "ready.json").exists() or not (folder / "standby.lock").exists():
+def holds_standby(slot: Path) -> bool:
+    """Whether a standby holds the slot's lock (being readied, waiting, or about to retire)."""
+    if not (slot / "standby.lock").exists():
         return False
     try:
-        with locked(folder / "standby.lock", 0):
+        with locked(slot / "standby.lock", 0):
             return False
     except (LockTimeout, OSError):
         return True
+
+
+def being_readied(slot: Path) -> str | None:
+    """The place a standby holding the slot without having published itself yet is readied for (it is
+    starting Hermes now), or None."""
+    if (slot / "ready.json").exists() or not holds_standby(slot):
+        return None
+    place = (read_json(slot / "wanted.json") or {}).get("folder")
+    return place if isinstance(place, str) else None
 
 
 def any_standby_running(store: JobStore) -> bool:
@@ -384,7 +418,7 @@ def still_fits(cfg: Config, standby: Standby) -> bool:
         return False
 
 
-def serve(cfg: Config, store: JobStore, job_id: str, standby: Standby, subreaper: bool) -> int:
+def serve(cfg: Config, store: JobStore, slot: Path, job_id: str, standby: Standby, subreaper: bool) -> int:
     """Become the job's supervisor: the job's log is this process's output from now on (Hermes' stderr follows
     through copy_stream), and the Supervisor runs it as it runs a cold one, on the warm Hermes."""
     with open_append(store.log_path(job_id)) as log:
@@ -402,7 +436,7 @@ def serve(cfg: Config, store: JobStore, job_id: str, standby: Standby, subreaper
         else:
             forget_warm_up(cfg, standby.warm.hermes.warm_session)
         shutil.rmtree(standby.warm.policy_dir, ignore_errors=True)
-        (standby_folder(store) / f"serving-{job_id}.json").unlink(missing_ok=True)
+        (slot / f"serving-{job_id}.json").unlink(missing_ok=True)
         sweep_own_links(store)
 
 
@@ -439,7 +473,6 @@ def worktree_plan(planned: dict[str, Any]) -> dict[str, Any] | None:
 
 def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
     subreaper = become_subreaper()
-    folder = standby_folder(store)
     try:
         record = store.read(job_id)
         exe = usable_hermes(cfg)
@@ -456,11 +489,15 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
     cwd = worktree_place(planned) if planned else where
     shape = confinement_shape(record.network_mode or cfg.network, planned)
     key = launch_key(cfg, cwd, exe, shape)
-    published = read_json(folder / "ready.json")
-    if is_alive_standby(published) and published.get("key") == key:
-        return 0  # one is ready for this already
+    slots = standby_slots(store, cfg.warm_start_folders)
+    for slot in slots:
+        published = read_json(slot / "ready.json")
+        if is_alive_standby(published) and published.get("key") == key:
+            return 0  # one is ready for this already
+    folder = slot_for(slots, cwd)
     with contextlib.suppress(OSError):
-        write_atomic(folder / "wanted.json", json.dumps({"key": key}).encode())
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(folder / "wanted.json", json.dumps({"key": key, "folder": cwd}).encode())
     try:
         with locked(folder / "standby.lock", LOCK_WAIT_S):
             if (read_json(folder / "wanted.json") or {}).get("key") != key:
@@ -472,7 +509,7 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
                 audit(cfg, event="standby", problem=f"not prepared: {exc}")
                 return 0
             try:
-                taken = wait_for_a_job(cfg, store, standby)
+                taken = wait_for_a_job(cfg, store, folder, standby)
             except OSError as exc:  # the jobs folder refuses writes: no standby
                 audit(cfg, event="standby", problem=f"not published: {exc}")
                 taken = None
@@ -481,4 +518,4 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
                 return 0
     except LockTimeout:
         return 0
-    return serve(cfg, store, taken, standby, subreaper)
+    return serve(cfg, store, folder, taken, standby, subreaper)

@@ -329,6 +329,9 @@ MUTATIONS = (
     Mutation(68, "a limited job shares this machine's network: a port it listens on without bind() is reachable",
              'drivers.py', 'held.namespace_channel() if held and not also_ports', 'None if held and not also_ports',
              'tests/test_network.py', 'unbound_listener'),
+    Mutation(69, "only the last job's folder keeps a warm Hermes: jobs taking turns in two projects all start cold",
+             'standby.py', '*(store.root / f"standby-{number}" for number in range(1, count))]', ']',
+             'tests/test_standby.py', 'taking_turns'),
 )
 
 

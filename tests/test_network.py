@@ -361,7 +361,7 @@ def test_a_limited_jobs_unbound_listener_is_reached_from_nowhere_and_its_block_s
     client.params.env = dict(bridge.env, FAKE_HERMES_ACP="1" if driver == "acp" else "0")
     with client:
         job_id = client.call("hermes_run", task=f"!shell={script}", cwd=str(bridge.root), wait_s=0).field("JOB_ID")
-        port = wait_until(lambda: port_file.exists() and port_file.read_text(), 60, "the job's port")
+        port = wait_until(lambda: port_file.read_text() if port_file.exists() else None, 60, "the job's port")
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", int(port)), 5).close()
         result = client.wait_final(job_id, timeout=60)

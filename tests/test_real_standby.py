@@ -2,6 +2,7 @@
 the warm Hermes, runs its tools in its own folder with its own temporary folder, is answered and resumable; the
 throw-away session of the warm-up is what Hermes' store keeps of it; and the faults (a standby killed while it
 waits, one whose settings changed, one whose server left while it prepared) with the real Hermes 0.22.2."""
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -189,3 +190,29 @@ def test_a_limited_job_never_takes_an_open_standby_and_a_warm_limited_one_stays_
     finally:
         other.shutdown()
     assert (bridge.root / "reach.txt").read_text().split() == ["REACHED", "HELD", "HELD"]
+
+
+def test_jobs_taking_turns_in_two_folders_start_warm_in_each(warm_each: Bridge) -> None:
+    """Issue 65 with the real Hermes 0.19.0 and 0.22.2: after one job in each of two folders, each folder keeps a
+    warm Hermes of its own (warm_start_folders 2, the default); the next job in each starts warm, runs in its own
+    folder and writes there, and cannot write the other."""
+    require_sandbox()
+    bridge = warm_each
+    folders = [bridge.root / "first", bridge.root / "second"]
+    for folder in folders:
+        folder.mkdir()
+    with bridge.client() as client:
+        for folder in folders:
+            assert_turn_ended(finish(client, client.call("hermes_run", task="Ready.\nRUN: pwd", cwd=str(folder),
+                                                         wait_s=45), timeout=180))
+        for folder in folders:
+            wait_until(lambda folder=folder: any(
+                json.loads(path.read_text()).get("folder") == str(folder)
+                for path in bridge.jobs.glob("standby*/ready.json")) or None, 120, f"a standby for {folder}")
+        for folder, other in (folders, folders[::-1]):
+            task = f"Warm.\nRUN: pwd > here.txt; echo x > {other}/{folder.name}-was-here.txt"
+            job = finish(client, client.call("hermes_run", task=task, cwd=str(folder), wait_s=45), timeout=180)
+            assert_turn_ended(job)
+            assert job.field("START").startswith("warm"), job.text
+            assert (folder / "here.txt").read_text().strip() == str(folder)
+            assert not (other / f"{folder.name}-was-here.txt").exists()

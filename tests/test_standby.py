@@ -1,6 +1,7 @@
 """Issue 39 with the fake Hermes: a warm `hermes acp` readied after an ACP job for the next in its folder, taken
 by exactly one job, which its standby supervises as a cold one is; and every way a standby can fail leaves the
 job to a cold start, no process behind and no second standby."""
+import contextlib
 import json
 import socketserver
 import sqlite3
@@ -8,7 +9,7 @@ import threading
 import time
 from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psutil
 import pytest
@@ -374,7 +375,8 @@ def test_a_job_arriving_while_the_standby_is_still_starting_is_told_so(bridge: B
         assert not (bridge.jobs / "standby" / "ready.json").exists()
         second = final(client, task="second !write=two.txt:2", cwd=str(bridge.root))
     assert second.field("STATUS") == "ok", second.text
-    assert "a warm Hermes is still being readied (it was not ready when this job started)" in second.field("START")
+    assert ("a warm Hermes is still being readied for this folder (it was not ready when this job started)"
+            in second.field("START"))
 
 
 def test_a_servers_first_job_starts_warm_in_the_folder_of_the_last_one(bridge: Bridge) -> None:
@@ -448,3 +450,52 @@ def test_a_warm_job_gets_what_the_same_job_started_cold_gets(bridge: Bridge, net
     assert "tmp_is_private=yes" in got["cold"] and "NoNewPrivs: 1" in got["cold"]
     assert ("network: lo \n" in got["cold"]) == (network != "open"), got["cold"]
     assert not outside.exists()
+
+
+def waiting_for(bridge: Bridge, folder: Path, slots: str = "standby*", timeout: float = 40) -> dict[str, Any]:
+    """The published description of a standby of these slots readied for folder, once it is ready."""
+    def found() -> dict[str, Any] | None:
+        for path in bridge.jobs.glob(f"{slots}/ready.json"):
+            with contextlib.suppress(OSError, ValueError):
+                published = json.loads(path.read_text())
+                if published.get("folder") == str(folder):
+                    return cast(dict[str, Any], published)
+        return None
+    return wait_until(found, timeout, f"a standby ready for {folder}")
+
+
+def test_jobs_taking_turns_in_two_folders_start_warm_in_each_and_one_slot_keeps_the_last_folder(
+        bridge: Bridge) -> None:
+    """Issue 65: a person hands over tasks in two projects in turn. With warm_start_folders 2 (the default) each
+    folder keeps a warm Hermes of its own, so every job after the first in each starts warm; with 1, a job in the
+    other folder takes the slot and the next job back starts cold, saying why."""
+    first, second = bridge.root / "first", bridge.root / "second"
+    first.mkdir()
+    second.mkdir()
+    bridge.configure(hermes_driver="acp", warm_start=True)
+    with acp_client(bridge) as client:
+        assert final(client, task="a !write=a.txt:1", cwd=str(first)).field("START").startswith("cold")
+        waiting_for(bridge, first)
+        other = final(client, task="b !write=b.txt:1", cwd=str(second))
+        assert other.field("START").endswith("the warm Hermes waiting was readied for another folder)"), other.text
+        waiting_for(bridge, second)
+        health = client.call("hermes_health").field("WARM_START")
+        assert f"next ACP job in {first} " in health and f"next ACP job in {second} " in health, health
+        for turn in range(2):
+            for folder in (first, second):
+                job = final(client, task=f"turn {turn} !write=turn{turn}.txt:1", cwd=str(folder))
+                assert job.field("STATUS") == "ok" and job.field("START").startswith("warm"), job.text
+                assert (folder / f"turn{turn}.txt").read_text() == "1"
+                waiting_for(bridge, folder)
+    bridge.configure(hermes_driver="acp", warm_start=True, warm_start_folders=1)
+    with acp_client(bridge) as client:
+        slot = bridge.jobs / "standby" / "ready.json"
+        kept = json.loads(slot.read_text())["folder"]
+        there, elsewhere = (first, second) if kept == str(first) else (second, first)
+        assert final(client, task="kept !write=k.txt:1", cwd=str(there)).field("START").startswith("warm")
+        waiting_for(bridge, there, slots="standby")  # the kept folder's next one, readied after the job took it
+        moved = final(client, task="moved !write=m.txt:1", cwd=str(elsewhere))
+        assert moved.field("START").endswith("readied for another folder)"), moved.text
+        waiting_for(bridge, elsewhere, slots="standby")  # the one slot, taken over from the other folder
+        back = final(client, task="back !write=back.txt:1", cwd=str(there))
+        assert back.field("START").endswith("the warm Hermes waiting was readied for another folder)"), back.text

@@ -45,7 +45,7 @@ def test_a_standby_replaced_since_the_server_read_it_is_not_taken_and_stays_publ
     starts cold, and that standby is left for the job it was readied for."""
     store = store_at(tmp_path)
     publish(store, "standby:" + "b" * 32)
-    assert launch.take_standby(store, job()) is False
+    assert launch.take_standby(store.root / "standby", job()) is False
     assert names(store) == ["ready.json"]
     assert json.loads((tmp_path / "standby" / "ready.json").read_text())["marker"] == "standby:" + "b" * 32
 
@@ -62,7 +62,7 @@ def test_a_standby_that_answers_within_the_wait_serves_the_job(tmp_path: Path) -
             time.sleep(0.005)
         taken.rename(folder / f"serving-{record.id}.json")
     threading.Thread(target=answer, daemon=True).start()
-    assert launch.take_standby(store, record) is True
+    assert launch.take_standby(store.root / "standby", record) is True
 
 
 def test_a_standby_that_answered_as_the_wait_ended_serves_the_job_alone(tmp_path: Path,
@@ -81,7 +81,7 @@ def test_a_standby_that_answered_as_the_wait_ended_serves_the_job_alone(tmp_path
             real_rename(folder / f"taken-{record.id}.json", folder / f"serving-{record.id}.json")
         real_rename(source, target)
     monkeypatch.setattr(launch.os, "rename", standby_answers_first)
-    assert launch.take_standby(store, record) is True
+    assert launch.take_standby(store.root / "standby", record) is True
     assert names(store) == [f"serving-{record.id}.json"]
 
 
@@ -90,7 +90,7 @@ def test_a_standby_that_never_answers_is_taken_back_and_finds_nothing_to_serve(t
     store = store_at(tmp_path)
     publish(store)
     monkeypatch.setattr(launch, "TAKE_ANSWER_S", 0.05)
-    assert launch.take_standby(store, job()) is False
+    assert launch.take_standby(store.root / "standby", job()) is False
     assert names(store) == []  # no taken- file left for a standby woken later to serve
 
 
@@ -111,7 +111,7 @@ class Waiting:
         monkeypatch.setattr(standby, "LOOK_S", 0.0)
         self.outcome: list[str | None] = []
         self.thread = threading.Thread(target=lambda: self.outcome.append(
-            standby.wait_for_a_job(self.cfg, self.store, self.standby)), daemon=True)
+            standby.wait_for_a_job(self.cfg, self.store, self.folder, self.standby)), daemon=True)
 
     def __enter__(self) -> "Waiting":
         self.thread.start()
@@ -179,7 +179,8 @@ def test_a_warm_job_refused_before_hermes_got_its_task_leaves_no_hermes_running(
         waiting.standby.warm.policy_dir = tmp_path / "policy"
         waiting.store.log_path("20261205-120000-abcdef").touch()
         (waiting.folder / "ready.json").unlink()
-        assert standby.serve(waiting.cfg, waiting.store, "20261205-120000-abcdef", waiting.standby, False) == 1
+        assert standby.serve(waiting.cfg, waiting.store, waiting.folder, "20261205-120000-abcdef", waiting.standby,
+                             False) == 1
         assert dismissed == [MARKER]
         assert waiting.hermes.wait(10) is not None
 
