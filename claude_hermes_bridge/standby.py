@@ -96,13 +96,12 @@ def standby_slots(store: JobStore, count: int) -> list[Path]:
     return [standby_folder(store), *(store.root / f"standby-{number}" for number in range(1, count))]
 
 
-def slot_for(slots: list[Path], place: str) -> Path:
-    """Where a standby for place waits: the slot last readied for place (what waits there is another settings'
-    or network's), else a slot no standby holds, else the one whose standby was readied longest ago (one still
-    being readied last: it is the newest)."""
+def slot_for(slots: list[Path], user_folder: str) -> Path:
+    """Where a standby for a job in user_folder (a worktree job's: its repository's) waits: the slot last wanted
+    for that folder (what waits there is for another commit, settings or network), else a slot no standby holds,
+    else the one whose standby was readied longest ago (one still being readied last: it is the newest)."""
     for slot in slots:
-        if place in {found.get("folder") for found in (read_json(slot / "ready.json"), read_json(slot / "wanted.json"))
-                     if isinstance(found, dict)}:
+        if (read_json(slot / "wanted.json") or {}).get("user_folder") == user_folder:
             return slot
     for slot in slots:
         if not holds_standby(slot):
@@ -494,10 +493,10 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
         published = read_json(slot / "ready.json")
         if is_alive_standby(published) and published.get("key") == key:
             return 0  # one is ready for this already
-    folder = slot_for(slots, cwd)
+    folder = slot_for(slots, where)
     with contextlib.suppress(OSError):
         folder.mkdir(parents=True, exist_ok=True)
-        write_atomic(folder / "wanted.json", json.dumps({"key": key, "folder": cwd}).encode())
+        write_atomic(folder / "wanted.json", json.dumps({"key": key, "folder": cwd, "user_folder": where}).encode())
     try:
         with locked(folder / "standby.lock", LOCK_WAIT_S):
             if (read_json(folder / "wanted.json") or {}).get("key") != key:
