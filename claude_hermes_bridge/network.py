@@ -265,7 +265,11 @@ class JobProxy:
                 return
         if not descriptors:
             return
-        inside = socket.socket(fileno=descriptors[0])
+        try:
+            inside = socket.socket(fileno=descriptors[0])
+        except OSError:  # not a socket: nothing to accept on
+            os.close(descriptors[0])
+            return
         if inside.family != socket.AF_INET or not inside.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
             inside.close()
             return

@@ -41,6 +41,7 @@ start_sshd() {
   if [ -s "$rig/sshd/user" ]; then user=$(cat "$rig/sshd/user"); else user="chb$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')"; fi
   if ! id "$user" >/dev/null 2>&1; then
     useradd --create-home --home-dir "$rig/sshd/home" --shell /bin/bash "$user"
+    chown -R "$user:" "$rig/sshd/home"  # a home left by an earlier rig's user (another uid) becomes this one's
     usermod -p '*' "$user"  # no password, not locked: sshd refuses a locked account
     echo "$user" > "$rig/sshd/user"
   fi
