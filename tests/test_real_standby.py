@@ -2,7 +2,6 @@
 the warm Hermes, runs its tools in its own folder with its own temporary folder, is answered and resumable; the
 throw-away session of the warm-up is what Hermes' store keeps of it; and the faults (a standby killed while it
 waits, one whose settings changed, one whose server left while it prepared) with the real Hermes 0.22.2."""
-import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ import psutil
 import pytest
 from test_real_hermes import assert_turn_ended, finish, write_hermes_home
 from test_real_network import served
-from test_standby import gone, hermes_of, ready
+from test_standby import gone, hermes_of, ready, waiting_for
 
 from conftest import require_component, require_sandbox
 from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, live_standbys, wait_gone, wait_until
@@ -206,9 +205,7 @@ def test_jobs_taking_turns_in_two_folders_start_warm_in_each(warm_each: Bridge) 
             assert_turn_ended(finish(client, client.call("hermes_run", task="Ready.\nRUN: pwd", cwd=str(folder),
                                                          wait_s=45), timeout=180))
         for folder in folders:
-            wait_until(lambda folder=folder: any(
-                json.loads(path.read_text()).get("folder") == str(folder)
-                for path in bridge.jobs.glob("standby*/ready.json")) or None, 120, f"a standby for {folder}")
+            waiting_for(bridge, folder, timeout=120)
         for folder, other in (folders, folders[::-1]):
             task = f"Warm.\nRUN: pwd > here.txt; echo x > {other}/{folder.name}-was-here.txt"
             job = finish(client, client.call("hermes_run", task=task, cwd=str(folder), wait_s=45), timeout=180)
