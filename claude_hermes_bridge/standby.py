@@ -320,7 +320,8 @@ def wait_past_start(store: JobStore, job_id: str) -> None:
 
 def wait_for_a_job(cfg: Config, store: JobStore, slot: Path, standby: Standby) -> str | None:
     """Publish the standby in its slot, then wait: the id of the job that took it, or None once it retired (idle
-    past standby_idle_s, its slot wanted for another folder or settings, stale, or its Hermes gone)."""
+    past standby_idle_s, its slot wanted for another folder or settings or no longer one of warm_start_folders,
+    stale, or its Hermes gone)."""
     folder = slot
     ready, wanted = folder / "ready.json", folder / "wanted.json"
     process = ProcessId.of(psutil.Process())
@@ -354,7 +355,8 @@ def wait_for_a_job(cfg: Config, store: JobStore, slot: Path, standby: Standby) -
             stale = False
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + STALE_CHECK_S
-                stale = not still_fits(cfg, standby)
+                kept = standby_slots(store, load_config().warm_start_folders)
+                stale = not still_fits(cfg, standby) or slot not in kept
             wanted_key = (read_json(wanted) or {}).get("key")
             if (stale or time.monotonic() >= idle_until or standby.warm.hermes.proc.poll() is not None
                     or (wanted_key and wanted_key != standby.key)):

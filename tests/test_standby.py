@@ -488,6 +488,9 @@ def test_jobs_taking_turns_in_two_folders_start_warm_in_each_and_one_slot_keeps_
                 assert (folder / f"turn{turn}.txt").read_text() == "1"
                 waiting_for(bridge, folder)
     bridge.configure(hermes_driver="acp", warm_start=True, warm_start_folders=1)
+    second_slot = bridge.jobs / "standby-1" / "ready.json"
+    assert second_slot.exists()
+    wait_until(lambda: not second_slot.exists() or None, 30, "the standby of the slot no longer kept to retire")
     with acp_client(bridge) as client:
         slot = bridge.jobs / "standby" / "ready.json"
         kept = json.loads(slot.read_text())["folder"]
