@@ -186,8 +186,9 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
     standby = ready_standby(cfg, store, record)
     log = keep_record(store, record)
     with log:
-        if standby and take_standby(standby[0], record):
-            note_supervisor(store, job_id, int(standby[1]["pid"]))
+        slot, ready = standby or (None, {})
+        if slot and take_standby(slot, record):
+            note_supervisor(store, job_id, int(ready["pid"]))
             start_standby(cfg, store, job_id)
             return record
         if record.start == "warm":

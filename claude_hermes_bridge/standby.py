@@ -318,11 +318,10 @@ def wait_past_start(store: JobStore, job_id: str) -> None:
         time.sleep(0.2)
 
 
-def wait_for_a_job(cfg: Config, store: JobStore, slot: Path, standby: Standby) -> str | None:
-    """Publish the standby in its slot, then wait: the id of the job that took it, or None once it retired (idle
-    past standby_idle_s, its slot wanted for another folder or settings or no longer one of warm_start_folders,
-    stale, or its Hermes gone)."""
-    folder = slot
+def wait_for_a_job(cfg: Config, store: JobStore, folder: Path, standby: Standby) -> str | None:
+    """Publish the standby in its slot's folder, then wait: the id of the job that took it, or None once it
+    retired (idle past standby_idle_s, its slot wanted for another folder or settings or no longer one of
+    warm_start_folders, stale, or its Hermes gone)."""
     ready, wanted = folder / "ready.json", folder / "wanted.json"
     process = ProcessId.of(psutil.Process())
     readied = ({"worktree": {key: standby.worktree[key] for key in ("path", "admin", "identity", "base")}}
@@ -356,7 +355,7 @@ def wait_for_a_job(cfg: Config, store: JobStore, slot: Path, standby: Standby) -
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + STALE_CHECK_S
                 kept = standby_slots(store, load_config().warm_start_folders)
-                stale = not still_fits(cfg, standby) or slot not in kept
+                stale = not still_fits(cfg, standby) or folder not in kept
             wanted_key = (read_json(wanted) or {}).get("key")
             if (stale or time.monotonic() >= idle_until or standby.warm.hermes.proc.poll() is not None
                     or (wanted_key and wanted_key != standby.key)):
