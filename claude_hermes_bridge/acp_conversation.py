@@ -321,9 +321,12 @@ class AcpConversation:
             self.questions.timeout_s = HERMES_019_APPROVAL_TIMEOUT_S
         remote = (self.record.worktree or {}).get("remote")  # an ssh job's: its commands' folder is on the host
         folder: dict[str, Any] = {"cwd": remote or self.record.cwd, "mcpServers": []}
+        handed = self.warm.hand_session(folder["cwd"]) if self.warm and not self.record.session_requested else None
         if self.record.session_requested:
             self.session_id = self.record.session_requested  # known at once: a cancel during the load reaches it
             yield "session/load", {"sessionId": self.session_id, **folder}
+        elif handed and SESSION_NAME_RE.fullmatch(handed):
+            self.session_id = handed
         else:
             session = (yield "session/new", folder).get("sessionId")
             if not (isinstance(session, str) and SESSION_NAME_RE.fullmatch(session)):

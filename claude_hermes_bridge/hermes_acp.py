@@ -297,9 +297,10 @@ def send_message(proc: subprocess.Popen[bytes], message: dict[str, Any]) -> None
 
 
 class WarmHermes:
-    """A `hermes acp` readied before its job (a standby): initialized, and warmed with one throw-away session in
-    the folder the next job is expected in, which is what makes the job's own session/new fast (see
-    docs/performance.md). The job's AcpConversation goes on from here: the same reader, the next request id."""
+    """A `hermes acp` readied before its job (a standby): initialized, and warmed with one session in the folder
+    the next job is expected in (see docs/performance.md). A job in that folder is handed the session, so it pays
+    no session/new of its own; otherwise the session is a throw-away. The job's AcpConversation goes on from here:
+    the same reader, the next request id."""
 
     def __init__(self, proc: subprocess.Popen[bytes]):
         self.proc = proc
@@ -309,6 +310,7 @@ class WarmHermes:
         self.next_id = 0
         self.agent: dict[str, Any] = {}
         self.warm_session: str | None = None
+        self.warm_folder: str | None = None
 
     def request(self, method: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send a request and wait for its result; OSError when Hermes answers with an error, exits or is
@@ -336,6 +338,14 @@ class WarmHermes:
         self.agent = self.request("initialize", INITIALIZE, timeout_s)
         session = self.request("session/new", {"cwd": folder, "mcpServers": []}, timeout_s).get("sessionId")
         self.warm_session = session if isinstance(session, str) else None
+        self.warm_folder = folder
+
+    def hand_session(self, folder: str) -> str | None:
+        """The warm-up session, opened in this folder with no MCP server as a job's own would be, given away
+        once: it is the job's from now on, so nothing deletes it."""
+        session, self.warm_session = (self.warm_session, None) if folder == self.warm_folder else (None,
+                                                                                                    self.warm_session)
+        return session
 
     def drop_pending(self) -> None:
         """What Hermes sent while waiting (the throw-away session's updates): never the job's."""

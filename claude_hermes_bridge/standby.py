@@ -1,8 +1,9 @@
-"""[supervisor] A warm Hermes for the next job: one `hermes acp` started, initialized and warmed with a throw-away
-session in the folder of the job that asked for it, waiting, under a supervisor that becomes the next matching
-job's supervisor (`--standby ID`). One per slot of the jobs folder (warm_start_folders slots: the folders used
-last each keep one; a job elsewhere takes over the slot readied longest ago); the hand-over is a chain of renames
-in its slot's folder, each of which only one process can win:
+"""[supervisor] A warm Hermes for the next job: one `hermes acp` started, initialized and warmed with a session
+in the folder of the job that asked for it (the next job there is handed it; else it is a throw-away), waiting,
+under a supervisor that becomes the next matching job's supervisor (`--standby ID`). One per slot of the jobs
+folder (warm_start_folders slots: the folders used last each keep one; a job elsewhere takes over the slot
+readied longest ago); the hand-over is a chain of renames in its slot's folder, each of which only one process
+can win:
 
   ready.json (the standby, ready) --server--> claimed-<job>.json --server--> taken-<job>.json
   taken-<job>.json --standby--> serving-<job>.json     (the standby serves the job)

@@ -1,6 +1,6 @@
 """Issue 39 with the real Hermes 0.19.0 and 0.22.2 over ACP and a scripted model: the next job in a folder takes
-the warm Hermes, runs its tools in its own folder with its own temporary folder, is answered and resumable; the
-throw-away session of the warm-up is what Hermes' store keeps of it; and the faults (a standby killed while it
+the warm Hermes and its warm-up session, runs its tools in its own folder with its own temporary folder, is
+answered and resumable; what Hermes' store keeps of a warm-up; and the faults (a standby killed while it
 waits, one whose settings changed, one whose server left while it prepared) with the real Hermes 0.22.2."""
 import sqlite3
 from pathlib import Path
@@ -56,15 +56,15 @@ def test_the_next_job_takes_the_warm_hermes_and_runs_in_its_own_folder(warm: Any
     job_id = second.field("JOB_ID")
     assert f"SCRIPTED DONE: {bridge.root}" in output or str(bridge.root) in output, second.text
     assert str(bridge.jobs / "tmp") in second.text  # its TMPDIR: the standby's private one, under the sandbox
-    session = second.field("SESSION_ID")
-    assert session in sessions(home) and session not in before
+    session = second.field("SESSION_ID")  # the warm-up session, handed to the job (0.22.2 writes its row later)
+    assert session in sessions(home) and (session in warm_ups if version == "0.19.0" else session not in before)
     # the warm session carries nothing of the first job's (Hermes' other calls, a title, may not be chats)
     chats = [request["messages"] for request in model.requests() if isinstance(request.get("messages"), list)]
     seconds = [messages for messages in chats if any("Second." in str(m.get("content")) for m in messages)]
     assert seconds and not any("First." in str(m.get("content")) for messages in seconds for m in messages)
     assert bridge.record(job_id).marker == standby["marker"]
     assert wait_until(lambda: gone(standby["pid"]) or None, 60, "the standby that served the job to exit")
-    assert not warm_ups & set(sessions(home)), "the throw-away session is still in Hermes' session list"
+    assert not (warm_ups - {session}) & set(sessions(home)), "a throw-away session is still in Hermes' list"
 
     resumed = finish(client, client.call("hermes_resume", session_id=session, task="And now?", wait_s=45),
                      timeout=180)

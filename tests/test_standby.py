@@ -77,12 +77,11 @@ def test_the_next_job_in_the_folder_takes_the_warm_hermes_and_runs_as_a_cold_one
         assert wait_until(lambda: gone(warm_hermes) or None, 20, "the warm job's Hermes to exit with it")
         third_standby = ready(bridge)  # the next one, readied after the warm job
         assert third_standby["pid"] != standby["pid"]
-        # the served standby's throw-away session, deleted through Hermes' own command once its Hermes exited
-        assert wait_until(lambda: warm_up not in sessions(bridge) or None, 20, "the warm-up session to be deleted")
-        assert ["sessions", "delete", warm_up, "--yes"] in bridge.invocations()
-        wanted = {"event": "standby", "warm_up_session": warm_up, "deleted": True}
-        assert wait_until(lambda: wanted in [{key: line.get(key) for key in wanted} for line in audit_lines(bridge)]
-                          or None, 20, "the deletion's audit line")  # written just after the deletion it describes
+        # the warm-up session, opened in the job's folder, was handed to the job: its own session/new skipped
+        assert second.field("SESSION_ID") == warm_up and sessions(bridge)[warm_up] > 0, second.text
+        assert ["sessions", "delete", warm_up, "--yes"] not in bridge.invocations()
+        held = sessions(bridge)  # no session/new of the job's: only the third standby's warm-up is empty
+        assert set(held) == {first.field("SESSION_ID"), warm_up} | warm_ups(bridge) and len(warm_ups(bridge)) == 1, held
 
 
 def test_a_warm_started_job_is_held_by_the_sandbox_its_block_names(bridge: Bridge) -> None:
@@ -207,7 +206,12 @@ def test_a_standby_of_other_settings_is_not_taken_and_retires(bridge: Bridge) ->
     assert job.field("START").endswith("was started with other settings (config, Hermes, its home or environment))")
     assert wait_until(lambda: gone(hermes) or None, 30, "the stale standby's Hermes to exit")
     assert ready(bridge)["pid"] != standby["pid"]
+    # the retired standby's throw-away session, deleted through Hermes' own command once its Hermes exited
     assert wait_until(lambda: warm_up not in sessions(bridge) or None, 20, "the retired warm-up session to go")
+    assert ["sessions", "delete", warm_up, "--yes"] in bridge.invocations()
+    wanted = {"event": "standby", "warm_up_session": warm_up, "deleted": True}
+    assert wait_until(lambda: wanted in [{key: line.get(key) for key in wanted} for line in audit_lines(bridge)]
+                      or None, 20, "the deletion's audit line")  # written just after the deletion it describes
 
 
 def test_a_standby_that_never_answers_the_take_leaves_the_job_to_a_cold_start(bridge: Bridge) -> None:
