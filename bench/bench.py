@@ -12,9 +12,11 @@ Uses the fake hermes from the tests; needs no other service.
 import argparse
 import dataclasses
 import functools
+import json
 import os
 import platform
 import shutil
+import signal
 import sqlite3
 import statistics
 import subprocess
@@ -49,6 +51,7 @@ from scripted_model import ScriptedModel  # noqa: E402
 
 harness.SERVERS_FORKED = False  # every server here starts as a host starts it: its start is measured
 
+LATE_BOUND = Path(__file__).resolve().parent / "late_bound_hermes.py"
 MINIMAL = [sys.executable, str(Path(__file__).resolve().parent / "minimal_server.py")]
 MB = 2**20
 
@@ -638,6 +641,83 @@ def session_new_rows(runs: int, versions: Sequence[str]) -> list[Row]:
     return rows
 
 
+def acp_turn_until_request(model: ScriptedModel, proc: subprocess.Popen[bytes], folder: Path, task: str,
+                           started: float) -> float:
+    """Seconds from started to the model's first request for task, asked of this `hermes acp` in folder."""
+    threading.Thread(target=lambda: [None for _ in proc.stderr or ()], daemon=True).start()
+    hermes = WarmHermes(proc)
+    hermes.warm_up(str(folder), 120)
+    hermes.request("session/prompt", {"sessionId": hermes.warm_session, "prompt": [{"type": "text", "text": task}]},
+                   120)
+    return wait_until(lambda: model.first_request_with(task), 120, "the model's first request") - started
+
+
+def late_binding_rows(runs: int, versions: Sequence[str]) -> list[Row]:
+    """Issue 65: a Hermes whose modules were imported before any job was known, then bound to a job's folder and
+    sandbox in its own process (bench/late_bound_hermes.py: the mount namespace and Landlock by the sandbox step's
+    own code), against a cold `hermes acp` in a new folder, alternating: what a standby for any folder would give.
+    The modules are those a first session loaded (recorded once, unmeasured). Not the product."""
+    rows = []
+    for version, exe in installed_acp_versions("late binding", versions):
+        with tempfile.TemporaryDirectory() as tmp, ScriptedModel(Path(tmp)) as model:
+            write_hermes_home(Path(tmp) / "home", model.base_url)
+            times, found = late_binding_times(runs, exe, model, Path(tmp))
+        rows.append(Row(f"Hermes {version}'s modules imported first, then bound to a new folder and its sandbox in "
+                        f"its own process (floor: a cold hermes acp there)", times["late"], times["cold"], "s",
+                        f"measured: {found.get('modules')} modules, {found.get('threads')} thread(s) after them, "
+                        f"namespace {found.get('namespace')}, the folder read at import by "
+                        f"{len(found.get('folder_reads', []))} module(s)", "none: evidence for issue 65's design"))
+        print(f"late binding, Hermes {version}: what the imports did: {json.dumps(found)}")
+    return rows
+
+
+def late_binding_times(runs: int, exe: Path, model: ScriptedModel, root: Path) -> tuple[dict[str, list[float]],
+                                                                                     dict[str, Any]]:
+    """late_binding_rows' runs in root (Hermes' home in root/home): seconds to the model's first request, late
+    bound and cold, and what the last late-bound Hermes' imports did."""
+    python, modules, report = str(exe.parent / "python"), root / "modules.json", root / "report.json"
+    env = dict(os.environ, HERMES_HOME=str(root / "home"), HOME=str(root), TMPDIR=str(root))
+
+    def hermes(argv: list[str], folder: Path) -> subprocess.Popen[bytes]:
+        folder.mkdir()
+        return subprocess.Popen(argv, cwd=folder, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+
+    def bound() -> dict[str, Any] | None:
+        found: dict[str, Any] = json.loads(report.read_text())
+        return found if "namespace" in found else None
+    recording = hermes([python, str(LATE_BOUND), "record", str(modules)], root / "recorded")
+    try:
+        acp_turn_until_request(model, recording, root / "recorded", "record", time.time())
+        recording.send_signal(signal.SIGUSR1)
+        wait_until(lambda: modules.exists() or None, 30, "the recorded modules")
+    finally:
+        recording.kill()
+    times: dict[str, list[float]] = {"late": [], "cold": []}
+    found: dict[str, Any] = {}
+    for n in range(runs):
+        cold = hermes([str(exe), "acp"], root / f"cold-{n}")
+        try:
+            times["cold"].append(acp_turn_until_request(model, cold, root / f"cold-{n}", f"cold {n}", time.time()))
+        finally:
+            cold.kill()
+        report.unlink(missing_ok=True)
+        late, folder = hermes([python, str(LATE_BOUND), "bind", str(modules), str(report)], root / f"unbound-{n}"), \
+            root / f"late-{n}"
+        folder.mkdir()
+        try:
+            wait_until(lambda: report.exists() or None, 120, "its imports, done before any job is known")
+            started = time.time()
+            job = {"bridge": str(REPO), "folder": str(folder), "writable": [str(folder), str(root), "/dev/null"]}
+            late.stdin.write((json.dumps(job) + "\n").encode())  # type: ignore[union-attr]
+            late.stdin.flush()  # type: ignore[union-attr]
+            times["late"].append(acp_turn_until_request(model, late, folder, f"late {n}", started))
+            found = wait_until(bound, 30, "what binding found")
+        finally:
+            late.kill()
+    return times, found
+
+
 def machine() -> str:
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -688,6 +768,7 @@ def main(argv: list[str]) -> int:
     rows += warm_start_rows(max(4, runs) if not args.tiny else runs, acp_versions, folders=2)
     rows += session_new_rows(runs * 3, acp_versions)
     rows += first_job_rows(max(3, runs) if not args.tiny else runs, acp_versions)
+    rows += late_binding_rows(max(3, runs) if not args.tiny else runs, acp_versions)
     print(f"machine: {machine()}")
     print(f"runs: {runs} per figure ({calls} for single calls); total {time.time() - started:.0f} s\n")
     header = ["figure", "bridge: median (min-max)", "floor: median (min-max)", "result", "target"]
