@@ -45,7 +45,7 @@ from .hermes_acp import ACP_SESSION_RE, WarmHermes, approval_policy_dir
 from .hermes_cli import confined_call, hermes_env
 from .hermes_store import StoreUnavailable, read_store
 from .home_guard import GUARDED_NAMES, walk
-from .jobs import FINAL_STATES, JobStore
+from .jobs import FINAL_STATES, JobState, JobStore
 from .network import JobProxy, enforcement, job_policy
 from .preflight import PACKAGE_DIR, VERSION
 from .processes import JOB_MARKER, Ownership, become_subreaper, held_in_job_object, stop_tree
@@ -306,17 +306,25 @@ def forget_warm_up(cfg: Config, session_id: str | None) -> None:
     audit(cfg, event="standby", warm_up_session=session_id, deleted=done.returncode == 0)
 
 
-def wait_past_start(store: JobStore, job_id: str) -> None:
-    """Preparing a Hermes costs a few CPU-seconds: not while the job that asked for it is starting."""
+def wait_past_starts(store: JobStore, job_id: str) -> None:
+    """Preparing a Hermes costs a few CPU-seconds: not while the job that asked for it, or any other ACP job
+    started in the last PAST_START_S, is starting (jobs started together would each start slower)."""
     deadline = time.monotonic() + PAST_START_S
     while time.monotonic() < deadline:
-        try:
-            record = store.read(job_id)
-        except Exception:  # noqa: BLE001  (a record that cannot be read is past its start as far as this goes)
-            return
-        if record.prompt_sent_at or record.state in FINAL_STATES:
+        if not any(is_starting(store, other, asked=other == job_id) for other in {job_id, *store.active_ids()}):
             return
         time.sleep(0.2)
+
+
+def is_starting(store: JobStore, job_id: str, asked: bool) -> bool:
+    """Whether this job's Hermes has yet to be given its task (a CLI job's is given it at its start: only the
+    job that asked for a standby is waited for then)."""
+    try:
+        record = store.read(job_id)
+    except Exception:  # noqa: BLE001  (a record that cannot be read is past its start as far as this goes)
+        return False
+    return not (record.prompt_sent_at or record.state in FINAL_STATES or record.state is JobState.QUEUED) and (
+        asked or (record.driver == "acp" and time.time() - record.created_at < PAST_START_S))
 
 
 def wait_for_a_job(cfg: Config, store: JobStore, folder: Path, standby: Standby) -> str | None:
@@ -486,7 +494,7 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
     if not os.path.isdir(where) or not within_any(os.path.realpath(where), cfg.roots):
         return 0
     sweep_leftovers(store)
-    wait_past_start(store, job_id)
+    wait_past_starts(store, job_id)
     cwd = worktree_place(planned) if planned else where
     shape = confinement_shape(record.network_mode or cfg.network, planned)
     key = launch_key(cfg, cwd, exe, shape)

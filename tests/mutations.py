@@ -332,6 +332,9 @@ MUTATIONS = (
     Mutation(69, "only the last job's folder keeps a warm Hermes: jobs taking turns in two projects all start cold",
              'standby.py', '*(store.root / f"standby-{number}" for number in range(1, count))]', ']',
              'tests/test_standby.py', 'taking_turns'),
+    Mutation(70, "a warm job opens a session of its own: the warm-up session is thrown away, session/new paid again",
+             'hermes_acp.py', 'if folder == self.warm_folder else', 'if folder == "" else',
+             'tests/test_standby.py', 'next_job_in_the_folder'),
 )
 
 

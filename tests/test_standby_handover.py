@@ -15,7 +15,7 @@ import pytest
 
 import claude_hermes_bridge.launch as launch
 import claude_hermes_bridge.standby as standby
-from claude_hermes_bridge.jobs import JobRecord, JobStore
+from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore
 from harness import config_for
 
 pytestmark = pytest.mark.posix("the standby runs on Windows in tests/test_windows.py; these race its files on Linux")
@@ -198,3 +198,37 @@ def test_a_killed_standbys_folders_are_swept_and_a_live_ones_kept(tmp_path: Path
     standby.sweep_leftovers(store)
     for parent in (store.root / "tmp", store.root / "policies"):
         assert sorted(path.name for path in parent.iterdir()) == ["20261205-120000-1", alive]
+
+
+def test_a_standby_is_readied_only_once_every_acp_job_started_lately_has_its_task(tmp_path: Path,
+                                                                                    monkeypatch: Any) -> None:
+    """Three jobs started together: the standby the first asked for, prepared beside the other two's cold starts,
+    slowed each of them (bench: jobs_together_rows); it waits for all of them now, and for nothing else."""
+    store = JobStore(tmp_path / "jobs")
+    store.active.mkdir(parents=True)
+    now = time.time()
+    kinds = {"asked": ("acp", JobState.STARTING, now), "sibling": ("acp", JobState.STARTING, now),
+             "cli": ("cli", JobState.RUNNING, now), "queued": ("acp", JobState.QUEUED, now),
+             "long ago": ("acp", JobState.STARTING, now - standby.PAST_START_S - 1)}
+    ids = {}
+    for number, (kind, (driver, state, created)) in enumerate(kinds.items(), 1):
+        ids[kind] = f"20261207-120000-{number}"
+        store.write(JobRecord(id=ids[kind], driver=driver, state=state, created_at=created))
+        store.mark_active(ids[kind])
+    starting = {kind: standby.is_starting(store, job_id, asked=kind == "asked") for kind, job_id in ids.items()}
+    assert starting == {"asked": True, "sibling": True, "cli": False, "queued": False, "long ago": False}
+    monkeypatch.setattr(standby, "PAST_START_S", 3.0)
+
+    def tasks_given() -> None:
+        for kind in ("asked", "sibling"):
+            time.sleep(0.6)
+            record = store.read(ids[kind])
+            record.prompt_sent_at = time.time()
+            store.write(record)
+    giver = threading.Thread(target=tasks_given)
+    giver.start()
+    started = time.monotonic()
+    standby.wait_past_starts(store, ids["asked"])
+    waited = time.monotonic() - started
+    giver.join()
+    assert 1.1 <= waited < 2.5, waited  # past both tasks (the sibling's last), not the deadline
