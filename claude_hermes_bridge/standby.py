@@ -97,22 +97,51 @@ def standby_slots(store: JobStore, count: int) -> list[Path]:
     return [standby_folder(store), *(store.root / f"standby-{number}" for number in range(1, count))]
 
 
-def slot_for(slots: list[Path], user_folder: str) -> Path:
-    """Where a standby for a job in user_folder (a worktree job's: its repository's) waits: the slot last wanted
-    for that folder (what waits there is for another commit, settings or network), else a slot no standby holds,
-    else the one whose standby was readied longest ago (one still being readied last: it is the newest)."""
-    for slot in slots:
-        if (read_json(slot / "wanted.json") or {}).get("user_folder") == user_folder:
-            return slot
-    for slot in slots:
-        if not holds_standby(slot):
-            return slot
-
+def slots_for(slots: list[Path], user_folder: str) -> list[Path]:
+    """The slots a standby for a job in user_folder (a worktree job's: its repository's) may wait in, best first:
+    the one last wanted for that folder (what waits there is for another commit, settings or network), then those
+    no standby holds, then the others, the one readied longest ago first (one still being readied last: it is the
+    newest)."""
     def readied_at(slot: Path) -> float:
         published = read_json(slot / "ready.json")
         at = published.get("ready_at") if isinstance(published, dict) else None
         return float(at) if isinstance(at, (int, float)) else float("inf")
-    return min(slots, key=readied_at)
+    last = [slot for slot in slots if (read_json(slot / "wanted.json") or {}).get("user_folder") == user_folder][:1]
+    free = [slot for slot in slots if slot not in last and not holds_standby(slot)]
+    return last + free + sorted((slot for slot in slots if slot not in last + free), key=readied_at)
+
+
+def wanted_key(slot: Path) -> Any:
+    return (read_json(slot / "wanted.json") or {}).get("key")
+
+
+def claim_slot(slots: list[Path], wanted: dict[str, Any]) -> tuple[Path, contextlib.ExitStack] | None:
+    """A slot for a standby of wanted's key, with its lock held (closing the stack lets it go) and its key in the
+    slot's holder.json: the best of slots_for that no standby of the same key holds, so that jobs started together
+    in one folder leave one standby per slot for the next such jobs. None when every slot holds one of this key,
+    or when the standby it replaces has not retired within LOCK_WAIT_S."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        open_slots = [slot for slot in slots_for(slots, wanted["user_folder"])
+                      if not ((read_json(slot / "holder.json") or {}).get("key") == wanted["key"]
+                              and holds_standby(slot))]
+        if not open_slots:
+            return None
+        slot = open_slots[0]
+        with contextlib.suppress(OSError):
+            slot.mkdir(parents=True, exist_ok=True)
+            if wanted_key(slot) != wanted["key"]:  # the standby waiting there retires for it
+                write_atomic(slot / "wanted.json", json.dumps(wanted).encode())
+        held = contextlib.ExitStack()
+        try:
+            held.enter_context(locked(slot / "standby.lock", 0))
+            write_atomic(slot / "holder.json", json.dumps({"key": wanted["key"]}).encode())  # which key holds it
+            return slot, held
+        except (LockTimeout, OSError):
+            held.close()
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.2)
 
 
 KEY_FILE_BYTES = 1 << 20  # a guarded file of Hermes' home up to this size is in the key by its content
@@ -503,28 +532,25 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
         published = read_json(slot / "ready.json")
         if is_alive_standby(published) and published.get("key") == key:
             return 0  # one is ready for this already
-    folder = slot_for(slots, where)
-    with contextlib.suppress(OSError):
-        folder.mkdir(parents=True, exist_ok=True)
-        write_atomic(folder / "wanted.json", json.dumps({"key": key, "folder": cwd, "user_folder": where}).encode())
-    try:
-        with locked(folder / "standby.lock", LOCK_WAIT_S):
-            if (read_json(folder / "wanted.json") or {}).get("key") != key:
-                return 0  # a later job asked for another
-            (folder / "ready.json").unlink(missing_ok=True)  # a dead standby's: the lock says nobody holds it
-            try:
-                standby = prepare(cfg, store, cwd, exe, key, shape, planned)
-            except OSError as exc:
-                audit(cfg, event="standby", problem=f"not prepared: {exc}")
-                return 0
-            try:
-                taken = wait_for_a_job(cfg, store, folder, standby)
-            except OSError as exc:  # the jobs folder refuses writes: no standby
-                audit(cfg, event="standby", problem=f"not published: {exc}")
-                taken = None
-            if taken is None:
-                dismiss(cfg, standby.warm, standby.marker, standby.worktree)
-                return 0
-    except LockTimeout:
+    claimed = claim_slot(slots, {"key": key, "folder": cwd, "user_folder": where})
+    if claimed is None:
         return 0
+    folder, held = claimed
+    with held:
+        if wanted_key(folder) != key:
+            return 0  # a later job asked for another
+        (folder / "ready.json").unlink(missing_ok=True)  # a dead standby's: the lock says nobody holds it
+        try:
+            standby = prepare(cfg, store, cwd, exe, key, shape, planned)
+        except OSError as exc:
+            audit(cfg, event="standby", problem=f"not prepared: {exc}")
+            return 0
+        try:
+            taken = wait_for_a_job(cfg, store, folder, standby)
+        except OSError as exc:  # the jobs folder refuses writes: no standby
+            audit(cfg, event="standby", problem=f"not published: {exc}")
+            taken = None
+        if taken is None:
+            dismiss(cfg, standby.warm, standby.marker, standby.worktree)
+            return 0
     return serve(cfg, store, folder, taken, standby, subreaper)

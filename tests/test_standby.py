@@ -231,7 +231,7 @@ def test_a_standby_that_never_answers_the_take_leaves_the_job_to_a_cold_start(br
     folder = bridge.jobs / "standby"
     assert not list(folder.glob("taken-*")) and not list(folder.glob("serving-*"))
     assert wait_until(lambda: gone(process.pid) or None, 30, "the abandoned standby to exit")
-    assert ready(bridge)["pid"] != process.pid  # the job's own replacement, once the lock was free
+    assert waiting_for(bridge, bridge.root)["pid"] != process.pid  # the job's own replacement, in another slot
 
 
 def test_two_servers_racing_for_one_standby_one_gets_it_the_other_starts_cold(bridge: Bridge) -> None:
@@ -506,3 +506,25 @@ def test_jobs_taking_turns_in_two_folders_start_warm_in_each_and_one_slot_keeps_
         waiting_for(bridge, elsewhere, slots="standby")  # the one slot, taken over from the other folder
         back = final(client, task="back !write=back.txt:1", cwd=str(there))
         assert back.field("START").endswith("the warm Hermes waiting was readied for another folder)"), back.text
+
+
+def test_jobs_started_together_in_one_folder_leave_a_warm_hermes_in_each_slot_for_the_next_ones(
+        bridge: Bridge) -> None:
+    """Issue 65: three jobs started together take the one warm Hermes there is; the two started cold each ask for
+    one more, so the next jobs started together find one in each slot (warm_start_folders, 2 by default) and both
+    start warm; a third slot's worth started together is cold, saying so."""
+    bridge.configure(hermes_driver="acp", warm_start=True)
+    with acp_client(bridge) as client:
+        final(client, task="first !write=first.txt:1", cwd=str(bridge.root))
+        waiting_for(bridge, bridge.root)
+
+        def together(count: int, name: str) -> list[str]:
+            started = [client.call("hermes_run", task=f"{name} {n} !sleep=1", cwd=str(bridge.root), wait_s=0
+                                   ).field("JOB_ID") for n in range(count)]
+            return [client.wait_final(job_id, timeout=60).field("START") for job_id in started]
+        starts = together(3, "burst")
+        assert [start.split(" ")[0] for start in starts].count("warm") == 1, starts
+        waiting_for(bridge, bridge.root, slots="standby")
+        waiting_for(bridge, bridge.root, slots="standby-1")
+        again = together(3, "again")
+        assert [start.split(" ")[0] for start in again].count("warm") == 2, again
