@@ -213,3 +213,30 @@ def test_jobs_taking_turns_in_two_folders_start_warm_in_each(warm_each: Bridge) 
             assert job.field("START").startswith("warm"), job.text
             assert (folder / "here.txt").read_text().strip() == str(folder)
             assert not (other / f"{folder.name}-was-here.txt").exists()
+
+
+def test_jobs_started_together_leave_a_warm_hermes_in_each_slot_and_the_next_pair_starts_warm(
+        warm_each: Bridge) -> None:
+    """Issue 65 with the real Hermes 0.19.0 and 0.22.2: two jobs started together in one folder take its one
+    warm Hermes and start one cold; each asks for one more, so a standby waits in each slot, and the next two
+    started together both start warm, each in its own session, each writing the folder."""
+    require_sandbox()
+    bridge = warm_each
+    with bridge.client() as client:
+        assert_turn_ended(finish(client, client.call("hermes_run", task="Ready.\nRUN: pwd", wait_s=45), timeout=180))
+        waiting_for(bridge, bridge.root, timeout=120)
+
+        def together(name: str) -> list[Any]:
+            started = [client.call("hermes_run", task=f"{name} {n}.\nRUN: echo {n} > {name}-{n}.txt", wait_s=0)
+                       for n in range(2)]
+            return [client.wait_final(job.field("JOB_ID"), timeout=180) for job in started]
+        first = together("burst")
+        assert sorted(job.field("START").split(" ")[0] for job in first) == ["cold", "warm"], [j.text for j in first]
+        for slots in ("standby", "standby-1"):
+            waiting_for(bridge, bridge.root, slots=slots, timeout=120)
+        again = together("again")
+        for job in again:
+            assert_turn_ended(job)
+            assert job.field("START").startswith("warm"), job.text
+        assert len({job.field("SESSION_ID") for job in again}) == 2
+        assert [(bridge.root / f"again-{n}.txt").read_text().strip() for n in range(2)] == ["0", "1"]
