@@ -92,10 +92,10 @@ def standby_waits(ready: Path) -> bool | None:
     return is_alive_standby(read_json(ready)) or None
 
 
-def standby_waits_in(jobs: Path, where: dict[str, str]) -> bool | None:
-    """Whether a standby of any slot waits for a job there (a worktree job's place: any standby, one slot)."""
-    return any(is_alive_standby(ready) and ("isolation" in where or ready.get("folder") == where["cwd"])
-               for ready in (read_json(path) for path in jobs.glob("standby*/ready.json"))) or None
+def standby_waits_in(jobs: Path, where: dict[str, str], count: int = 1) -> bool | None:
+    """Whether standbys of count slots wait for a job there (a worktree job's place: any standby, one slot)."""
+    return sum(is_alive_standby(ready) and ("isolation" in where or ready.get("folder") == where["cwd"])
+               for ready in (read_json(path) for path in jobs.glob("standby*/ready.json"))) >= count or None
 
 
 def first_job_rows(runs: int, versions: Sequence[str]) -> list[Row]:
@@ -133,8 +133,9 @@ def first_job_rows(runs: int, versions: Sequence[str]) -> list[Row]:
 
 def jobs_together_rows(runs: int, versions: Sequence[str], together: int = 3) -> list[Row]:
     """Issue 65: `together` jobs started at once in one folder, each from its own hermes_run call to its model's
-    first request, with warm_start (a standby waiting there) against without, alternating, for each of these
-    versions of the real Hermes with ACP; the verdict counts how many started warm."""
+    first request, with warm_start (after the first run, a standby waiting there in each of the 2 slots the
+    burst before left) against without, alternating, for each of these versions of the real Hermes with ACP; the
+    verdict counts how many started warm."""
     rows = []
     for version, exe in installed_acp_versions("jobs together", versions):
         with tempfile.TemporaryDirectory() as tmp, ScriptedModel(Path(tmp)) as model:
@@ -154,8 +155,8 @@ def jobs_together_rows(runs: int, versions: Sequence[str], together: int = 3) ->
                                 if n == 0:  # the first job readies the folder's standby
                                     client.wait_final(client.call("hermes_run", task="readies", wait_s=0,
                                                                   **where).field("JOB_ID"))
-                                wait_until(functools.partial(standby_waits_in, bridge.jobs, where), 120,
-                                           "a ready standby")
+                                wait_until(functools.partial(standby_waits_in, bridge.jobs, where,
+                                                             1 if n == 0 else 2), 120, "the slots' standbys")
                             called = [(time.time(), f"together {side} {n} {k}", client.call(
                                 "hermes_run", task=f"together {side} {n} {k}", wait_s=0, **where).field("JOB_ID"))
                                 for k in range(together)]
