@@ -520,6 +520,7 @@ def main(argv: list[str]) -> int:
     rows += warm_start_rows(max(5, runs) if not args.tiny else runs, acp_versions)
     rows += warm_start_rows(max(3, runs) if not args.tiny else runs, acp_versions, worktree=True)
     rows += warm_start_rows(max(4, runs) if not args.tiny else runs, acp_versions, folders=2)
+    rows += warm_start_rows(max(3, runs) if not args.tiny else runs, acp_versions, resumed=True)
     rows += session_new_rows(runs * 3, acp_versions)
     rows += first_job_rows(max(3, runs) if not args.tiny else runs, acp_versions)
     rows += jobs_together_rows(max(3, runs) if not args.tiny else runs, acp_versions)

@@ -21,19 +21,21 @@ from test_worktrees import make_repo
 from claude_hermes_bridge.hermes_acp import WarmHermes
 from claude_hermes_bridge.safe_io import read_json
 from claude_hermes_bridge.standby import is_alive_standby
-from harness import REAL_HERMES_VERSIONS, Bridge, BridgeClient, wait_until
+from harness import REAL_HERMES_VERSIONS, Bridge, BridgeClient, Result, wait_until
 from scripted_model import ScriptedModel
 
 REPO = Path(__file__).resolve().parent.parent
 LATE_BOUND = Path(__file__).resolve().parent / "late_bound_hermes.py"
 
 
-def first_request_s(client: BridgeClient, model: ScriptedModel, task: str, **arguments: Any) -> tuple[float, str]:
-    """From hermes_run's call to the model's first request, in seconds, and the job's START line."""
+def first_request_s(client: BridgeClient, model: ScriptedModel, task: str, tool: str = "hermes_run",
+                    **arguments: Any) -> tuple[float, Result]:
+    """From the tool's call (hermes_run or hermes_resume) to the model's first request, in seconds, and the job's
+    final block."""
     started = time.time()
-    job_id = client.call("hermes_run", task=task, wait_s=0, **arguments).field("JOB_ID")
+    job_id = client.call(tool, task=task, wait_s=0, **arguments).field("JOB_ID")
     arrived = wait_until(lambda: model.first_request_with(task), 120, "the model's first request for the task")
-    return arrived - started, client.wait_final(job_id).field("START")
+    return arrived - started, client.wait_final(job_id)
 
 
 def installed_acp_versions(rows_of: str, versions: Sequence[str]) -> Iterator[tuple[str, Path]]:
@@ -47,17 +49,21 @@ def installed_acp_versions(rows_of: str, versions: Sequence[str]) -> Iterator[tu
             print(f"{rows_of} rows: the real Hermes {version} is not installed (bash tests/install_e2e.sh)")
 
 
-def warm_start_rows(runs: int, versions: Sequence[str], worktree: bool = False, folders: int = 1) -> list[Row]:
+def warm_start_rows(runs: int, versions: Sequence[str], worktree: bool = False, folders: int = 1,
+                    resumed: bool = False) -> list[Row]:
     """Issue 39: hermes_run until the model's first request with a warm Hermes against a cold start, alternating,
     for each of these versions of the real Hermes with ACP (installed by tests/install_e2e.sh), the next job in the
     same folder; with worktree (issue 51), the next worktree job on the same repository; with folders (issue 65),
-    jobs taking turns in that many folders (the first job in each readies its folder's standby, not measured)."""
+    jobs taking turns in that many folders (the first job in each readies its folder's standby, not measured);
+    resumed (issue 65), hermes_resume of the first job's session each time. Each on a
+    server past its first tool call (first_job_rows measure a server's first job)."""
     rows = []
     for version, exe in installed_acp_versions("warm start", versions):
         with tempfile.TemporaryDirectory() as tmp, ScriptedModel(Path(tmp)) as model:
             bridge = Bridge.create(Path(tmp))
             write_hermes_home(bridge.tmp / "real-home", model.base_url)
             times: dict[str, list[float]] = {"warm": [], "cold": []}
+            sessions: list[str] = []  # each place's first job's, which resumed jobs continue
             places = [{"cwd": str(make_repo(bridge.root / "repo")), "isolation": "worktree"}] if worktree else [
                 {"cwd": str(bridge.root / f"project-{number}")} for number in range(folders)]
             for place in places:
@@ -74,14 +80,19 @@ def warm_start_rows(runs: int, versions: Sequence[str], worktree: bool = False, 
                             if side == "warm" and n >= len(places):  # the first in each readies its standby
                                 wait_until(functools.partial(standby_waits_in, bridge.jobs, where), 120,
                                            "a ready standby")
-                            took, start = first_request_s(client, model, f"bench {side} {n}", **where)
+                            resuming = {"tool": "hermes_resume", "session_id": sessions[n % len(places)]} \
+                                if resumed and n >= len(places) else {}
+                            took, final = first_request_s(client, model, f"bench {side} {n}", **where, **resuming)
+                        start = final.field("START")
                         assert start.startswith(side) or (n < len(places) and side == "warm"), start
                         if n >= len(places):
                             times[side].append(took)
+                        elif side == "cold":
+                            sessions.append(final.field("SESSION_ID"))
             finally:
                 bridge.kill_leftovers()  # the last standby too
         warm, limit = statistics.median(times["warm"]), 1.5 if worktree else 1.0
-        kind = ("a worktree job" if worktree else "hermes_run" if folders == 1
+        kind = ("a worktree job" if worktree else "hermes_resume" if resumed else "hermes_run" if folders == 1
                 else f"jobs taking turns in {folders} folders") + " (network ask, the default)"
         rows.append(Row(f"{kind} until the model's first request, Hermes {version} over ACP, warm (floor: cold)",
                         times["warm"], times["cold"], "s", f"warm {warm:.2f} s {'PASS' if warm <= limit else 'MISS'}",
@@ -120,7 +131,8 @@ def first_job_rows(runs: int, versions: Sequence[str]) -> list[Row]:
                             if side == "warm":
                                 wait_until(functools.partial(standby_waits, ready), 120,
                                            "the standby of the server's start")
-                            took, start = first_request_s(client, model, f"first {side} {n}")
+                            took, final = first_request_s(client, model, f"first {side} {n}")
+                        start = final.field("START")
                         assert start.startswith(side), start
                         times[side].append(took)
             finally:

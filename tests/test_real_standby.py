@@ -66,10 +66,12 @@ def test_the_next_job_takes_the_warm_hermes_and_runs_in_its_own_folder(warm: Any
     assert wait_until(lambda: gone(standby["pid"]) or None, 60, "the standby that served the job to exit")
     assert not (warm_ups - {session}) & set(sessions(home)), "a throw-away session is still in Hermes' list"
 
+    waiting_for(bridge, bridge.root, timeout=120)  # readied after the warm job: a resumed job takes it too
     resumed = finish(client, client.call("hermes_resume", session_id=session, task="And now?", wait_s=45),
                      timeout=180)
     assert_turn_ended(resumed)
     assert resumed.field("SESSION_ID") == session, resumed.text
+    assert resumed.field("START").startswith("warm"), resumed.text  # the session loaded on the warm Hermes
     throwaway = {name: count for name, count in sessions(home).items() if name not in before and name != session}
     assert set(throwaway.values()) <= {0}, throwaway  # warm-up sessions hold no message
 
