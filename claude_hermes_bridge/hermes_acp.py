@@ -343,8 +343,9 @@ class WarmHermes:
     def hand_session(self, folder: str) -> str | None:
         """The warm-up session, opened in this folder with no MCP server as a job's own would be, given away
         once: it is the job's from now on, so nothing deletes it."""
-        session, self.warm_session = (self.warm_session, None) if folder == self.warm_folder else (None,
-                                                                                                    self.warm_session)
+        if folder != self.warm_folder:
+            return None
+        session, self.warm_session = self.warm_session, None
         return session
 
     def drop_pending(self) -> None:

@@ -333,7 +333,7 @@ MUTATIONS = (
              'standby.py', '*(store.root / f"standby-{number}" for number in range(1, count))]', ']',
              'tests/test_standby.py', 'taking_turns'),
     Mutation(70, "a warm job opens a session of its own: the warm-up session is thrown away, session/new paid again",
-             'hermes_acp.py', 'if folder == self.warm_folder else', 'if folder == "" else',
+             'hermes_acp.py', 'if folder != self.warm_folder:', 'if folder:',
              'tests/test_standby.py', 'next_job_in_the_folder'),
 )
 
