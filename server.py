@@ -47,6 +47,7 @@ the MCP stack). A module imports only from modules above it in this list (tests/
   job_finishing ...... [supervisor] JobFinish: the outcome and what surrounds it (reports, restores, the queue)
   supervisor ......... [supervisor] Supervisor (one detached process per job: the three phases) and main
   standby ............ [supervisor] a warm Hermes for the next job, and its program (--standby ID)
+  taking ............. [both] which warm Hermes a job takes, the next one readied, a queued job's program
   launch ............. [server] JobRequest, launch_job (dedupe, limits, the record), start_job
   render ............. [server] the status block: job_details, render_status, ToolResult
   tools .............. [server] plain functions per tool: arguments, resuming, one job and the list, reading
@@ -60,11 +61,10 @@ the MCP stack). A module imports only from modules above it in this list (tests/
   cli ................ [server] --check, --try, --init-config, serving
   entry .............. [both] console_main: guard stdio, then the supervisor or the server
 
-One hermes_run, end to end, as module hops: mcp_edge (build_server's hermes_run) → bodies (run_tool_body) →
-tools (run_tool, job_request: arguments, roots, Hermes, the launch plan from drivers) → bodies (launch_and_wait)
-→ launch (launch_job writes the record through jobs; start_job spawns `python -c SUPERVISOR_BOOT`) → supervisor
-(main → Supervisor.run: JobPlanner.plan, Hermes started through drivers, JobWatch.watch, JobFinish.finish) ←
-bodies (wait_for_end polls the record) → tools (status_result) → render → mcp_edge → the text the host reads.
+One hermes_run, end to end: mcp_edge (hermes_run) → bodies (run_tool_body) → tools (run_tool, job_request:
+arguments, roots, Hermes, the launch plan from drivers) → bodies (launch_and_wait) → launch (launch_job writes the
+record; start_job spawns `python -c SUPERVISOR_BOOT`, or taking hands it to a standby) → supervisor (Supervisor.run:
+JobPlanner.plan, Hermes through drivers, JobWatch.watch, JobFinish.finish) ← bodies (wait_for_end polls the record).
 """
 
 import os

@@ -353,7 +353,7 @@ def confinement_shape(network: str, worktree: dict[str, Any] | None) -> dict[str
     """What of a job's own request decides how its Hermes is confined, beyond the settings and its folder: its
     network mode (a limited one puts Hermes behind the job's own proxy, made by its supervisor) and, for a worktree
     job, whether its worktree is made for it or a resumed job's (whose git folders the sandbox grants). A warm
-    Hermes is started for one shape; a job of another starts cold (launch.standby_mismatch)."""
+    Hermes is started for one shape; a job of another starts cold (taking.standby_mismatch)."""
     return {"network": network, "worktree": None if not worktree else "resumed" if worktree.get("job") else "new"}
 
 

@@ -39,15 +39,17 @@ LAUNCH_LOCK_S = 10.0  # how long a launch or a queue start waits for another pro
 
 
 def supervisor_argv(job_id: str, program: str = "--supervise") -> list[str]:
-    """The command that starts a job's supervisor (or, with --standby, a standby for the job's folder)."""
+    """The command that starts a job's supervisor (or, with --standby, a standby for the job's folder; with
+    --dequeued, a queued job's program: taking.dequeued_main)."""
     return [sys.executable, "-c", SUPERVISOR_BOOT, str(PACKAGE_DIR.parent), program, job_id]
 
 
-def spawn_supervisor(cfg: Config, store: JobStore, record: JobRecord, log: Any) -> bool:
-    """The job's own supervisor, detached; False (and the record says why) when it could not be started."""
+def spawn_supervisor(cfg: Config, store: JobStore, record: JobRecord, log: Any, program: str = "--supervise") -> bool:
+    """The job's own supervisor, detached (program `--dequeued`: one that first offers the job to a standby);
+    False (and the record says why) when it could not be started."""
     job_id = record.id
     env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path), **{JOB_MARKER: record.marker})
-    argv = supervisor_argv(job_id)
+    argv = supervisor_argv(job_id, program)
     for attempt, flags in enumerate(supervisor_creation_flags(IS_WINDOWS)):
         try:
             supervisor = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
@@ -117,7 +119,7 @@ def start_queued_locked(cfg: Config, store: JobStore) -> list[str]:
             if not store.write(record):
                 continue
             with open_append(store.log_path(record.id)) as log:
-                spawned = spawn_supervisor(cfg, store, record, log)
+                spawned = spawn_supervisor(cfg, store, record, log, "--dequeued")
         except (OSError, Refused, DamagedRecord):
             continue
         if spawned:

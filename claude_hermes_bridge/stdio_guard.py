@@ -28,7 +28,8 @@ def guard_stdio() -> tuple[int, int]:
 
 # Options after which the process does something else than serve the protocol; any other command line
 # serves it (the host's settings are options too), so the guard runs first.
-NOT_SERVING = ("--check", "--version", "--supervise", "--standby", "--try", "--help", "-h", "--init-config")
+NOT_SERVING = ("--check", "--version", "--supervise", "--standby", "--dequeued", "--try", "--help", "-h",
+               "--init-config")
 
 
 def serves_protocol(argv: list[str]) -> bool:

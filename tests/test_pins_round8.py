@@ -18,9 +18,9 @@ from test_worktrees import git, make_repo
 from claude_hermes_bridge.drivers import hermes_launch
 from claude_hermes_bridge.git_calls import GitFailed
 from claude_hermes_bridge.jobs import JobStore
-from claude_hermes_bridge.launch import readied_mismatch
 from claude_hermes_bridge.network import JobProxy, NetworkPolicy, host_rule, job_policy
 from claude_hermes_bridge.sandbox import step_argv
+from claude_hermes_bridge.taking import readied_mismatch
 from claude_hermes_bridge.worktrees import (
     hand_over_worktree,
     ready_worktree,
@@ -263,7 +263,7 @@ def test_a_job_launched_while_a_slot_is_free_and_jobs_wait_goes_behind_them(tmp_
                                           skills=[], toolsets=[]))
     spawned: list[str] = []
 
-    def spawn(_cfg: Any, _store: Any, record: Any, _log: Any) -> bool:
+    def spawn(_cfg: Any, _store: Any, record: Any, _log: Any, _program: str = "--supervise") -> bool:
         spawned.append(record.id)
         return True
 

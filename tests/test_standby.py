@@ -528,3 +528,22 @@ def test_jobs_started_together_in_one_folder_leave_a_warm_hermes_in_each_slot_fo
         waiting_for(bridge, bridge.root, slots="standby-1")
         again = together(3, "again")
         assert [start.split(" ")[0] for start in again].count("warm") == 2, again
+
+
+def test_a_queued_job_takes_the_warm_hermes_readied_while_it_waited(bridge: Bridge) -> None:
+    """Issue 65: a job over max_running_jobs waits in the queue; when the slot frees, the job the queue starts is
+    offered to the standby waiting for a job like it (`--dequeued ID`), as hermes_run offers a job, and starts
+    warm, saying how long it waited; the standby is its supervisor from then on."""
+    bridge.configure(hermes_driver="acp", warm_start=True, max_running_jobs=1)
+    with acp_client(bridge) as client:
+        client.call("hermes_run", task="first !sleep=4", cwd=str(bridge.root), wait_s=0)
+        second = client.call("hermes_run", task="second !write=two.txt:2", cwd=str(bridge.root), wait_s=0)
+        assert second.field("STATUS") == "queued", second.text
+        standby = waiting_for(bridge, bridge.root)
+        done = client.wait_final(second.field("JOB_ID"))
+    assert done.field("STATUS") == "ok", done.text
+    assert done.field("START").startswith("warm (") and "it waited " in done.field("START"), done.text
+    assert (bridge.root / "two.txt").read_text() == "2"
+    record = bridge.record(second.field("JOB_ID"))
+    assert record.supervisor is not None and record.supervisor.pid == standby["pid"]
+    assert record.marker == record.standby_marker == standby["marker"]

@@ -1,5 +1,5 @@
 """Issue 50: the warm standby's hand-over, pinned where a one-line bug passed the suite: the renames a server
-and a standby race through (launch.take_standby, standby.wait_for_a_job) and the standby's end (standby.serve),
+and a standby race through (taking.take_standby, standby.wait_for_a_job) and the standby's end (standby.serve),
 called as plain functions with the standby's folder in a temporary folder and a process that stands for Hermes."""
 import json
 import os
@@ -13,8 +13,8 @@ from typing import Any, cast
 
 import pytest
 
-import claude_hermes_bridge.launch as launch
 import claude_hermes_bridge.standby as standby
+import claude_hermes_bridge.taking as taking
 from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore
 from harness import config_for
 
@@ -41,11 +41,11 @@ def names(store: JobStore) -> list[str]:
 
 
 def test_a_standby_replaced_since_the_server_read_it_is_not_taken_and_stays_published(tmp_path: Path) -> None:
-    """launch.py:235: the ready file now names another standby (another folder's, other settings'): the job
+    """taking.take_standby: the ready file now names another standby (another folder's, other settings'): the job
     starts cold, and that standby is left for the job it was readied for."""
     store = store_at(tmp_path)
     publish(store, "standby:" + "b" * 32)
-    assert launch.take_standby(store.root / "standby", job()) is False
+    assert taking.take_standby(store.root / "standby", job()) is False
     assert names(store) == ["ready.json"]
     assert json.loads((tmp_path / "standby" / "ready.json").read_text())["marker"] == "standby:" + "b" * 32
 
@@ -62,26 +62,26 @@ def test_a_standby_that_answers_within_the_wait_serves_the_job(tmp_path: Path) -
             time.sleep(0.005)
         taken.rename(folder / f"serving-{record.id}.json")
     threading.Thread(target=answer, daemon=True).start()
-    assert launch.take_standby(store.root / "standby", record) is True
+    assert taking.take_standby(store.root / "standby", record) is True
 
 
 def test_a_standby_that_answered_as_the_wait_ended_serves_the_job_alone(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """launch.py:251: the standby took the job between the server's last look and its taking the job back: the
+    """taking.take_standby: the standby took the job between the server's last look and its taking the job back: the
     take-back rename fails, so the job is the standby's, and the server must not start it cold as well."""
     store = store_at(tmp_path)
     publish(store)
     folder = tmp_path / "standby"
     record = job()
-    monkeypatch.setattr(launch, "TAKE_ANSWER_S", 0.0)  # the wait is over before the server looks
-    real_rename = launch.os.rename
+    monkeypatch.setattr(taking, "TAKE_ANSWER_S", 0.0)  # the wait is over before the server looks
+    real_rename = taking.os.rename
 
     def standby_answers_first(source: Any, target: Any) -> None:
         if Path(target).name.startswith("abandoned-") and (folder / f"taken-{record.id}.json").exists():
             real_rename(folder / f"taken-{record.id}.json", folder / f"serving-{record.id}.json")
         real_rename(source, target)
-    monkeypatch.setattr(launch.os, "rename", standby_answers_first)
-    assert launch.take_standby(store.root / "standby", record) is True
+    monkeypatch.setattr(taking.os, "rename", standby_answers_first)
+    assert taking.take_standby(store.root / "standby", record) is True
     assert names(store) == [f"serving-{record.id}.json"]
 
 
@@ -89,8 +89,8 @@ def test_a_standby_that_never_answers_is_taken_back_and_finds_nothing_to_serve(t
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     store = store_at(tmp_path)
     publish(store)
-    monkeypatch.setattr(launch, "TAKE_ANSWER_S", 0.05)
-    assert launch.take_standby(store.root / "standby", job()) is False
+    monkeypatch.setattr(taking, "TAKE_ANSWER_S", 0.05)
+    assert taking.take_standby(store.root / "standby", job()) is False
     assert names(store) == []  # no taken- file left for a standby woken later to serve
 
 

@@ -1,0 +1,219 @@
+"""[both] Which warm Hermes a job takes (ready_standby, take_standby), the next one readied (start_standby), and
+the program of a job the queue starts (`--dequeued ID`): taken by a standby waiting for it, else supervised cold."""
+import contextlib
+import functools
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, cast
+
+import psutil
+
+from .config import Config, load_config
+from .drivers import confinement_shape
+from .hermes_cli import locate_hermes
+from .job_queue import supervisor_argv
+from .jobs import JobRecord, JobStore, is_standby_marker
+from .preflight import SERVER_DIR
+from .processes import popen_kwargs, supervisor_creation_flags
+from .safe_io import (
+    CREATE_FLAGS,
+    IS_WINDOWS,
+    DamagedRecord,
+    LockTimeout,
+    ProcessId,
+    Refused,
+    open_append,
+    read_json,
+)
+from .standby import (
+    TAKE_ANSWER_S,
+    being_readied,
+    is_alive_standby,
+    launch_key,
+    standby_folder,
+    standby_slots,
+)
+from .supervisor import main as supervise
+from .worktrees import STANDBY_NAME_RE, is_own_folder, warm_worktree_refusal, worktree_place
+
+STANDBY_LOG_BYTES = 1 << 20
+
+
+def warm_startable(cfg: Config, record: JobRecord) -> bool:
+    """Whether a standby could be readied for the next job like this one (a job on an executor starts its own)."""
+    return (record.driver == "acp" and cfg.warm_start and not record.executor
+            and (not record.worktree or not warm_worktree_refusal(record.worktree)))
+
+
+def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> tuple[Path, dict[str, Any]] | None:
+    """The standby this job can take (its slot and what it published), with record.start and its marker set for
+    it; or None, and record.start says why the job starts cold."""
+    if record.driver != "acp":
+        record.start = "cold: the CLI driver starts Hermes for each job"
+    elif not cfg.warm_start:
+        record.start = "cold: warm_start is off"
+    elif record.executor:
+        record.start = f"cold: a job on executor {record.executor['name']} starts a Hermes of its own"
+    elif record.worktree and (refusal := warm_worktree_refusal(record.worktree)):
+        record.start = f"cold: {refusal}"
+    else:
+        place = worktree_place(record.worktree) if record.worktree else record.cwd or ""
+        shape = confinement_shape(record.network_mode or "open", record.worktree)
+        whys = []
+        for slot in standby_slots(store, cfg.warm_start_folders):
+            ready = read_json(slot / "ready.json")
+            why = ("a warm Hermes is still being readied for this folder (it was not ready when this job started)"
+                   if ready is None and being_readied(slot) == place else standby_mismatch(cfg, ready, place, shape)
+                   or (readied_mismatch(store, ready) if record.worktree else None))
+            if why is None:
+                record.start, record.standby_marker = "warm", str(ready["marker"])
+                if record.worktree:  # the standby moves its worktree to the job's place when it takes the job
+                    record.worktree.update({key: ready["worktree"][key] for key in ("admin", "identity")})
+                return slot, cast(dict[str, Any], ready)
+            whys.append(why)
+        record.start = f"cold: {nearest_reason(whys)}"
+    return None
+
+
+NONE_WAITING = "no warm Hermes is waiting (one is readied after a job starts, for the next in its folder)"
+OTHER_FOLDER = "the warm Hermes waiting was readied for another folder"
+COLD_REASONS_LAST = (OTHER_FOLDER, NONE_WAITING)
+
+
+def nearest_reason(whys: list[str]) -> str:
+    """Of each slot's reason, the one of the standby nearest to fitting: another folder's, or none waiting,
+    only when no slot says more of this job."""
+    return min(whys, key=lambda why: COLD_REASONS_LAST.index(why) if why in COLD_REASONS_LAST else -1)
+
+
+def standby_mismatch(cfg: Config, ready: Any, folder: str, shape: dict[str, Any]) -> str | None:
+    """Why this standby cannot take a job in folder confined as shape (drivers.confinement_shape), or None when
+    it can."""
+    if shape["worktree"] == "resumed":
+        return "a resumed worktree job's Hermes is confined to that job's own worktree from its start"
+    if not isinstance(ready, dict) or not is_standby_marker(ready.get("marker")):
+        return NONE_WAITING
+    published = ready.get("shape")
+    readied = published.get("network", "open") if isinstance(published, dict) else "open"
+    if readied != shape["network"]:
+        behind = f"behind a proxy for network {readied}" if readied != "open" else "without a proxy (network open)"
+        return f"the warm Hermes waiting was started {behind}, and this job's network is {shape['network']}"
+    if ready.get("folder") != folder:
+        if "worktree" in ready and folder.startswith("a worktree of "):
+            return "the warm Hermes waiting readied a worktree of another repository or commit (HEAD moved since)"
+        return OTHER_FOLDER
+    try:
+        exe = locate_hermes(cfg).usable or ""
+    except OSError:
+        exe = ""
+    if ready.get("key") != launch_key(cfg, folder, exe, shape):
+        return "the warm Hermes waiting was started with other settings (config, Hermes, its home or environment)"
+    if not is_alive_standby(ready):
+        return "the warm Hermes waiting had exited"
+    return None
+
+
+def readied_mismatch(store: JobStore, ready: dict[str, Any]) -> str | None:
+    """Why a standby's readied worktree cannot become a job's (None: it can): it must be a folder of the bridge's
+    own making, as it made it (its name a standby's, in the jobs folder, its identity the same)."""
+    readied = ready.get("worktree")
+    if not isinstance(readied, dict) or not all(isinstance(readied.get(key), str) for key in ("path", "admin")):
+        return "the warm Hermes waiting readied no worktree"
+    path = readied["path"]
+    if (os.path.dirname(path) != str(store.root / "worktrees") or not STANDBY_NAME_RE.fullmatch(os.path.basename(path))
+            or not is_own_folder({"path": path, "identity": readied.get("identity")})):
+        return "the worktree the warm Hermes readied is not as it made it"
+    return None
+
+
+def take_standby(folder: Path, record: JobRecord) -> bool:
+    """Hand the job to the standby waiting in the slot folder: claim it (one server wins), name the job, and wait
+    for its answer; on none within TAKE_ANSWER_S, take the job back (one of the two renames wins), so exactly one
+    supervisor serves it."""
+    claimed, taken = folder / f"claimed-{record.id}.json", folder / f"taken-{record.id}.json"
+    try:
+        os.rename(folder / "ready.json", claimed)
+    except OSError:
+        return False
+    if (read_json(claimed) or {}).get("marker") != record.standby_marker:  # another standby replaced it meanwhile
+        with contextlib.suppress(OSError):
+            os.rename(claimed, folder / "ready.json")
+        return False
+    with contextlib.suppress(OSError):
+        os.rename(claimed, taken)
+    deadline = time.monotonic() + TAKE_ANSWER_S
+    while time.monotonic() < deadline:
+        handed = taken.exists()  # before serving: the standby renames the one into the other
+        if (folder / f"serving-{record.id}.json").exists():
+            return True
+        if not handed and not claimed.exists():
+            return False  # the standby refused it (its key no longer fits): the job starts cold at once
+        time.sleep(0.01)
+    for name in (taken, claimed):
+        with contextlib.suppress(OSError):
+            os.rename(name, folder / f"abandoned-{record.id}.json")
+            (folder / f"abandoned-{record.id}.json").unlink(missing_ok=True)
+            return False
+    return (folder / f"serving-{record.id}.json").exists()
+
+
+def start_standby(cfg: Config, store: JobStore, job_id: str) -> None:
+    """A standby for the next job in this job's folder, detached; it dedupes itself (standby.main). Best
+    effort: a job never waits for it or fails by it."""
+    folder = standby_folder(store)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        log_path = folder / "standby.log"
+        if log_path.exists() and log_path.stat().st_size > STANDBY_LOG_BYTES:
+            with contextlib.suppress(OSError):  # Windows: a waiting standby holds it open; it goes next time
+                log_path.unlink()
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(log_path, CREATE_FLAGS, 0o600))
+        log = open_append(log_path)
+    except OSError:
+        return
+    env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path))
+    with log:
+        for flags in supervisor_creation_flags(IS_WINDOWS):
+            try:
+                standby = subprocess.Popen(supervisor_argv(job_id, "--standby"), stdin=subprocess.DEVNULL, stdout=log,
+                                           stderr=log, cwd=str(SERVER_DIR), env=env, close_fds=True,
+                                           **popen_kwargs(flags))
+                threading.Thread(target=standby.wait, name=f"reap standby {job_id}", daemon=True).start()
+                return
+            except OSError:
+                continue
+
+
+def dequeued_main(job_id: str) -> int:
+    """The program of a job the queue started (job_queue.start_queued_locked): a standby waiting for a job like it
+    takes it, as at hermes_run, so a queued job starts warm too; else this process becomes its supervisor."""
+    cfg = load_config()
+    store = JobStore.of(cfg)
+    record = store.read(job_id)
+    waited = record.start or ""  # the queue's words: "cold: it waited N s in the queue ..."
+    queued: dict[str, Any] = {"start": record.start, "standby_marker": None,
+                              "worktree": dict(record.worktree) if record.worktree else None}
+    standby = ready_standby(cfg, store, record)
+    if standby:
+        slot, ready = standby
+        warm = {"start": f"warm: {waited.partition(': ')[2]}" if waited else "warm",
+                "standby_marker": record.standby_marker, "worktree": record.worktree}
+        if store.update(job_id, functools.partial(change, warm)) and take_standby(slot, record):
+            with contextlib.suppress(psutil.Error, OSError, LockTimeout, DamagedRecord, Refused):
+                serving = ProcessId.of(psutil.Process(int(ready["pid"])))  # the job's supervisor from now on
+                store.update(job_id, functools.partial(change, {"supervisor": serving}))
+            start_standby(cfg, store, job_id)
+            return 0
+        store.update(job_id, functools.partial(change, queued))
+    if warm_startable(cfg, record):
+        start_standby(cfg, store, job_id)
+    return supervise(job_id)
+
+
+def change(fields: dict[str, Any], record: JobRecord) -> None:
+    for name, value in fields.items():
+        setattr(record, name, value)
