@@ -242,3 +242,22 @@ def test_jobs_started_together_leave_a_warm_hermes_in_each_slot_and_the_next_pai
             assert job.field("START").startswith("warm"), job.text
         assert len({job.field("SESSION_ID") for job in again}) == 2
         assert [(bridge.root / f"again-{n}.txt").read_text().strip() for n in range(2)] == ["0", "1"]
+
+
+def test_a_queued_job_takes_the_warm_hermes_readied_while_it_waited(warm_each: Bridge) -> None:
+    """Issue 65 with the real Hermes 0.19.0 and 0.22.2: with max_running_jobs 1, a job sent while another runs
+    waits in the queue; the standby readied after the running job's start takes it when the slot frees, and it
+    runs in its own folder, writing there."""
+    require_sandbox()
+    bridge = warm_each
+    bridge.configure(max_running_jobs=1)
+    with bridge.client() as client:
+        first = client.call("hermes_run", task="Busy.\nRUN: sleep 12", wait_s=0)
+        queued = client.call("hermes_run", task="Queued.\nRUN: pwd > queued.txt", wait_s=0)
+        assert queued.field("STATUS") == "queued", queued.text
+        waiting_for(bridge, bridge.root, timeout=120)
+        assert_turn_ended(client.wait_final(first.field("JOB_ID"), timeout=180))
+        done = client.wait_final(queued.field("JOB_ID"), timeout=180)
+    assert_turn_ended(done)
+    assert done.field("START").startswith("warm (") and "it waited " in done.field("START"), done.text
+    assert (bridge.root / "queued.txt").read_text().strip() == str(bridge.root)
