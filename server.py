@@ -47,7 +47,7 @@ the MCP stack). A module imports only from modules above it in this list (tests/
   job_finishing ...... [supervisor] JobFinish: the outcome and what surrounds it (reports, restores, the queue)
   supervisor ......... [supervisor] Supervisor (one detached process per job: the three phases) and main
   standby ............ [supervisor] a warm Hermes for the next job, and its program (--standby ID)
-  taking ............. [both] which warm Hermes a job takes, the next one readied, a queued job's program
+  taking ............. [both] which warm Hermes a job takes, the next one readied, an offered job's program
   launch ............. [server] JobRequest, launch_job (dedupe, limits, the record), start_job
   render ............. [server] the status block: job_details, render_status, ToolResult
   tools .............. [server] plain functions per tool: arguments, resuming, one job and the list, reading

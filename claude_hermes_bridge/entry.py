@@ -1,5 +1,5 @@
 """[both] The program picker: guard stdio first, then the supervisor (`--supervise ID`), a standby (`--standby
-ID`), a job the queue started (`--dequeued ID`) or the server.
+ID`), a job offered to a standby first (`--offered ID`) or the server.
 
 Only the stdio guard is imported before the guard runs, and the supervisor's way never imports a server
 module: server.py, `python -m claude_hermes_bridge`, the wheel's console script and the supervisor's boot all
@@ -23,10 +23,10 @@ def console_main() -> None:
         with preflight.bytecode_cached():
             from claude_hermes_bridge import standby
         sys.exit(standby.main(argv[1]))
-    if len(argv) == 2 and argv[0] == "--dequeued":
+    if len(argv) == 2 and argv[0] == "--offered":
         with preflight.bytecode_cached():
             from claude_hermes_bridge import taking
-        sys.exit(taking.dequeued_main(argv[1]))
+        sys.exit(taking.offered_main(argv[1]))
     early = None
     if protocol_fds is not None:  # the host's initialize, answered before the SDK is imported where it can be
         with preflight.bytecode_cached():

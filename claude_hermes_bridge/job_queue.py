@@ -35,17 +35,18 @@ from .safe_io import (
 # the interpreter's path: entry.console_main imports the supervisor's modules only, never the MCP stack.
 SUPERVISOR_BOOT = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
                    "from claude_hermes_bridge.entry import console_main; console_main()")
+OFFERED = "--offered"  # the program of a job offered to a standby first (taking.offered_main)
 LAUNCH_LOCK_S = 10.0  # how long a launch or a queue start waits for another process's launch
 
 
 def supervisor_argv(job_id: str, program: str = "--supervise") -> list[str]:
     """The command that starts a job's supervisor (or, with --standby, a standby for the job's folder; with
-    --dequeued, a queued job's program: taking.dequeued_main)."""
+    --offered, a program that first offers the job to a standby: taking.offered_main)."""
     return [sys.executable, "-c", SUPERVISOR_BOOT, str(PACKAGE_DIR.parent), program, job_id]
 
 
 def spawn_supervisor(cfg: Config, store: JobStore, record: JobRecord, log: Any, program: str = "--supervise") -> bool:
-    """The job's own supervisor, detached (program `--dequeued`: one that first offers the job to a standby);
+    """The job's own supervisor, detached (program `--offered`: one that first offers the job to a standby);
     False (and the record says why) when it could not be started."""
     job_id = record.id
     env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path), **{JOB_MARKER: record.marker})
@@ -119,7 +120,7 @@ def start_queued_locked(cfg: Config, store: JobStore) -> list[str]:
             if not store.write(record):
                 continue
             with open_append(store.log_path(record.id)) as log:
-                spawned = spawn_supervisor(cfg, store, record, log, "--dequeued")
+                spawned = spawn_supervisor(cfg, store, record, log, OFFERED)
         except (OSError, Refused, DamagedRecord):
             continue
         if spawned:

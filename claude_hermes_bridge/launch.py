@@ -12,6 +12,7 @@ from .executors import sweep_leftovers
 from .git_calls import GitFailed, git
 from .job_queue import (
     LAUNCH_LOCK_S,
+    OFFERED,
     note_supervisor,
     occupancy,
     spawn_supervisor,
@@ -31,7 +32,7 @@ from .safe_io import (
     shown,
 )
 from .standby import any_standby_running
-from .taking import ready_standby, start_standby, take_standby, warm_startable
+from .taking import BEING_READIED, ready_standby, start_standby, take_standby, warm_startable
 from .worktrees import (
     WORKTREE_BRANCH_PREFIX,
     folder_below,
@@ -173,8 +174,9 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
             record.worktree = planned  # made by the job after all
             with contextlib.suppress(OSError):
                 store.write(record)
-        started = spawn_supervisor(cfg, store, record, log)
-    if started and warm_startable(cfg, record):
+        offered = record.start == f"cold: {BEING_READIED}"  # its program readies the next standby itself
+        started = spawn_supervisor(cfg, store, record, log, OFFERED if offered else "--supervise")
+    if started and not offered and warm_startable(cfg, record):
         start_standby(cfg, store, job_id)
     return record
 

@@ -28,7 +28,7 @@ def guard_stdio() -> tuple[int, int]:
 
 # Options after which the process does something else than serve the protocol; any other command line
 # serves it (the host's settings are options too), so the guard runs first.
-NOT_SERVING = ("--check", "--version", "--supervise", "--standby", "--dequeued", "--try", "--help", "-h",
+NOT_SERVING = ("--check", "--version", "--supervise", "--standby", "--offered", "--try", "--help", "-h",
                "--init-config")
 
 

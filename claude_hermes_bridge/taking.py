@@ -1,5 +1,5 @@
 """[both] Which warm Hermes a job takes (ready_standby, take_standby), the next one readied (start_standby), and
-the program of a job the queue starts (`--dequeued ID`): taken by a standby waiting for it, else supervised cold."""
+the program of a job offered to a standby first (`--offered ID`): taken by one, else supervised cold."""
 import contextlib
 import functools
 import os
@@ -40,6 +40,8 @@ from .supervisor import main as supervise
 from .worktrees import STANDBY_NAME_RE, is_own_folder, warm_worktree_refusal, worktree_place
 
 STANDBY_LOG_BYTES = 1 << 20
+BEING_READIED = "a warm Hermes is still being readied for this folder (it was not ready when this job started)"
+READIED_WAIT_S = 15.0  # how long an offered job waits for a standby being readied for it (a cold start: 3-5 s)
 
 
 def warm_startable(cfg: Config, record: JobRecord) -> bool:
@@ -65,8 +67,8 @@ def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> tuple[Path
         whys = []
         for slot in standby_slots(store, cfg.warm_start_folders):
             ready = read_json(slot / "ready.json")
-            why = ("a warm Hermes is still being readied for this folder (it was not ready when this job started)"
-                   if ready is None and being_readied(slot) == place else standby_mismatch(cfg, ready, place, shape)
+            why = (BEING_READIED if ready is None and being_readied(slot) == place
+                   else standby_mismatch(cfg, ready, place, shape)
                    or (readied_mismatch(store, ready) if record.worktree else None))
             if why is None:
                 record.start, record.standby_marker = "warm", str(ready["marker"])
@@ -188,27 +190,36 @@ def start_standby(cfg: Config, store: JobStore, job_id: str) -> None:
                 continue
 
 
-def dequeued_main(job_id: str) -> int:
-    """The program of a job the queue started (job_queue.start_queued_locked): a standby waiting for a job like it
-    takes it, as at hermes_run, so a queued job starts warm too; else this process becomes its supervisor."""
+def offered_main(job_id: str) -> int:
+    """The program of a job offered to a standby first (`--offered ID`): one the queue started, or one sent while
+    the standby for its folder was still being readied, which it waits for (up to READIED_WAIT_S: that standby
+    started before the job, so it is ready sooner than a cold start would be, and two Hermes starting at once
+    would slow each other). Taken, the job is the standby's, as at hermes_run; else this process becomes its
+    supervisor."""
     cfg = load_config()
     store = JobStore.of(cfg)
     record = store.read(job_id)
-    waited = record.start or ""  # the queue's words: "cold: it waited N s in the queue ..."
-    queued: dict[str, Any] = {"start": record.start, "standby_marker": None,
+    words = [record.start.partition(": ")[2]] if record.dequeued_at and record.start else []  # the queue's wait
+    before: dict[str, Any] = {"start": record.start, "standby_marker": None,
                               "worktree": dict(record.worktree) if record.worktree else None}
-    standby = ready_standby(cfg, store, record)
+    began = time.monotonic()
+    while not (standby := ready_standby(cfg, store, record)) and record.start == f"cold: {BEING_READIED}" and (
+            time.monotonic() - began < READIED_WAIT_S):
+        time.sleep(0.1)
+        record = store.read(job_id)
     if standby:
         slot, ready = standby
-        warm = {"start": f"warm: {waited.partition(': ')[2]}" if waited else "warm",
-                "standby_marker": record.standby_marker, "worktree": record.worktree}
+        if time.monotonic() - began >= 0.1:
+            words.append(f"waited {time.monotonic() - began:.1f} s for the warm Hermes being readied")
+        warm = {"start": f"warm: {'; '.join(words)}" if words else "warm", "standby_marker": record.standby_marker,
+                "worktree": record.worktree}
         if store.update(job_id, functools.partial(change, warm)) and take_standby(slot, record):
             with contextlib.suppress(psutil.Error, OSError, LockTimeout, DamagedRecord, Refused):
                 serving = ProcessId.of(psutil.Process(int(ready["pid"])))  # the job's supervisor from now on
                 store.update(job_id, functools.partial(change, {"supervisor": serving}))
             start_standby(cfg, store, job_id)
             return 0
-        store.update(job_id, functools.partial(change, queued))
+        store.update(job_id, functools.partial(change, before))
     if warm_startable(cfg, record):
         start_standby(cfg, store, job_id)
     return supervise(job_id)

@@ -365,9 +365,11 @@ def test_a_network_limited_job_after_another_of_its_mode_starts_warm_behind_the_
     assert f"1 request refused: 127.0.0.1:{port} (not Hermes' model (network: model-only))" in job.field("NETWORK")
 
 
-def test_a_job_arriving_while_the_standby_is_still_starting_is_told_so(bridge: Bridge) -> None:
+def test_a_job_arriving_while_its_standby_is_still_starting_waits_for_it_and_says_so(bridge: Bridge) -> None:
     """Issue 65: a second job that came while the next warm Hermes was being readied started cold and was told
-    "no warm Hermes is waiting", which is not what happened."""
+    "no warm Hermes is waiting", which is not what happened; then it started a second Hermes beside the one being
+    readied. It now waits for that one (started before it, so ready sooner than a cold start), takes it and
+    says how long it waited; one whose standby never comes starts cold after READIED_WAIT_S."""
     bridge.configure(hermes_driver="acp", warm_start=True)
     client = acp_client(bridge)
     client.params.env = dict(client.params.env or {}, FAKE_ACP_INIT_DELAY="4")
@@ -379,8 +381,14 @@ def test_a_job_arriving_while_the_standby_is_still_starting_is_told_so(bridge: B
         assert not (bridge.jobs / "standby" / "ready.json").exists()
         second = final(client, task="second !write=two.txt:2", cwd=str(bridge.root))
     assert second.field("STATUS") == "ok", second.text
-    assert ("a warm Hermes is still being readied for this folder (it was not ready when this job started)"
-            in second.field("START"))
+    start = second.field("START")
+    assert start.startswith("warm (") and " s for the warm Hermes being readied" in start, second.text
+    waited = float(start.split("; waited ")[1].split(" s ")[0])
+    assert 0.1 <= waited <= 4.5, start  # at most the rest of its start, never a cold start's whole
+    assert (bridge.root / "two.txt").read_text() == "2"
+    record = bridge.record(second.field("JOB_ID"))
+    [run] = [r for r in bridge.runs() if r.get("task", "").startswith("second")]
+    assert run["marker"] == record.standby_marker  # on the standby's Hermes: no Hermes of its own was started
 
 
 def test_a_servers_first_job_starts_warm_in_the_folder_of_the_last_one(bridge: Bridge) -> None:
@@ -510,9 +518,9 @@ def test_jobs_taking_turns_in_two_folders_start_warm_in_each_and_one_slot_keeps_
 
 def test_jobs_started_together_in_one_folder_leave_a_warm_hermes_in_each_slot_for_the_next_ones(
         bridge: Bridge) -> None:
-    """Issue 65: three jobs started together take the one warm Hermes there is; the two started cold each ask for
-    one more, so the next jobs started together find one in each slot (warm_start_folders, 2 by default) and both
-    start warm; a third slot's worth started together is cold, saying so."""
+    """Issue 65: three jobs started together take the one warm Hermes there is; those started cold each ask for
+    one more, so the next jobs started together find one in each slot (warm_start_folders, 2 by default) and two
+    of them start warm at once."""
     bridge.configure(hermes_driver="acp", warm_start=True)
     with acp_client(bridge) as client:
         final(client, task="first !write=first.txt:1", cwd=str(bridge.root))
@@ -523,27 +531,28 @@ def test_jobs_started_together_in_one_folder_leave_a_warm_hermes_in_each_slot_fo
                                    ).field("JOB_ID") for n in range(count)]
             return [client.wait_final(job_id, timeout=60).field("START") for job_id in started]
         starts = together(3, "burst")
-        assert [start.split(" ")[0] for start in starts].count("warm") == 1, starts
+        assert [start.split(" ")[0] for start in starts].count("cold") >= 1, starts
         waiting_for(bridge, bridge.root, slots="standby")
         waiting_for(bridge, bridge.root, slots="standby-1")
-        again = together(3, "again")
-        assert [start.split(" ")[0] for start in again].count("warm") == 2, again
+        again = together(3, "again")  # the third may wait for one readied after the first two: warm as well
+        assert sum(start.startswith("warm") and "being readied" not in start for start in again) >= 2, again
 
 
 def test_a_queued_job_takes_the_warm_hermes_readied_while_it_waited(bridge: Bridge) -> None:
     """Issue 65: a job over max_running_jobs waits in the queue; when the slot frees, the job the queue starts is
-    offered to the standby waiting for a job like it (`--dequeued ID`), as hermes_run offers a job, and starts
+    offered to the standby waiting for a job like it (`--offered ID`), as hermes_run offers a job, and starts
     warm, saying how long it waited; the standby is its supervisor from then on."""
     bridge.configure(hermes_driver="acp", warm_start=True, max_running_jobs=1)
     with acp_client(bridge) as client:
         client.call("hermes_run", task="first !sleep=4", cwd=str(bridge.root), wait_s=0)
         second = client.call("hermes_run", task="second !write=two.txt:2", cwd=str(bridge.root), wait_s=0)
         assert second.field("STATUS") == "queued", second.text
-        standby = waiting_for(bridge, bridge.root)
+        waiting_for(bridge, bridge.root)
         done = client.wait_final(second.field("JOB_ID"))
     assert done.field("STATUS") == "ok", done.text
     assert done.field("START").startswith("warm (") and "it waited " in done.field("START"), done.text
     assert (bridge.root / "two.txt").read_text() == "2"
     record = bridge.record(second.field("JOB_ID"))
-    assert record.supervisor is not None and record.supervisor.pid == standby["pid"]
-    assert record.marker == record.standby_marker == standby["marker"]
+    [run] = [r for r in bridge.runs() if r.get("task", "").startswith("second")]
+    assert run["marker"] == record.standby_marker  # a standby's Hermes, which that standby supervised:
+    assert record.supervisor is not None and record.supervisor.create_time < record.created_at  # started before
