@@ -12,6 +12,7 @@ from test_real_hermes import assert_turn_ended, finish, write_hermes_home
 from test_real_network import served
 from test_standby import gone, hermes_of, ready, waiting_for
 
+from claude_hermes_bridge.standby import being_readied
 from conftest import require_component, require_sandbox
 from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, live_standbys, wait_gone, wait_until
 from scripted_model import ScriptedModel
@@ -261,3 +262,21 @@ def test_a_queued_job_takes_the_warm_hermes_readied_while_it_waited(warm_each: B
     assert_turn_ended(done)
     assert done.field("START").startswith("warm (") and "it waited " in done.field("START"), done.text
     assert (bridge.root / "queued.txt").read_text().strip() == str(bridge.root)
+
+
+def test_a_job_sent_while_its_standby_is_readied_waits_for_it_and_starts_warm(warm_each: Bridge) -> None:
+    """Issue 65 with the real Hermes 0.19.0 and 0.22.2: a job sent while the standby for its folder is still
+    starting Hermes waits for it rather than starting a second Hermes beside it, and says how long it waited."""
+    require_sandbox()
+    bridge = warm_each
+    with bridge.client() as client:
+        first = client.call("hermes_run", task="First.\nRUN: pwd", wait_s=0)
+        wait_until(lambda: being_readied(bridge.jobs / "standby") == str(bridge.root) or None, 120,
+                   "the standby to be starting its Hermes")
+        second = client.call("hermes_run", task="Second.\nRUN: pwd > second.txt", wait_s=0)
+        assert_turn_ended(client.wait_final(first.field("JOB_ID"), timeout=180))
+        done = client.wait_final(second.field("JOB_ID"), timeout=180)
+    assert_turn_ended(done)
+    start = done.field("START")
+    assert start.startswith("warm (") and " s for the warm Hermes being readied" in start, done.text
+    assert (bridge.root / "second.txt").read_text().strip() == str(bridge.root)
