@@ -15,7 +15,7 @@ from .config import Config, load_config
 from .drivers import confinement_shape
 from .hermes_cli import locate_hermes
 from .job_queue import supervisor_argv
-from .jobs import JobRecord, JobStore, is_standby_marker
+from .jobs import JobRecord, JobStore, is_standby_marker, validate_job_id
 from .preflight import SERVER_DIR
 from .processes import popen_kwargs, supervisor_creation_flags
 from .safe_io import (
@@ -192,19 +192,27 @@ def start_standby(cfg: Config, store: JobStore, job_id: str) -> None:
 
 def offered_main(job_id: str) -> int:
     """The program of a job offered to a standby first (`--offered ID`): one the queue started, or one sent while
-    the standby for its folder was still being readied, which it waits for (up to READIED_WAIT_S: that standby
-    started before the job, so it is ready sooner than a cold start would be, and two Hermes starting at once
-    would slow each other). Taken, the job is the standby's, as at hermes_run; else this process becomes its
-    supervisor."""
+    the standby for its folder was still being readied. Taken, the job is the standby's, as at hermes_run; else
+    this process becomes its supervisor (which also says what is wrong with a record that cannot be read)."""
     cfg = load_config()
     store = JobStore.of(cfg)
+    with contextlib.suppress(OSError, Refused, DamagedRecord, LockTimeout):
+        if offer_to_standby(cfg, store, validate_job_id(job_id)):
+            return 0
+    return supervise(job_id)
+
+
+def offer_to_standby(cfg: Config, store: JobStore, job_id: str) -> bool:
+    """Whether a standby took the job. One being readied for its folder is waited for (up to READIED_WAIT_S, or
+    a cancel): it started before the job, so it is ready sooner than a cold start would be, and two Hermes
+    starting at once would slow each other. Otherwise the next standby is asked for, as after a cold start."""
     record = store.read(job_id)
     words = [record.start.partition(": ")[2]] if record.dequeued_at and record.start else []  # the queue's wait
     before: dict[str, Any] = {"start": record.start, "standby_marker": None,
                               "worktree": dict(record.worktree) if record.worktree else None}
     began = time.monotonic()
     while not (standby := ready_standby(cfg, store, record)) and record.start == f"cold: {BEING_READIED}" and (
-            time.monotonic() - began < READIED_WAIT_S):
+            time.monotonic() - began < READIED_WAIT_S and not store.cancel_path(job_id).exists()):
         time.sleep(0.1)
         record = store.read(job_id)
     if standby:
@@ -218,11 +226,11 @@ def offered_main(job_id: str) -> int:
                 serving = ProcessId.of(psutil.Process(int(ready["pid"])))  # the job's supervisor from now on
                 store.update(job_id, functools.partial(change, {"supervisor": serving}))
             start_standby(cfg, store, job_id)
-            return 0
+            return True
         store.update(job_id, functools.partial(change, before))
     if warm_startable(cfg, record):
         start_standby(cfg, store, job_id)
-    return supervise(job_id)
+    return False
 
 
 def change(fields: dict[str, Any], record: JobRecord) -> None:
