@@ -335,6 +335,15 @@ MUTATIONS = (
     Mutation(70, "a warm job opens a session of its own: the warm-up session is thrown away, session/new paid again",
              'hermes_acp.py', 'if folder != self.warm_folder:', 'if folder:',
              'tests/test_standby.py', 'next_job_in_the_folder'),
+    Mutation(71, "a job sent while its standby is readied starts a second Hermes beside it, cold",
+             'launch.py', 'OFFERED if offered else "--supervise"', '"--supervise"',
+             'tests/test_standby.py', 'still_starting_waits'),
+    Mutation(72, "jobs started together leave one warm Hermes: the next ones together start cold but one",
+             'standby.py', '(read_json(slot / "holder.json") or {}).get("key") == wanted["key"]', 'False',
+             'tests/test_standby.py', 'started_together'),
+    Mutation(73, "a job the queue starts never takes the warm Hermes waiting for it",
+             'job_queue.py', 'spawn_supervisor(cfg, store, record, log, OFFERED)',
+             'spawn_supervisor(cfg, store, record, log)', 'tests/test_standby.py', 'queued_job_takes'),
 )
 
 
