@@ -13,7 +13,6 @@ from .git_calls import GitFailed, git
 from .job_queue import (
     LAUNCH_LOCK_S,
     OFFERED,
-    note_supervisor,
     occupancy,
     spawn_supervisor,
     start_queued_locked,
@@ -32,7 +31,7 @@ from .safe_io import (
     shown,
 )
 from .standby import any_standby_running
-from .taking import BEING_READIED, ready_standby, start_standby, take_standby, warm_startable
+from .taking import BEING_READIED, ready_standby, served_by_standby, start_standby, warm_startable
 from .worktrees import (
     WORKTREE_BRANCH_PREFIX,
     folder_below,
@@ -165,9 +164,7 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
     log = keep_record(store, record)
     with log:
         slot, ready = standby or (None, {})
-        if slot and take_standby(slot, record):
-            note_supervisor(store, job_id, int(ready["pid"]))
-            start_standby(cfg, store, job_id)
+        if slot and served_by_standby(cfg, store, slot, ready, record):
             return record
         if record.start == "warm":
             record.standby_marker, record.start = None, "cold: the standby did not answer in time"

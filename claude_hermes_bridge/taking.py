@@ -221,16 +221,25 @@ def offer_to_standby(cfg: Config, store: JobStore, job_id: str) -> bool:
             words.append(f"waited {time.monotonic() - began:.1f} s for the warm Hermes being readied")
         warm = {"start": f"warm: {'; '.join(words)}" if words else "warm", "standby_marker": record.standby_marker,
                 "worktree": record.worktree}
-        if store.update(job_id, functools.partial(change, warm)) and take_standby(slot, record):
-            with contextlib.suppress(psutil.Error, OSError, LockTimeout, DamagedRecord, Refused):
-                serving = ProcessId.of(psutil.Process(int(ready["pid"])))  # the job's supervisor from now on
-                store.update(job_id, functools.partial(change, {"supervisor": serving}))
-            start_standby(cfg, store, job_id)
+        if store.update(job_id, functools.partial(change, warm)) and served_by_standby(cfg, store, slot, ready,
+                                                                                      record):
             return True
         store.update(job_id, functools.partial(change, before))
     if warm_startable(cfg, record):
         start_standby(cfg, store, job_id)
     return False
+
+
+def served_by_standby(cfg: Config, store: JobStore, slot: Path, ready: dict[str, Any], record: JobRecord) -> bool:
+    """Hand the job to the standby ready_standby chose (take_standby); taken, the standby is named the job's
+    supervisor in its record, and the next standby is asked for."""
+    if not take_standby(slot, record):
+        return False
+    with contextlib.suppress(psutil.Error, OSError, LockTimeout, DamagedRecord, Refused):
+        serving = ProcessId.of(psutil.Process(int(ready["pid"])))  # the job's supervisor from now on
+        store.update(record.id, functools.partial(change, {"supervisor": serving}))
+    start_standby(cfg, store, record.id)
+    return True
 
 
 def change(fields: dict[str, Any], record: JobRecord) -> None:
