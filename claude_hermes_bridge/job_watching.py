@@ -220,7 +220,7 @@ class JobWatch:
     job's tree is the one act here that signals; it goes through Ownership, the proof that a process is the
     job's."""
 
-    def __init__(self, job: SupervisedJob, hermes: psutil.Process, owner: Ownership, subreaper: bool,
+    def __init__(self, job: SupervisedJob, hermes: psutil.Process | None, owner: Ownership, subreaper: bool,
                  windows_job: WindowsJob | None, folder: FolderWatch, network: JobNetwork) -> None:
         self.job, self.hermes, self.owner, self.subreaper = job, hermes, owner, subreaper
         self.windows_job, self.folder, self.network = windows_job, folder, network
@@ -317,9 +317,10 @@ class JobWatch:
         the marker and the subreaper find the rest."""
         hermes = self.hermes
         try:
-            children = hermes.children(recursive=True)
+            children = hermes.children(recursive=True) if hermes else []
             if self.subreaper:
-                children += [proc for proc in psutil.Process().children(recursive=True) if proc.pid != hermes.pid]
+                children += [proc for proc in psutil.Process().children(recursive=True)
+                             if not hermes or proc.pid != hermes.pid]
         except psutil.Error:
             return
         changed = False

@@ -107,6 +107,16 @@ def held_in_job_object(popen: subprocess.Popen[bytes]) -> WindowsJob:
         psutil.Process(popen.pid).resume()
 
 
+def started_process(pid: int) -> "psutil.Process | None":
+    """A child just started, or None when it has already exited: Windows forgets an exited process at once,
+    even while its Popen holds its handle (POSIX keeps it, a zombie, until it is reaped), and its exit code
+    is still the Popen's to tell."""
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
 @functools.cache
 def protected_pids() -> frozenset[int]:
     """Processes the bridge never signals, whatever a record says: pid 1, this process, its ancestors and

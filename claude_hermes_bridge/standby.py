@@ -48,7 +48,7 @@ from .home_guard import GUARDED_NAMES, walk
 from .jobs import FINAL_STATES, JobState, JobStore
 from .network import JobProxy, enforcement, job_policy
 from .preflight import PACKAGE_DIR, VERSION
-from .processes import JOB_MARKER, Ownership, become_subreaper, held_in_job_object, stop_tree
+from .processes import JOB_MARKER, Ownership, become_subreaper, held_in_job_object, started_process, stop_tree
 from .safe_io import (
     IS_WINDOWS,
     LockTimeout,
@@ -296,8 +296,8 @@ def dismiss(cfg: Config, warm: WarmStart, marker: str, worktree: dict[str, Any] 
     """A standby's Hermes and everything it made, gone (nothing of a job's is touched): given its readied
     worktree (not handed over), that worktree, its branch and object folder too."""
     proc = warm.hermes.proc
-    with contextlib.suppress(psutil.Error):
-        stop_tree(Ownership(marker, frozenset({os.getpid()})), psutil.Process(proc.pid), [], cfg.kill_grace_s,
+    with contextlib.suppress(psutil.Error):  # an exited Hermes' tree is still found by its marker
+        stop_tree(Ownership(marker, frozenset({os.getpid()})), started_process(proc.pid), [], cfg.kill_grace_s,
                   warm.windows_job)
     with contextlib.suppress(OSError):
         proc.wait(5)

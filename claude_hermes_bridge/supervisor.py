@@ -21,7 +21,15 @@ from .job_network import JobNetwork
 from .job_planning import JobPlanner
 from .job_watching import JobWatch
 from .jobs import JobRecord, JobState, JobStore, Outcome, validate_job_id
-from .processes import Ownership, StopReport, WindowsJob, become_subreaper, held_in_job_object, stop_tree
+from .processes import (
+    Ownership,
+    StopReport,
+    WindowsJob,
+    become_subreaper,
+    held_in_job_object,
+    started_process,
+    stop_tree,
+)
 from .safe_io import IS_WINDOWS, DamagedRecord, ProcessId, disk_error, is_number, machine_clock, shown
 from .supervised_job import SupervisedJob
 from .worktrees import hooks_path_folder, object_environment
@@ -116,8 +124,10 @@ class Supervisor:
             proc = run.start(dataclasses.replace(plan, argv=argv), env)
         if IS_WINDOWS:
             self.windows_job = self._job_object_for(proc)
-        self.hermes = psutil.Process(proc.pid)
-        record.hermes = ProcessId.of(self.hermes)
+        self.hermes = started_process(proc.pid)
+        record.hermes = ProcessId.of_safe(self.hermes) if self.hermes else None
+        if record.hermes is None:
+            self.job.note(f"Hermes (pid {proc.pid}) had exited before its supervisor first looked at it")
         record.started_at, record.started_clock = time.time(), machine_clock()
         self.job.save()
         audit(cfg, event="job", job_id=self.job_id, state=JobState.RUNNING.value, hermes_pid=proc.pid,

@@ -113,6 +113,26 @@ def test_a_failing_exit_is_an_error_that_names_the_code(tmp_path):
     assert record.reason == describe_exit(3)
 
 
+class ExitedStarter(FakeStarter):
+    """A Hermes that has exited, and that the system has forgotten, before its supervisor first looks at it: what
+    Windows does to an exited process at once (under load, a fast exit outruns the supervisor)."""
+
+    def __call__(self, argv: list[str], folder: str, stdin: Any, env: dict[str, str]) -> subprocess.Popen:
+        proc = super().__call__(argv, folder, stdin, env)
+        proc.wait()
+        return proc
+
+
+def test_a_hermes_gone_before_its_supervisor_looks_still_ends_with_its_own_exit_code(tmp_path, capsys):
+    supervisor, starter = supervised(tmp_path, "raise SystemExit(3)")
+    supervisor.start_process = ExitedStarter(starter.program, starter.log)
+    supervisor.run()
+    record = supervisor.store.read(supervisor.job_id)
+    assert record.state is JobState.ERROR and record.exit_code == 3, record.reason
+    assert record.reason == describe_exit(3)
+    assert "had exited before its supervisor first looked at it" in capsys.readouterr().err  # the job's log
+
+
 CRASH_AT_EXIT = ("import os, signal, sys; print('the answer'); sys.stdout.flush(); {session}"
                  "os.kill(os.getpid(), signal.SIGSEGV)")
 
