@@ -2,7 +2,7 @@
 a real component."""
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -87,6 +87,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "wine_lacks(reason): Windows behaviour Wine does not reproduce; under Wine "
                                        "(the Windows lane) it is skipped with the reason shown, and "
                                        "docs/verification.md says what was checked instead")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                               ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test that drove a bridge carries its jobs' records and log tails, so a failure seen once (in CI,
+    under load) says what the supervisor wrote, not only which line of the tool's answer differed."""
+    report = yield
+    bridge = getattr(item, "funcargs", {}).get("bridge")
+    if report.failed and call.when == "call" and isinstance(bridge, Bridge):
+        report.sections.append(("the bridge's jobs", bridge.jobs_report()))
+    return report
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

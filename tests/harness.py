@@ -142,6 +142,17 @@ class Bridge:
                          pass_environment=["FAKE_*"])  # the fake Hermes' own settings
         return bridge
 
+    def jobs_report(self, tail_bytes: int = 3000) -> str:
+        """Each job's record and the tail of its log, for a failed test's report."""
+        parts = []
+        for path in sorted(self.jobs.glob("*.json")) if self.jobs.is_dir() else []:
+            if not path.with_suffix(".task").exists():
+                continue  # not a job's record
+            log = path.with_suffix(".log")
+            tail = log.read_bytes()[-tail_bytes:].decode("utf-8", "replace") if log.is_file() else "(no log)"
+            parts.append(f"--- {path.name}\n{path.read_text('utf-8', 'replace')}\n--- {log.name} (tail)\n{tail}")
+        return "\n".join(parts) or f"no job records in {self.jobs}"
+
     def kill_leftovers(self) -> None:
         """Never leave a fake's tree behind, whatever a test did, nor a standby of this jobs folder."""
         for pid in live_pids(self.traced_pids()):
