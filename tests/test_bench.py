@@ -25,6 +25,8 @@ ROWS = ["server start: spawn to the initialize reply", "cold start: spawn, initi
         *(f"{kind} (network ask, the default) until the model's first request, Hermes {version} over ACP, warm"
           for kind in ("hermes_run", "a worktree job", "jobs taking turns in 2 folders", "hermes_resume")
           for version in TINY_ACP_VERSIONS),
+        *(f"hermes_run (network model-only) until the model's first request, Hermes {version} over ACP, warm"
+          for version in TINY_ACP_VERSIONS),
         *(f"session/new on a warmed hermes acp {version}, a new folder" for version in TINY_ACP_VERSIONS),
         *(f"a server's first job until the model's first request, Hermes {version} over ACP, warm"
           for version in TINY_ACP_VERSIONS),
