@@ -344,6 +344,9 @@ MUTATIONS = (
     Mutation(73, "a job the queue starts never takes the warm Hermes waiting for it",
              'job_queue.py', 'spawn_supervisor(cfg, store, record, log, OFFERED)',
              'spawn_supervisor(cfg, store, record, log)', 'tests/test_standby.py', 'queued_job_takes'),
+    Mutation(74, "on Windows a Hermes that exits fast ends `error` with EXIT_CODE none: its own code is lost",
+             'supervisor.py', 'self.hermes = started_process(proc.pid)', 'self.hermes = psutil.Process(proc.pid)',
+             'tests/test_supervisor.py', 'gone_before'),
 )
 
 
