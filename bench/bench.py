@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import psutil  # noqa: E402
+from bytecode import bytecode_rows  # noqa: E402
 from rows import Row, ms_since, ratio_row  # noqa: E402
 from warm_starts import (  # noqa: E402
     first_job_rows,
@@ -526,6 +527,7 @@ def main(argv: list[str]) -> int:
     rows += first_job_rows(max(3, runs) if not args.tiny else runs, acp_versions)
     rows += jobs_together_rows(max(3, runs) if not args.tiny else runs, acp_versions)
     rows += late_binding_rows(max(3, runs) if not args.tiny else runs, acp_versions)
+    rows += bytecode_rows(max(3, runs) if not args.tiny else runs, acp_versions)
     print(f"machine: {machine()}")
     print(f"runs: {runs} per figure ({calls} for single calls); total {time.time() - started:.0f} s\n")
     header = ["figure", "bridge: median (min-max)", "floor: median (min-max)", "result", "target"]

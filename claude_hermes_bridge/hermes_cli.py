@@ -193,6 +193,50 @@ def confined_call(cfg: Config, argv: list[str], writable: tuple[str, ...] = ()) 
         shutil.rmtree(private_tmp, ignore_errors=True)
 
 
+# Modules every Hermes version here imports to serve a job (0.19.0-0.22.2); their bytecode stands for the install's.
+HERMES_CORE_MODULES = ("run_agent.py", "model_tools.py", os.path.join("hermes_cli", "main.py"))
+COMPILE_TIMEOUT_S = 900.0  # 0.22.2's 5,389 modules, one core, beside a job's start
+
+
+def install_without_bytecode(exe: str) -> str | None:
+    """The site-packages of a Python install of Hermes whose core modules have no compiled bytecode, else None.
+    A confined Hermes cannot write bytecode into its install, so without it every start compiles every module
+    (0.22.2: importing run_agent, model_tools and acp_adapter.server took 13-18 s instead of 1.2-2.8 s); uv
+    installs without compiling. A few stats, no process: hermes_health asks on every call."""
+    install = os.path.dirname(os.path.dirname(os.path.realpath(exe)))  # <env>/bin/hermes
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir(os.path.join(install, "lib"))):
+            site = os.path.join(install, "lib", name, "site-packages")
+            tag = "cpython-" + name.removeprefix("python").replace(".", "")
+            present = [path for path in (os.path.join(site, module) for module in HERMES_CORE_MODULES)
+                       if os.path.isfile(path)]
+            if name.startswith("python3.") and present and not any(os.path.isfile(os.path.join(
+                    os.path.dirname(path), "__pycache__", f"{os.path.basename(path)[:-3]}.{tag}.pyc"))
+                    for path in present):
+                return site
+    return None
+
+
+def compile_install(cfg: Config, exe: str, site: str) -> str:
+    """Hermes' install compiled by its own Python, confined like every call of Hermes the bridge makes, with
+    nothing writable but that site-packages (and a temporary folder): `-I -S` runs the standard library's
+    compileall and no code of the install (no .pth file, no sitecustomize); compiling runs none of the code it
+    reads. What happened, in words."""
+    python = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(site))), "bin", "python")
+    if not os.path.isfile(python):
+        return f"not compiled: Hermes' install has no {python}"
+    try:
+        with confined_call(cfg, [python, "-I", "-S", "-m", "compileall", "-q", site], (site,)) as (argv, env):
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=COMPILE_TIMEOUT_S,
+                                  env=env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"not compiled: {exc}"
+    if install_without_bytecode(exe) is None:
+        return "compiled"
+    tail = (done.stdout + done.stderr).decode("utf-8", "replace").strip()[-300:]
+    return f"not compiled: {python} -m compileall exited {done.returncode}: {tail}"
+
+
 def run_probe(cfg: Config, exe: str, *args: str) -> "subprocess.CompletedProcess[bytes]":
     """Start Hermes, confined (confined_call), to ask it something (its options, whether it speaks ACP), marked
     running meanwhile: the first start after an install can outlast a tool's deadline, and that deadline's

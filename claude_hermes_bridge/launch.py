@@ -5,11 +5,13 @@ import dataclasses
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from .config import Config, audit, parse_executors
 from .executors import sweep_leftovers
 from .git_calls import GitFailed, git
+from .hermes_cli import compile_install, install_without_bytecode, locate_hermes
 from .job_queue import (
     LAUNCH_LOCK_S,
     OFFERED,
@@ -27,9 +29,12 @@ from .safe_io import (
     locked,
     machine_clock,
     open_append,
+    read_json,
     running_process,
     shown,
+    write_atomic,
 )
+from .sandbox import mechanism
 from .standby import any_standby_running
 from .taking import BEING_READIED, ready_standby, served_by_standby, start_standby, warm_startable
 from .worktrees import (
@@ -179,6 +184,46 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
 
 
 STANDBY_AT_START_SCAN = 20  # the newest records a server's start looks through for the place of its first standby
+
+
+def hermes_at_start(cfg: Config) -> None:
+    """A server's start, in a thread of its own: Hermes' install compiled if it must be, then a standby readied
+    (which then starts faster too)."""
+    compile_at_start(cfg)
+    standby_at_start(cfg)
+
+
+def bytecode_note_path(store: JobStore) -> Path:
+    return store.root / "hermes-bytecode.json"
+
+
+def compile_at_start(cfg: Config) -> str | None:
+    """Where jobs are confined and Hermes' install has no bytecode (install_without_bytecode), compile it once, one
+    server at a time, and note what happened for hermes_health. What happened, or None when nothing was to do."""
+    if cfg.sandbox == "off" or not mechanism().name:
+        return None  # an unconfined Hermes writes its own bytecode
+    exe = locate_hermes(cfg).usable
+    if not exe or not (site := install_without_bytecode(exe)):
+        return None
+    store = JobStore.of(cfg)
+    try:
+        with locked(store.root / "hermes-bytecode.lock", 1.0):
+            write_atomic(bytecode_note_path(store), json.dumps({"site": site, "state": "compiling",
+                                                                "at": time.time()}).encode())
+            outcome = compile_install(cfg, exe, site)
+            write_atomic(bytecode_note_path(store), json.dumps({"site": site, "state": outcome,
+                                                                "at": time.time()}).encode())
+    except (LockTimeout, OSError):
+        return None  # another server compiles it, or the jobs folder refuses: the next start tries again
+    audit(cfg, event="hermes_bytecode", site=site, outcome=outcome)
+    return outcome
+
+
+def bytecode_note(store: JobStore, site: str) -> dict[str, Any] | None:
+    """What the bridge last noted of compiling this site-packages (compile_at_start), or None."""
+    note = read_json(bytecode_note_path(store))
+    return note if isinstance(note, dict) and note.get("site") == site and isinstance(note.get("state"), str) \
+        and isinstance(note.get("at"), (int, float)) else None
 
 
 def standby_at_start(cfg: Config) -> str | None:

@@ -35,7 +35,7 @@ from .handshake import AnswerFilter, EarlyStart, PrefixedInput
 from .health import health, server_instructions
 from .job_queue import queue_words, start_queued
 from .jobs import FINAL_STATES, JobState, JobStore, is_network_question
-from .launch import recover_worktrees, standby_at_start, sweep_containers
+from .launch import hermes_at_start, recover_worktrees, sweep_containers
 from .preflight import PACKAGE_DIR, VERSION, dependency_version
 from .render import QUESTIONS_SHOWN, ToolResult, deadline_words, job_details, status_result
 from .review import view_patch
@@ -685,7 +685,7 @@ async def serve(protocol_fds: tuple[int, int], early: EarlyStart) -> None:
     threading.Thread(target=recover_worktrees, args=(cfg,), name="recover worktrees", daemon=True).start()
     threading.Thread(target=start_queued, args=(cfg, JobStore.of(cfg)), name="the queue", daemon=True).start()
     threading.Thread(target=sweep_containers, args=(cfg,), name="leftover containers", daemon=True).start()
-    threading.Thread(target=standby_at_start, args=(cfg,), name="standby at start", daemon=True).start()
+    threading.Thread(target=hermes_at_start, args=(cfg,), name="Hermes at start", daemon=True).start()
     release_freed_memory()
     lines = ProtocolLines(TextIOWrapper(BufferedReader(PrefixedInput(protocol_fds[0], early.read)), encoding="utf-8",
                                         errors="replace"))

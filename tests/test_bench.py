@@ -32,7 +32,9 @@ ROWS = ["server start: spawn to the initialize reply", "cold start: spawn, initi
           for version in TINY_ACP_VERSIONS),
         *(f"3 jobs started together in one folder, each until its model's first request, Hermes {version}"
           for version in TINY_ACP_VERSIONS),
-        *(f"Hermes {version}'s modules imported first, then bound to a new folder" for version in TINY_ACP_VERSIONS)]
+        *(f"Hermes {version}'s modules imported first, then bound to a new folder" for version in TINY_ACP_VERSIONS),
+        *(f"Hermes {version}'s core modules imported, confined, from an install without bytecode"
+          for version in TINY_ACP_VERSIONS)]
 
 
 @pytest.mark.timeout(900)  # a dozen real Hermes starts: 1-2 minutes alone, 4 or more beside the Windows lane
