@@ -6,19 +6,21 @@ from .config import HOST_SETTING_KEYS, Config, parse_executors, path_advice, roo
 from .drivers import install_mounts
 from .hermes_acp import driver_line, known_acp
 from .hermes_cli import (
+    calls_confined,
     command_preview,
     hermes_version_on_disk,
+    install_python,
     install_without_bytecode,
     known_cli,
     left_out_environment,
     locate_hermes,
 )
 from .jobs import JobStore, disk_problem
-from .launch import bytecode_note, bytecode_note_path, worktree_count
+from .launch import bytecode_lock_path, bytecode_note, bytecode_note_path, worktree_count
 from .network import support_line as network_support
 from .preflight import VERSION, dependency_version, version_tuple
 from .safe_io import LockTimeout, clock_words, disk_error, locked, plural, read_json, shown
-from .sandbox import mechanism, support_line
+from .sandbox import support_line
 from .skills import HEALTH_RECENT_JOBS
 from .standby import is_alive_standby, standby_slots
 
@@ -151,7 +153,7 @@ def health(cfg: Config, at_start: Config | None = None) -> str:
                      "installer lays it out): a job's mount namespace holds it read-only where one can be made (see "
                      "SANDBOX); where none can, a job could change the `hermes` you and the bridge run later. Install "
                      "Hermes outside its home (`uv tool install` or a virtual environment of its own) to be safe")
-    if exe and cfg.sandbox != "off" and mechanism().name:
+    if exe and calls_confined(cfg):
         lines += bytecode_lines(store, exe)
     if advice := path_advice(os.environ.get("PATH", ""), sys.platform, os.path.expanduser("~")):
         lines.append(f"PATH_NOTE: {shown(advice, 500)}")
@@ -210,14 +212,14 @@ def bytecode_lines(store: JobStore, exe: str) -> list[str]:
     note = bytecode_note(store, site)
     if note and note["state"] == "compiling":
         try:
-            with locked(store.root / "hermes-bytecode.lock", 0):
+            with locked(bytecode_lock_path(store), 0):
                 note = None  # its server stopped before it was done: the next server's start compiles it
         except (LockTimeout, OSError):
             return [f"HERMES_BYTECODE: being compiled by the bridge since{clock_words(note['at'])} in {shown(site)}: "
                     "until it is, each job's Hermes compiles its modules at start (about 10x slower to reach the "
                     "model)"]
     last = f" (the last try: {shown(note['state'], 400)})" if note else ""
-    python = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(site))), "bin", "python")
+    python = install_python(site)
     return [f"HERMES_BYTECODE: none in {shown(site)}: a confined Hermes cannot write it there, so each job's Hermes "
             "compiles its modules at start (about 10x slower to reach the model; uv installs without compiling). "
             f"The bridge compiles it when a server starts{last}; or run once: `{shown(python)} -m compileall -q "

@@ -173,6 +173,11 @@ def sandbox_extra(cfg: Config) -> list[str]:
     return [path for path in cfg.sandbox_writable if os.path.isabs(path) and os.path.isdir(path)]
 
 
+def calls_confined(cfg: Config) -> bool:
+    """Whether the bridge's calls of Hermes, and jobs' Hermes, run inside the sandbox here."""
+    return cfg.sandbox != "off" and bool(mechanism().name)
+
+
 @contextlib.contextmanager
 def confined_call(cfg: Config, argv: list[str], writable: tuple[str, ...] = ()) -> Iterator[tuple[list[str],
                                                                                                    dict[str, str]]]:
@@ -182,7 +187,7 @@ def confined_call(cfg: Config, argv: list[str], writable: tuple[str, ...] = ()) 
     namespace holds it read-only (it lies in Hermes' home, which jobs write, as Hermes' own installer lays it
     out). As it is where the sandbox is off or this machine has none (Windows)."""
     env = hermes_env(cfg)
-    if cfg.sandbox == "off" or not mechanism().name:
+    if not calls_confined(cfg):
         yield argv, env
         return
     private_tmp = tempfile.mkdtemp(prefix="chb-hermes-call-")
@@ -217,12 +222,17 @@ def install_without_bytecode(exe: str) -> str | None:
     return None
 
 
+def install_python(site: str) -> str:
+    """The Python of the install whose site-packages this is (<env>/lib/python3.X/site-packages)."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(site))), "bin", "python")
+
+
 def compile_install(cfg: Config, exe: str, site: str) -> str:
     """Hermes' install compiled by its own Python, confined like every call of Hermes the bridge makes, with
     nothing writable but that site-packages (and a temporary folder): `-I -S` runs the standard library's
     compileall and no code of the install (no .pth file, no sitecustomize); compiling runs none of the code it
     reads. What happened, in words."""
-    python = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(site))), "bin", "python")
+    python = install_python(site)
     if not os.path.isfile(python):
         return f"not compiled: Hermes' install has no {python}"
     try:

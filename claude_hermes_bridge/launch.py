@@ -11,7 +11,7 @@ from typing import Any
 from .config import Config, audit, parse_executors
 from .executors import sweep_leftovers
 from .git_calls import GitFailed, git
-from .hermes_cli import compile_install, install_without_bytecode, locate_hermes
+from .hermes_cli import calls_confined, compile_install, install_without_bytecode, locate_hermes
 from .job_queue import (
     LAUNCH_LOCK_S,
     OFFERED,
@@ -34,7 +34,6 @@ from .safe_io import (
     shown,
     write_atomic,
 )
-from .sandbox import mechanism
 from .standby import any_standby_running
 from .taking import BEING_READIED, ready_standby, served_by_standby, start_standby, warm_startable
 from .worktrees import (
@@ -197,17 +196,22 @@ def bytecode_note_path(store: JobStore) -> Path:
     return store.root / "hermes-bytecode.json"
 
 
+def bytecode_lock_path(store: JobStore) -> Path:
+    """Held by the server compiling Hermes' install (compile_at_start), for as long as it does."""
+    return store.root / "hermes-bytecode.lock"
+
+
 def compile_at_start(cfg: Config) -> str | None:
     """Where jobs are confined and Hermes' install has no bytecode (install_without_bytecode), compile it once, one
     server at a time, and note what happened for hermes_health. What happened, or None when nothing was to do."""
-    if cfg.sandbox == "off" or not mechanism().name:
+    if not calls_confined(cfg):
         return None  # an unconfined Hermes writes its own bytecode
     exe = locate_hermes(cfg).usable
     if not exe or not (site := install_without_bytecode(exe)):
         return None
     store = JobStore.of(cfg)
     try:
-        with locked(store.root / "hermes-bytecode.lock", 1.0):
+        with locked(bytecode_lock_path(store), 1.0):
             write_atomic(bytecode_note_path(store), json.dumps({"site": site, "state": "compiling",
                                                                 "at": time.time()}).encode())
             outcome = compile_install(cfg, exe, site)
