@@ -206,7 +206,10 @@ def compile_at_start(cfg: Config) -> str | None:
     server at a time, and note what happened for hermes_health. What happened, or None when nothing was to do."""
     if not calls_confined(cfg):
         return None  # an unconfined Hermes writes its own bytecode
-    exe = locate_hermes(cfg).usable
+    try:
+        exe = locate_hermes(cfg).usable
+    except OSError:
+        return None  # the standby after it must still be readied; hermes_health says what is wrong with Hermes
     if not exe or not (site := install_without_bytecode(exe)):
         return None
     store = JobStore.of(cfg)
