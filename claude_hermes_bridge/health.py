@@ -216,11 +216,11 @@ def bytecode_lines(store: JobStore, exe: str) -> list[str]:
                 note = None  # its server stopped before it was done: the next server's start compiles it
         except (LockTimeout, OSError):
             return [f"HERMES_BYTECODE: being compiled by the bridge since{clock_words(note['at'])} in {shown(site)}: "
-                    "until it is, each job's Hermes compiles its modules at start (about 10x slower to reach the "
-                    "model)"]
+                    "until it is, each job's Hermes compiles its modules at start (about 2 s more before it reaches "
+                    "the model)"]
     last = f" (the last try: {shown(note['state'], 400)})" if note else ""
     python = install_python(site)
     return [f"HERMES_BYTECODE: none in {shown(site)}: a confined Hermes cannot write it there, so each job's Hermes "
-            "compiles its modules at start (about 10x slower to reach the model; uv installs without compiling). "
-            f"The bridge compiles it when a server starts{last}; or run once: `{shown(python)} -m compileall -q "
-            f"{shown(site)}`"]
+            "compiles its modules at start (about 2 s more before it reaches the model; uv installs without "
+            f"compiling). The bridge compiles it when a server starts{last}; or run once: "
+            f"`{shown(python)} -m compileall -q {shown(site)}`"]

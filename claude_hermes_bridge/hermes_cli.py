@@ -206,7 +206,7 @@ COMPILE_TIMEOUT_S = 900.0  # 0.22.2's 5,389 modules, one core, beside a job's st
 def install_without_bytecode(exe: str) -> str | None:
     """The site-packages of a Python install of Hermes whose core modules have no compiled bytecode, else None.
     A confined Hermes cannot write bytecode into its install, so without it every start compiles every module
-    (0.22.2: importing run_agent, model_tools and acp_adapter.server took 13-18 s instead of 1.2-2.8 s); uv
+    (0.22.2: importing run_agent, model_tools and acp_adapter.server took 3.5 s instead of 1.5 s); uv
     installs without compiling. A few stats, no process: hermes_health asks on every call."""
     install = os.path.dirname(os.path.dirname(os.path.realpath(exe)))  # <env>/bin/hermes
     with contextlib.suppress(OSError):

@@ -347,7 +347,7 @@ MUTATIONS = (
     Mutation(74, "on Windows a Hermes that exits fast ends `error` with EXIT_CODE none: its own code is lost",
              'supervisor.py', 'self.hermes = started_process(proc.pid)', 'self.hermes = psutil.Process(proc.pid)',
              'tests/test_supervisor.py', 'gone_before'),
-    Mutation(75, "a Hermes installed without bytecode compiles every module at each job's start, 10x slower",
+    Mutation(75, "a Hermes installed without bytecode compiles every module at each job's start, 2 s slower",
              'launch.py', '    compile_at_start(cfg)\n    standby_at_start(cfg)', '    standby_at_start(cfg)',
              'tests/test_bytecode.py', 'once_confined'),
     Mutation(76, "the bridge's compile of Hermes' install runs unconfined, outside any sandbox",

@@ -1,7 +1,7 @@
 """A confined Hermes cannot write bytecode into its install, so an install without it (uv installs so) compiled
-every module at each job's start, about 10x slower to reach the model. A server's start compiles it once, with
-Hermes' own Python, confined to that site-packages, and hermes_health says so; a compile that cannot run leaves
-the advice."""
+every module it imports at each job's start (about 2 s more before the model; more when busy). A server's start
+compiles it once, with Hermes' own Python, confined to that site-packages, and hermes_health says so; a compile
+that cannot run leaves the advice."""
 import sys
 from pathlib import Path
 
