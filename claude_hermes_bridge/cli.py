@@ -96,7 +96,8 @@ async def check_server(command: list[str], env: dict[str, str] | None = None,
     if health_result is None or either(health_result, "is_error"):
         report.append("FAIL: hermes_health did not succeed")
         return False, report
-    kept = ("HERMES_EXE", "HERMES_VERSION", "CLI_FLAGS", "CLI_COMMAND", "ALLOWED_ROOTS", "CONFIG", "  - ")
+    kept = ("HERMES_EXE", "HERMES_VERSION", "HERMES_BYTECODE", "CLI_FLAGS", "CLI_COMMAND", "ALLOWED_ROOTS", "CONFIG",
+            "  - ")
     report.extend(line.strip() for line in result_text(health_result).splitlines() if line.startswith(kept))
     return ok, report
 

@@ -2,6 +2,7 @@
 every module it imports at each job's start (about 2 s more before the model; more when busy). A server's start
 compiles it once, with Hermes' own Python, confined to that site-packages, and hermes_health says so; a compile
 that cannot run leaves the advice."""
+import subprocess
 import sys
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from claude_hermes_bridge.hermes_cli import install_without_bytecode
 from conftest import require_sandbox
-from harness import Bridge, BridgeClient, wait_until
+from harness import SERVER, Bridge, BridgeClient, wait_until
 
 pytestmark = pytest.mark.posix("the sandbox confines the compile (Landlock or Seatbelt)")
 
@@ -69,3 +70,6 @@ def test_an_install_the_bridge_cannot_compile_keeps_the_advice_and_runs_jobs(bri
         final = client.call("hermes_run", task="still runs", wait_s=30)
         assert final.field("STATUS") == "ok", final.text
     assert install_without_bytecode(str(hermes)) == str(site)
+    check = subprocess.run([sys.executable, str(SERVER), "--check"], env=bridge.env, capture_output=True, text=True,
+                           timeout=120)
+    assert f"HERMES_BYTECODE: none in {site}: a confined Hermes cannot write it there" in check.stdout, check.stdout
