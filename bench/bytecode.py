@@ -1,9 +1,6 @@
 """The benchmark's row for an install of the real Hermes without bytecode (as uv leaves it): a confined Hermes
 cannot write its bytecode, so it compiled every module at each start until the bridge compiled the install
 (launch.compile_at_start)."""
-import glob
-import os
-import shutil
 import statistics
 import subprocess
 import tempfile
@@ -12,24 +9,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rows import Row
+from test_real_bytecode import uncompiled_copy
 from warm_starts import installed_acp_versions
 
 from claude_hermes_bridge.config import Config
 from claude_hermes_bridge.hermes_cli import compile_install, confined_call, install_without_bytecode
 
 HERMES_IMPORTS = "import run_agent, model_tools, acp_adapter.server"
-
-
-def uncompiled_copy(exe: Path, into: Path) -> Path:
-    """A virtual environment of the same Python holding a copy of this install's site-packages without its
-    bytecode; its `hermes` (a stand-in: only its place matters)."""
-    python = os.path.realpath(exe.parent / "python")
-    subprocess.run([python, "-m", "venv", "--without-pip", str(into)], check=True)
-    [site] = glob.glob(str(exe.parent.parent / "lib" / "python3.*" / "site-packages"))
-    [copy] = glob.glob(str(into / "lib" / "python3.*" / "site-packages"))
-    shutil.copytree(site, copy, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True, symlinks=True)
-    (into / "bin" / "hermes").write_text("")
-    return into / "bin" / "hermes"
 
 
 def confined_import_s(cfg: Config, hermes: Path) -> float:
