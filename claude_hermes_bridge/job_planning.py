@@ -66,7 +66,7 @@ class JobPlanner:
             exe = usable_hermes(cfg)
             if record.worktree and not os.path.isdir(record.worktree["path"]):
                 self.make_worktree(record.worktree)
-            elif record.worktree and self.warm:
+            elif record.worktree and self.warm and not record.worktree.get("job"):
                 job.note(f"worktree {record.worktree['path']} on branch {record.worktree['branch']} at "
                          f"{record.worktree['base'][:12]}, readied by the warm standby before the job")
             if record.worktree:

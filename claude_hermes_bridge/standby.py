@@ -45,7 +45,7 @@ from .hermes_acp import ACP_SESSION_RE, WarmHermes, approval_policy_dir
 from .hermes_cli import confined_call, hermes_env
 from .hermes_store import StoreUnavailable, read_store
 from .home_guard import GUARDED_NAMES, walk
-from .jobs import FINAL_STATES, JobState, JobStore
+from .jobs import FINAL_STATES, JOB_ID_RE, JobRecord, JobState, JobStore
 from .network import JobProxy, enforcement, job_policy
 from .preflight import PACKAGE_DIR, VERSION
 from .processes import JOB_MARKER, Ownership, become_subreaper, held_in_job_object, started_process, stop_tree
@@ -69,11 +69,12 @@ from .worktrees import (
     STANDBY_NAME_RE,
     folder_below,
     hand_over_worktree,
+    is_own_folder,
     object_environment,
     ready_worktree,
     remove_readied_worktree,
+    standby_place,
     warm_worktree_refusal,
-    worktree_place,
 )
 
 POLL_S = 0.1  # how soon a taken standby answers; 0.15 CPU-seconds a minute while it waits
@@ -206,7 +207,7 @@ class Standby:
     """A prepared Hermes, as the standby holds it until a job takes it."""
 
     key: str
-    folder: str  # the folder it was readied for, or for worktree jobs, worktree_place
+    folder: str  # what it was readied for: worktrees.standby_place
     shape: dict[str, Any]  # the confinement_shape its Hermes was started with
     marker: str
     warm: WarmStart
@@ -222,27 +223,32 @@ def copy_stream(stream: Any) -> None:
 
 
 def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str, shape: dict[str, Any],
-            planned: dict[str, Any] | None = None) -> Standby:
+            planned: dict[str, Any] | None = None, resumed: tuple[dict[str, Any], str] | None = None) -> Standby:
     """Hermes started as a job's would be (the sandbox with a private temporary folder of its own, the managed
     policy, the environment), initialized, and warmed with a throw-away session in folder; given a worktree
-    job's plan, in a worktree it readies for the next such job (folder: its place). OSError: not ready."""
+    job's plan, in a worktree it readies for the next such job (folder: its place); given a resumed worktree
+    job's worktree and folder, there, confined as a resumed job's Hermes is (folder: its place). OSError: not
+    ready."""
     started = time.monotonic()
     marker = "standby:" + secrets.token_hex(16)
     owned = f"standby-{os.getpid()}-{secrets.token_hex(6)}"  # its folders, by the pid sweep_leftovers looks at
-    place, worktree = folder, None
+    place, worktree, readied = folder, None, None
     if planned:
         try:
-            worktree = ready_worktree(store, owned, planned)
+            worktree = readied = ready_worktree(store, owned, planned)
         except GitFailed as exc:
             remove_readied_worktree(store, owned)
             raise OSError(f"its worktree could not be made: {exc}") from None
         folder = folder_below(worktree["path"], planned["subdir"])
+    elif resumed:
+        worktree, folder = resumed
     found = sandbox_mechanism() if cfg.sandbox != "off" else None
     private_tmp = private_tmp_of(store, owned) if found and found.name else None
     own = worktree["path"] if worktree else folder
     writable = sandbox_writable(cfg, own, private_tmp, worktree) if private_tmp else []
     mounts = sandbox_mounts(exe, folder, worktree, writable) if private_tmp else []
-    git_environment = object_environment(worktree["objects"], worktree["repo"]) if worktree else None
+    git_environment = object_environment(worktree["objects"], worktree["repo"]) if worktree and "objects" in worktree \
+        else None
     cache = project_cache(private_tmp, own, worktree) if private_tmp else None
     proxy, enforced = None, False
     if shape["network"] != "open":  # Hermes behind the proxy the job's network takes over (JobNetwork.start)
@@ -262,9 +268,9 @@ def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str, shape
     try:
         warm.hermes.warm_up(folder, WARM_UP_S)
     except OSError:
-        dismiss(cfg, warm, marker, worktree)
+        dismiss(cfg, warm, marker, readied)
         raise
-    return Standby(key, place, shape, marker, warm, round(time.monotonic() - started, 3), worktree)
+    return Standby(key, place, shape, marker, warm, round(time.monotonic() - started, 3), readied)
 
 
 def sweep_leftovers(store: JobStore) -> None:
@@ -496,6 +502,19 @@ def main(job_id: str) -> int:
         alive.unlink(missing_ok=True)
 
 
+def resumed_worktree(store: JobStore, record: JobRecord) -> dict[str, Any] | None:
+    """A resumed worktree job's worktree, for a standby readied for the next resume there: as the job's record
+    names it, when it is still the folder the bridge made for its first job (in the jobs folder, its identity
+    the same), with the object folder derived from that job as the job's own planning derives it (own_objects)."""
+    worktree = record.worktree
+    if not worktree or not isinstance(worktree.get("job"), str) or not JOB_ID_RE.fullmatch(worktree["job"]):
+        return None
+    path = worktree.get("path")
+    if path != str(store.worktree_path(worktree["job"])) or not is_own_folder(worktree):
+        return None
+    return dict(worktree, objects=str(store.worktree_objects_path(worktree["job"])))
+
+
 def worktree_plan(planned: dict[str, Any]) -> dict[str, Any] | None:
     """What the next worktree job on this job's repository would be planned with (its base: HEAD now), or None
     when such a job cannot start warm (warm_worktree_refusal) or the repository has no HEAD."""
@@ -516,16 +535,18 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
         exe = usable_hermes(cfg)
     except (Refused, Exception):  # noqa: BLE001  (nothing to prepare for)
         return 0
-    planned = worktree_plan(record.worktree) if record.worktree else None
-    if (record.worktree and not planned) or record.executor:  # a job on an executor starts its own Hermes
+    resumed = resumed_worktree(store, record)
+    planned = worktree_plan(record.worktree) if record.worktree and not resumed else None
+    if (record.worktree and not (planned or resumed)) or record.executor:  # on an executor: a Hermes of its own
         return 0
     where = folder_below(planned["repo"], planned["subdir"]) if planned else record.cwd or ""
-    if not os.path.isdir(where) or not within_any(os.path.realpath(where), cfg.roots):
+    inside = [resumed["path"]] if resumed else cfg.roots
+    if not os.path.isdir(where) or not within_any(os.path.realpath(where), inside):
         return 0
     sweep_leftovers(store)
     wait_past_starts(store, job_id)
-    cwd = worktree_place(planned) if planned else where
-    shape = confinement_shape(record.network_mode or cfg.network, planned)
+    cwd = standby_place(planned or resumed, where)
+    shape = confinement_shape(record.network_mode or cfg.network, planned or resumed)
     key = launch_key(cfg, cwd, exe, shape)
     slots = standby_slots(store, cfg.warm_start_folders)
     for slot in slots:
@@ -541,7 +562,7 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
             return 0  # a later job asked for another
         (folder / "ready.json").unlink(missing_ok=True)  # a dead standby's: the lock says nobody holds it
         try:
-            standby = prepare(cfg, store, cwd, exe, key, shape, planned)
+            standby = prepare(cfg, store, cwd, exe, key, shape, planned, (resumed, where) if resumed else None)
         except OSError as exc:
             audit(cfg, event="standby", problem=f"not prepared: {exc}")
             return 0

@@ -37,7 +37,7 @@ from .standby import (
     standby_slots,
 )
 from .supervisor import main as supervise
-from .worktrees import STANDBY_NAME_RE, is_own_folder, warm_worktree_refusal, worktree_place
+from .worktrees import STANDBY_NAME_RE, is_own_folder, standby_place, warm_worktree_refusal
 
 STANDBY_LOG_BYTES = 1 << 20
 BEING_READIED = "a warm Hermes is still being readied for this folder (it was not ready when this job started)"
@@ -62,17 +62,17 @@ def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> tuple[Path
     elif record.worktree and (refusal := warm_worktree_refusal(record.worktree)):
         record.start = f"cold: {refusal}"
     else:
-        place = worktree_place(record.worktree) if record.worktree else record.cwd or ""
+        place = standby_place(record.worktree, record.cwd or "")
         shape = confinement_shape(record.network_mode or "open", record.worktree)
         whys = []
         for slot in standby_slots(store, cfg.warm_start_folders):
             ready = read_json(slot / "ready.json")
             why = (BEING_READIED if ready is None and being_readied(slot) == place
                    else standby_mismatch(cfg, ready, place, shape)
-                   or (readied_mismatch(store, ready) if record.worktree else None))
+                   or (readied_mismatch(store, ready) if shape["worktree"] == "new" else None))
             if why is None:
                 record.start, record.standby_marker = "warm", str(ready["marker"])
-                if record.worktree:  # the standby moves its worktree to the job's place when it takes the job
+                if record.worktree and shape["worktree"] == "new":  # the standby moves its worktree there on taking
                     record.worktree.update({key: ready["worktree"][key] for key in ("admin", "identity")})
                 return slot, cast(dict[str, Any], ready)
             whys.append(why)
@@ -94,8 +94,6 @@ def nearest_reason(whys: list[str]) -> str:
 def standby_mismatch(cfg: Config, ready: Any, folder: str, shape: dict[str, Any]) -> str | None:
     """Why this standby cannot take a job in folder confined as shape (drivers.confinement_shape), or None when
     it can."""
-    if shape["worktree"] == "resumed":
-        return "a resumed worktree job's Hermes is confined to that job's own worktree from its start"
     if not isinstance(ready, dict) or not is_standby_marker(ready.get("marker")):
         return NONE_WAITING
     published = ready.get("shape")

@@ -229,7 +229,10 @@ PLANNED_KEYS = ("repo", "base", "head", "base_branch", "subdir", "from", "submod
 
 
 def warm_worktree_refusal(planned: dict[str, Any]) -> str | None:
-    """Why a worktree job planned so cannot take a worktree a standby readied ahead of it (None: it can)."""
+    """Why a worktree job planned so cannot take a worktree a standby readied ahead of it (None: it can). A
+    resumed job's worktree is not readied: its first job made it."""
+    if planned.get("job"):
+        return None
     if IS_WINDOWS:
         return "a readied worktree is renamed for its job, which Windows refuses while Hermes works in it"
     if planned.get("from") != "head":
@@ -237,6 +240,17 @@ def warm_worktree_refusal(planned: dict[str, Any]) -> str | None:
     if planned.get("submodules") != "none":
         return "a worktree's submodules are initialised for its job"
     return None
+
+
+def standby_place(worktree: dict[str, Any] | None, folder: str) -> str:
+    """What a standby readied for a job like this one stands for (in its key): a new worktree job's repository and
+    commit (worktree_place); a resumed worktree job's folder in that very worktree, by its identity (one removed
+    and made again from its branch is another folder to the sandbox's rules); else the job's folder."""
+    if not worktree:
+        return folder
+    if worktree.get("job"):
+        return f"{folder} (the worktree of job {worktree['job']}, folder {identity_words(worktree['path'])})"
+    return worktree_place(worktree)
 
 
 def folder_below(top: str, subdir: str) -> str:

@@ -354,6 +354,9 @@ MUTATIONS = (
              'hermes_cli.py', 'with confined_call(cfg, [python, "-I", "-S", "-m", "compileall", "-q", site], (site,))',
              'with contextlib.nullcontext(([python, "-I", "-S", "-m", "compileall", "-q", site], hermes_env(cfg)))',
              'tests/test_bytecode.py', 'once_confined'),
+    Mutation(77, "the next resume in a worktree starts cold: no standby is readied in that worktree",
+             'standby.py', 'resumed = resumed_worktree(store, record)', 'resumed = None',
+             'tests/test_warm_worktrees.py', 'next_resume'),
 )
 
 

@@ -2,6 +2,8 @@
 the warm Hermes and its warm-up session, runs its tools in its own folder with its own temporary folder, is
 answered and resumable; what Hermes' store keeps of a warm-up; and the faults (a standby killed while it
 waits, one whose settings changed, one whose server left while it prepared) with the real Hermes 0.22.2."""
+import contextlib
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,41 @@ def test_the_next_worktree_job_takes_the_readied_worktree_and_commits_in_its_own
     assert git(repo, "log", "-1", "--format=%s", f"hermes-bridge/{job_id}") == "mine"
     landed = client.call("hermes_land", job_id=job_id, action="merge")
     assert not landed.is_error and (repo / "mine.txt").read_text() == "mine\n", landed.text
+
+
+def test_the_next_resume_in_a_worktree_takes_the_standby_readied_there_and_writes_its_worktree(warm: Any) -> None:
+    """Issue 65: a resumed worktree job readies a standby in that worktree, confined as a resumed job's Hermes is;
+    the next resume takes it and its tools write that worktree (the bug this replaces: a warm resume whose shell
+    was refused its own worktree)."""
+    from test_worktrees import make_repo
+
+    bridge, _, client, _, _ = warm
+    repo = make_repo(bridge.root / "repo")
+    first = finish(client, client.call("hermes_run", task="First.\nRUN: pwd", cwd=str(repo), isolation="worktree",
+                                       wait_s=45), timeout=180)
+    assert_turn_ended(first)
+    worktree, session = bridge.jobs / "worktrees" / first.field("JOB_ID"), first.field("SESSION_ID")
+    second = finish(client, client.call("hermes_resume", session_id=session, task="Second.\nRUN: echo 2 > two.txt",
+                                        wait_s=45), timeout=180)
+    assert_turn_ended(second)
+    place = f"{worktree} (the worktree of job {first.field('JOB_ID')}, folder "
+    wait_until(lambda: any(str(published.get("folder", "")).startswith(place) for published in live_ready(bridge)),
+               120, "a standby in the worktree")
+    third = finish(client, client.call("hermes_resume", session_id=session, task="Third.\nRUN: pwd > where3.txt",
+                                       wait_s=45), timeout=180)
+    assert_turn_ended(third)
+    assert third.field("START").startswith("warm (the task reached Hermes "), third.text
+    assert (worktree / "where3.txt").read_text().strip() == str(worktree), third.text
+    assert (worktree / "two.txt").read_text().strip() == "2" and not (repo / "where3.txt").exists()
+
+
+def live_ready(bridge: Bridge) -> list[dict[str, Any]]:
+    """What each slot's standby published, for those ready now."""
+    found = []
+    for path in bridge.jobs.glob("standby*/ready.json"):
+        with contextlib.suppress(OSError, ValueError):
+            found.append(json.loads(path.read_text()))
+    return found
 
 
 def configured_warm(bridge: Bridge, version: str) -> Any:

@@ -3,7 +3,10 @@ worktree of the same repository at HEAD with Hermes started in it under the job'
 worktree job on that repository takes it (moved to the job's own place, on the job's own branch), commits and
 lands as a cold one does; another commit (HEAD moved) starts cold, says why, and leaves no readied worktree or
 branch behind."""
+import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_standby import acp_client, ready
@@ -115,3 +118,41 @@ def test_a_worktree_job_running_while_the_standby_readies_its_next_names_no_chan
     assert f"hermes-bridge/{readied.name}" in bridge_branches(repo)  # readied while the job ran
     assert (bridge.record(job.field("JOB_ID")).ended_at or 0) > standby["ready_at"], job.text
     assert "standby" not in job.text, job.text
+
+
+def rules(result: Any) -> str:
+    """A job's SANDBOX line but the name of its private temporary folder."""
+    return re.sub(r"[^ ,]+ \(TMPDIR\)", "<its own> (TMPDIR)", result.field("SANDBOX"))
+
+
+def resumed(client: Any, session: str, task: str) -> Any:
+    result = client.call("hermes_resume", session_id=session, task=task, wait_s=30)
+    return client.wait_final(result.field("JOB_ID")) if result.field("STATUS") == "running" else result
+
+
+def test_the_next_resume_in_a_worktree_takes_a_standby_readied_there_and_its_work_lands(bridge: Bridge) -> None:
+    """Issue 65: a resumed worktree job readies a standby in that very worktree, confined as a resumed job's Hermes
+    is; the next resume there takes it, writes its own worktree (and nothing else) and its work lands."""
+    require_sandbox()
+    repo = make_repo(bridge.root / "repo")
+    (bridge.tmp / "outside.sh").write_text(f"(echo escaped > '{bridge.tmp / 'OUTSIDE'}') 2>/dev/null || true\n")
+    bridge.configure(hermes_driver="acp", warm_start=True)
+    with acp_client(bridge) as client:
+        first = final(client, task="first !write=one.txt:1 !commit=one", cwd=str(repo), isolation="worktree")
+        worktree = bridge.jobs / "worktrees" / first.field("JOB_ID")
+        session = first.field("SESSION_ID")
+        second = resumed(client, session, "second !write=two.txt:2")
+        assert second.field("STATUS") == "ok" and second.field("START").startswith("cold"), second.text
+        place = f"{worktree} (the worktree of job {first.field('JOB_ID')}, folder "
+        wait_until(lambda: any(json.loads(path.read_text()).get("folder", "").startswith(place)
+                               for path in bridge.jobs.glob("standby*/ready.json")), 40, "a standby in the worktree")
+        third = resumed(client, session, f"third !write=three.txt:3 !shell={bridge.tmp / 'outside.sh'}")
+        assert third.field("STATUS") == "ok", third.text
+        assert third.field("START").startswith("warm (the task reached Hermes "), third.text
+        assert third.field("CWD") == str(worktree)
+        assert rules(third) == rules(second), third.text  # the same rules but its own TMPDIR (the standby's)
+        assert (worktree / "three.txt").read_text() == "3" and not (repo / "three.txt").exists()
+        assert not (bridge.tmp / "OUTSIDE").exists()  # its tools were held by the worktree's sandbox
+        landed = client.call("hermes_land", job_id=third.field("JOB_ID"), action="merge")
+        assert not landed.is_error, landed.text
+    assert [(repo / name).read_text() for name in ("one.txt", "two.txt", "three.txt")] == ["1", "2", "3"]
