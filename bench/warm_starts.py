@@ -55,7 +55,8 @@ def warm_start_rows(runs: int, versions: Sequence[str], worktree: bool = False, 
     for each of these versions of the real Hermes with ACP (installed by tests/install_e2e.sh), the next job in the
     same folder; with worktree (issue 51), the next worktree job on the same repository; with folders (issue 65),
     jobs taking turns in that many folders (the first job in each readies its folder's standby, not measured);
-    resumed (issue 65), hermes_resume of the first job's session each time; network (issue 65): each job's own
+    resumed (issue 65), hermes_resume of the first job's session each time (with worktree: in its worktree, the
+    first warm one a resume too, which readies the standby there); network (issue 65): each job's own
     network mode (a limited one waits behind a proxy of its own, warm or cold). Each on a
     server past its first tool call (first_job_rows measure a server's first job)."""
     rows = []
@@ -65,6 +66,7 @@ def warm_start_rows(runs: int, versions: Sequence[str], worktree: bool = False, 
             write_hermes_home(bridge.tmp / "real-home", model.base_url)
             times: dict[str, list[float]] = {"warm": [], "cold": []}
             sessions: list[str] = []  # each place's first job's, which resumed jobs continue
+            worktrees: list[str] = []  # each place's first job's folder (with worktree: its worktree)
             places = [{"cwd": str(make_repo(bridge.root / "repo")), "isolation": "worktree"}] if worktree else [
                 {"cwd": str(bridge.root / f"project-{number}")} for number in range(folders)]
             for place in places:
@@ -75,16 +77,19 @@ def warm_start_rows(runs: int, versions: Sequence[str], worktree: bool = False, 
                     for side in ("cold", "warm"):
                         bridge.configure(hermes_exe=str(exe), hermes_home=str(bridge.tmp / "real-home"),
                                          hermes_driver="acp", approvals="yolo", warm_start=side == "warm",
-                                         warm_start_folders=len(places))
+                                         warm_start_folders=len(places) + (worktree and resumed))
                         with bridge.client() as client:
                             client.call("hermes_jobs")  # a server past its first call, as a host's session holds
                             if side == "warm" and n >= len(places):  # the first in each readies its standby
-                                wait_until(functools.partial(standby_waits_in, bridge.jobs, where), 120,
-                                           "a ready standby")
+                                waits = functools.partial(standby_waits_in, bridge.jobs, {"cwd": worktrees[0]}) \
+                                    if worktree and resumed else functools.partial(standby_waits_in, bridge.jobs, where)
+                                wait_until(waits, 120, "a ready standby")
+                            # a resume in a worktree readies the next one's standby: the first warm one resumes too
                             resuming = {"tool": "hermes_resume", "session_id": sessions[n % len(places)]} \
-                                if resumed and n >= len(places) else {}
+                                if resumed and (n >= len(places) or (worktree and side == "warm")) else {}
                             limit = {} if network == "ask" else {"network": network}
-                            took, final = first_request_s(client, model, f"bench {side} {n}", **where, **resuming,
+                            placed = {} if worktree and resuming else where  # a resume runs where its session did
+                            took, final = first_request_s(client, model, f"bench {side} {n}", **placed, **resuming,
                                                           **limit)
                         start = final.field("START")
                         assert start.startswith(side) or (n < len(places) and side == "warm"), start
@@ -92,10 +97,12 @@ def warm_start_rows(runs: int, versions: Sequence[str], worktree: bool = False, 
                             times[side].append(took)
                         elif side == "cold":
                             sessions.append(final.field("SESSION_ID"))
+                            worktrees.append(final.field("CWD"))
             finally:
                 bridge.kill_leftovers()  # the last standby too
         warm, bound = statistics.median(times["warm"]), 1.5 if worktree else 1.0
-        kind = ("a worktree job" if worktree else "hermes_resume" if resumed else "hermes_run" if folders == 1
+        kind = ("a resumed worktree job" if worktree and resumed else "a worktree job" if worktree
+                else "hermes_resume" if resumed else "hermes_run" if folders == 1
                 else f"jobs taking turns in {folders} folders") + (
             " (network ask, the default)" if network == "ask" else f" (network {network})")
         rows.append(Row(f"{kind} until the model's first request, Hermes {version} over ACP, warm (floor: cold)",
@@ -109,8 +116,10 @@ def standby_waits(ready: Path) -> bool | None:
 
 
 def standby_waits_in(jobs: Path, where: dict[str, str], count: int = 1) -> bool | None:
-    """Whether standbys of count slots wait for a job there (a worktree job's place: any standby, one slot)."""
-    return sum(is_alive_standby(ready) and ("isolation" in where or ready.get("folder") == where["cwd"])
+    """Whether standbys of count slots wait for a job there (a worktree job's place: any standby, one slot; a
+    resumed worktree job's: the one readied in that worktree, standby_place)."""
+    return sum(is_alive_standby(ready) and ("isolation" in where or str(ready.get("folder")).startswith(
+        f"{where['cwd']} (the worktree of job ") or ready.get("folder") == where["cwd"])
                for ready in (read_json(path) for path in jobs.glob("standby*/ready.json"))) >= count or None
 
 
