@@ -16,7 +16,7 @@ import pytest
 from test_real_hermes import write_hermes_home
 from test_worktrees import git, make_repo
 
-from claude_hermes_bridge.executors import PROGRESS_FETCH_S
+from claude_hermes_bridge.executors import LABEL_JOB, LABEL_JOBS, PROGRESS_FETCH_S, jobs_label
 from conftest import require_component, require_sandbox
 from harness import REAL_HERMES_VERSIONS, BridgeClient, nothing_started, refused, wait_until
 from scripted_model import ScriptedModel
@@ -33,8 +33,11 @@ def docker_host() -> str:
     return f"unix://{socket}"
 
 
-def job_containers(host: str, job_id: str) -> list[str]:
-    done = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=claude-hermes-bridge.job={job_id}"],
+def job_containers(host: str, jobs: Path, job_id: str) -> list[str]:
+    """This jobs folder's job's containers: a job of another test's jobs folder on the shared daemon may have the
+    same id (ids are made per jobs folder, by the second)."""
+    done = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={LABEL_JOB}={job_id}", "--filter",
+                           f"label={LABEL_JOBS}={jobs_label(jobs)}"],
                           capture_output=True, text=True, env={**os.environ, "DOCKER_HOST": host}, check=True)
     return done.stdout.split()
 
@@ -70,7 +73,7 @@ def test_a_docker_default_job_runs_in_its_container_and_its_file_lands_in_its_fo
     assert (folder / "made.txt").read_text() == "in-container\n"
     assert job.field("EXECUTOR").startswith(f"box (docker image {IMAGE}"), job.text
     assert "container network none" in job.field("EXECUTOR"), job.text
-    assert job_containers(host, job.field("JOB_ID")) == []
+    assert job_containers(host, bridge.jobs, job.field("JOB_ID")) == []
 
 
 def test_a_resumed_docker_job_runs_in_a_container_again_unless_told_otherwise(on_docker):
@@ -111,7 +114,7 @@ def waiting_in_its_container(bridge: Any, client: BridgeClient, host: str, name:
     folder.mkdir()
     started = client.call("hermes_run", task="Wait.\nRUN: sleep 300", cwd=str(folder), executor="box", wait_s=1)
     job_id = started.field("JOB_ID")
-    wait_until(lambda: job_containers(host, job_id) or None, 60, "the job's container")
+    wait_until(lambda: job_containers(host, bridge.jobs, job_id) or None, 60, "the job's container")
     return started, job_id
 
 
@@ -120,7 +123,7 @@ def test_a_cancelled_docker_job_leaves_no_container(on_docker):
     started, job_id = waiting_in_its_container(bridge, client, host, "slow")
     client.call("hermes_cancel", job_id=job_id)
     began = time.monotonic()
-    wait_until(lambda: job_containers(host, job_id) == [] or None, 20, "the container to go")
+    wait_until(lambda: job_containers(host, bridge.jobs, job_id) == [] or None, 20, "the container to go")
     assert time.monotonic() - began < 20
     final = final_of(client, started)
     assert final.field("STATUS") == "cancelled", final.text
@@ -133,9 +136,9 @@ def test_a_container_left_by_a_killed_supervisor_is_removed_at_the_next_server_s
     for pid in (record.supervisor.pid, record.hermes.pid):  # the supervisor first, so nothing removes it
         os.kill(pid, signal.SIGKILL)
     time.sleep(1)
-    assert job_containers(host, job_id), "the container outlives its killed Hermes"
+    assert job_containers(host, bridge.jobs, job_id), "the container outlives its killed Hermes"
     with bridge.client() as again:
-        wait_until(lambda: job_containers(host, job_id) == [] or None, 30, "the next server to remove it")
+        wait_until(lambda: job_containers(host, bridge.jobs, job_id) == [] or None, 30, "the next server to remove it")
         assert again.call("hermes_status", job_id=job_id).field("STATUS") == "orphaned"
     audit = (bridge.tmp / "logs" / "audit.log").read_text()
     assert f"removed 1 container(s) left by ended jobs on executor box: {job_id}" in audit
