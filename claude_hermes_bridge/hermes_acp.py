@@ -30,7 +30,9 @@ from .safe_io import (
 ACP_SESSION_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 ACP_LINE_MAX = 8 << 20
 ACP_CANCEL_GRACE_S = 3.0
-ACP_EXIT_GRACE_S = 5.0
+# after its turn, 0.22.2 names the session with one more model call on its way out; on a loaded machine that
+# took more than 5 s (a CI run), and a Hermes stopped then loses the title
+ACP_EXIT_GRACE_S = 10.0
 ACP_EXTRA_FIX = ("install Hermes' acp extra (pip install 'hermes-agent[acp]' in Hermes' environment; on 0.22: "
                  "hermes pm install --extra acp)")
 

@@ -254,6 +254,10 @@ class JobWatch:
         if outcome.state is JobState.ERROR and (trouble := model_trouble(read_tail(
                 self.job.store.log_path(self.job.job_id), 16384)[0])):
             return Outcome(outcome.state, exit_code, f"{trouble}; {outcome.reason}")
+        if report is not None and outcome.state is JobState.OK:
+            return Outcome(outcome.state, exit_code, f"Hermes finished its turn, then had not exited "
+                           f"{run.exit_grace_s:g} s after its input was closed; the bridge stopped it: "
+                           f"{report.describe()}")
         return outcome
 
     def wait(self, proc: subprocess.Popen[bytes], run: HermesRun, started: float

@@ -559,7 +559,8 @@ def final_lines(observed: ObservedJob, cfg: Config, log: Path, details: JobDetai
     if observed.reason and observed.state is not JobState.OK:
         lines.append(f"REASON: {shown(observed.reason, 2000)}")
     elif observed.state is JobState.OK:
-        lines.append("REASON: Hermes finished its turn" + (f" (exit {exit_code})" if exit_code is not None else ""))
+        lines.append(f"REASON: {shown(observed.reason or 'Hermes finished its turn', 2000)}"
+                     + (f" (exit {exit_code})" if exit_code is not None else ""))
     if advice := retry_advice(observed.state, observed.reason or ""):
         lines.append(f"RETRY: {advice}")
     if not session and record.session_source:

@@ -9,6 +9,7 @@ events, session/request_permission), driven by directives in the prompt:
 !tool-sleep=S  a terminal tool call sleeping S seconds in its own session (session/cancel kills it)
 !refuse  answers the prompt with stopReason refusal
 !stop=REASON  answers the prompt with that stopReason (upstream's max_tokens, max_turn_requests)
+!linger  after its turn, does not exit when its input closes (a Hermes whose way out hangs)
 
 While a turn runs, a second session/prompt `/steer TEXT` is taken as Hermes takes it (a message chunk
 "⏩ Steer queued for the active turn: ...", then its own result), and the answer lists what was steered;
@@ -89,6 +90,7 @@ class Agent:
         self.turn: str | None = None  # the session whose turn runs now
         self.steered: list[str] = []
         self.queued: list[str] = []
+        self.linger = False
         threading.Thread(target=self.read, daemon=True).start()
 
     def read(self) -> None:
@@ -202,6 +204,8 @@ class Agent:
             message = self.inbox.get()
             method, params = message.get("method"), message.get("params") or {}
             if method == "eof":
+                if self.linger:
+                    time.sleep(600)
                 return 0
             if method == "initialize":
                 time.sleep(float(os.environ.get("FAKE_ACP_INIT_DELAY", "0")))  # a slow start, to catch one midway
@@ -226,6 +230,7 @@ class Agent:
                 prompt = "".join(block.get("text", "") for block in params.get("prompt") or [])
                 if prompt.startswith("/steer "):  # idle: the guidance runs as the prompt
                     prompt = prompt[len("/steer "):]
+                self.linger = self.linger or "!linger" in prompt
                 self.turn = params["sessionId"]
                 try:
                     result = self.prompt(params["sessionId"], prompt)

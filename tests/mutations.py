@@ -357,6 +357,9 @@ MUTATIONS = (
     Mutation(77, "the next resume in a worktree starts cold: no standby is readied in that worktree",
              'standby.py', 'resumed = resumed_worktree(store, record)', 'resumed = None',
              'tests/test_warm_worktrees.py', 'next_resume'),
+    Mutation(78, "a Hermes the bridge stopped after its turn (its way out hung) reads as killed from outside",
+             'job_watching.py', 'if report is not None and outcome.state is JobState.OK:', 'if False:',
+             'tests/test_steer.py', 'does_not_exit'),
 )
 
 

@@ -109,11 +109,14 @@ def test_a_docker_worktree_job_commits_in_its_container_and_the_merge_lands_it(o
 
 
 def waiting_in_its_container(bridge: Any, client: BridgeClient, host: str, name: str) -> tuple[Any, str]:
-    """A docker job in a folder of its own, sleeping in its container (which exists by then): its first block and id."""
+    """A docker job in a folder of its own, sleeping in its container (which exists by then): its first block and id.
+    A container seen before Hermes is recorded is the mount probe's, run before Hermes starts, with the job's
+    labels; once Hermes is recorded, that probe has been removed (`docker run --rm` returns after)."""
     folder = bridge.root / name
     folder.mkdir()
     started = client.call("hermes_run", task="Wait.\nRUN: sleep 300", cwd=str(folder), executor="box", wait_s=1)
     job_id = started.field("JOB_ID")
+    bridge.wait_record(job_id, "hermes", 60)
     wait_until(lambda: job_containers(host, bridge.jobs, job_id) or None, 60, "the job's container")
     return started, job_id
 

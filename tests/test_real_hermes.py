@@ -70,11 +70,15 @@ def finish(client, result, timeout=120):
 
 
 def assert_turn_ended(result, status="ok", exit_code="0"):
-    """The job's turn ended with this status and exit code, or with the one crash seen from a real Hermes (0.22.2
-    segfaults on its way out in about one resume of 40, after its turn is saved), reported as that."""
+    """The job's turn ended with this status and exit code, or with the two ends seen from a real Hermes after its
+    turn was saved, each reported as that: 0.22.2 segfaults on its way out in about one resume of 40, and on a
+    loaded machine its way out (a model call naming the session) once outlasted the bridge's grace."""
     if result.field("STATUS") == "error" and "on its way out, after its turn had ended" in result.text:
         assert result.field("REASON").startswith("Hermes crashed (SIGSEGV, 11)"), result.text
         assert result.field("EXIT_CODE") == "-11", result.text
+        return
+    if status == "ok" and "then had not exited 10 s after its input was closed" in result.text:  # a loaded machine
+        assert result.field("STATUS") == "ok" and result.field("EXIT_CODE") in ("-15", "-9"), result.text
         return
     assert result.field("STATUS") == status, result.text
     assert result.field("EXIT_CODE") == exit_code, result.text

@@ -131,6 +131,18 @@ def test_a_steer_racing_the_jobs_end_is_taken_or_said_not_delivered_never_lost(b
     assert all(f'"{text}" -> taken by Hermes' in "\n".join(listed) for text in traced)
 
 
+def test_a_hermes_that_does_not_exit_after_its_turn_is_stopped_and_the_block_says_so(bridge: Bridge) -> None:
+    """Seen from 0.22.2 on a loaded machine: the turn ended, its input closed, and its way out took longer than
+    the grace. The job is ok, and its reason says the bridge stopped it (not a kill from outside)."""
+    with client_of(bridge, "acp") as client:
+        result = client.call("hermes_run", task="work !linger", wait_s=40)
+    assert result.field("STATUS") == "ok", result.text
+    assert result.field("EXIT_CODE") == "-15", result.text
+    assert result.field("REASON").startswith(
+        "Hermes finished its turn, then had not exited 10 s after its input was closed; the bridge stopped it: the "
+        "whole process tree"), result.text
+
+
 def test_upstreams_keep_alives_hermes_notices_and_new_stop_reasons_are_read_safely(bridge: Bridge) -> None:
     with client_of(bridge, "acp") as client:
         quiet = client.call("hermes_run", task="talk !keepalive !hermes-notices", wait_s=30)
