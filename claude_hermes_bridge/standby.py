@@ -54,6 +54,7 @@ from .safe_io import (
     LockTimeout,
     ProcessId,
     Refused,
+    folder_identity,
     locked,
     open_append,
     read_capped,
@@ -213,6 +214,12 @@ class Standby:
     warm: WarmStart
     prepared_s: float
     worktree: dict[str, Any] | None = None  # the worktree it readied (ready_worktree), until a job takes it
+    runs_in: tuple[str, tuple[int, int] | None] = ("", None)  # the folder its Hermes works in, and its identity
+
+    def folder_gone(self) -> bool:
+        """Whether the folder its Hermes works in was removed or replaced (a resumed worktree landed or discarded,
+        a project folder deleted): no job can take it any more."""
+        return folder_identity(self.runs_in[0]) != self.runs_in[1]
 
 
 def copy_stream(stream: Any) -> None:
@@ -270,7 +277,8 @@ def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str, shape
     except OSError:
         dismiss(cfg, warm, marker, readied)
         raise
-    return Standby(key, place, shape, marker, warm, round(time.monotonic() - started, 3), readied)
+    return Standby(key, place, shape, marker, warm, round(time.monotonic() - started, 3), readied,
+                   (folder, folder_identity(folder)))
 
 
 def sweep_leftovers(store: JobStore) -> None:
@@ -365,7 +373,7 @@ def is_starting(store: JobStore, job_id: str, asked: bool) -> bool:
 def wait_for_a_job(cfg: Config, store: JobStore, folder: Path, standby: Standby) -> str | None:
     """Publish the standby in its slot's folder, then wait: the id of the job that took it, or None once it
     retired (idle past standby_idle_s, its slot wanted for another folder or settings or no longer one of
-    warm_start_folders, stale, or its Hermes gone)."""
+    warm_start_folders, stale, its folder gone, or its Hermes gone)."""
     ready, wanted = folder / "ready.json", folder / "wanted.json"
     process = ProcessId.of(psutil.Process())
     readied = ({"worktree": {key: standby.worktree[key] for key in ("path", "admin", "identity", "base")}}
@@ -399,7 +407,7 @@ def wait_for_a_job(cfg: Config, store: JobStore, folder: Path, standby: Standby)
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + STALE_CHECK_S
                 kept = standby_slots(store, load_config().warm_start_folders)
-                stale = not still_fits(cfg, standby) or folder not in kept
+                stale = not still_fits(cfg, standby) or folder not in kept or standby.folder_gone()
             wanted_key = (read_json(wanted) or {}).get("key")
             if (stale or time.monotonic() >= idle_until or standby.warm.hermes.proc.poll() is not None
                     or (wanted_key and wanted_key != standby.key)):

@@ -360,6 +360,9 @@ MUTATIONS = (
     Mutation(78, "a Hermes the bridge stopped after its turn (its way out hung) reads as killed from outside",
              'job_watching.py', 'if report is not None and outcome.state is JobState.OK:', 'if False:',
              'tests/test_steer.py', 'does_not_exit'),
+    Mutation(79, "a standby in a worktree that was landed waits for a job until standby_idle_s, holding memory",
+             'standby.py', 'folder not in kept or standby.folder_gone()', 'folder not in kept',
+             'tests/test_warm_worktrees.py', 'landed_retires'),
 )
 
 

@@ -156,3 +156,26 @@ def test_the_next_resume_in_a_worktree_takes_a_standby_readied_there_and_its_wor
         landed = client.call("hermes_land", job_id=third.field("JOB_ID"), action="merge")
         assert not landed.is_error, landed.text
     assert [(repo / name).read_text() for name in ("one.txt", "two.txt", "three.txt")] == ["1", "2", "3"]
+
+
+def test_a_standby_waiting_in_a_worktree_that_is_landed_retires(bridge: Bridge) -> None:
+    """A standby readied in a resumed job's worktree can serve nothing once that worktree is landed (removed): it
+    retires at its next look, not after standby_idle_s."""
+    require_sandbox()
+    repo = make_repo(bridge.root / "repo")
+    bridge.configure(hermes_driver="acp", warm_start=True, standby_idle_s=600)
+    with acp_client(bridge) as client:
+        first = final(client, task="first !write=one.txt:1 !commit=one", cwd=str(repo), isolation="worktree")
+        worktree = bridge.jobs / "worktrees" / first.field("JOB_ID")
+        second = resumed(client, first.field("SESSION_ID"), "second !write=two.txt:2 !commit=two")
+        place = f"{worktree} (the worktree of job {first.field('JOB_ID')}, folder "
+
+        def waiting_there() -> bool:
+            return any(json.loads(path.read_text()).get("folder", "").startswith(place)
+                       for path in bridge.jobs.glob("standby*/ready.json"))
+        wait_until(lambda: waiting_there() or None, 40, "a standby in the worktree")
+        landed = client.call("hermes_land", job_id=second.field("JOB_ID"), action="merge")
+        assert not landed.is_error, landed.text
+        assert not worktree.exists()
+        wait_until(lambda: not waiting_there() or None, 20, "the standby in the landed worktree to retire")
+    assert (repo / "two.txt").read_text() == "2"
