@@ -16,7 +16,7 @@ from .hermes_cli import (
     locate_hermes,
 )
 from .jobs import JobStore, disk_problem
-from .launch import bytecode_lock_path, bytecode_note, bytecode_note_path, worktree_count
+from .launch import bytecode_lock_path, bytecode_note, worktree_count
 from .network import support_line as network_support
 from .preflight import VERSION, dependency_version, version_tuple
 from .safe_io import LockTimeout, clock_words, disk_error, locked, plural, read_json, shown
@@ -203,19 +203,18 @@ def bytecode_lines(store: JobStore, exe: str) -> list[str]:
     did about it (launch.compile_at_start)."""
     site = install_without_bytecode(exe)
     if site is None:
-        install = os.path.dirname(os.path.dirname(os.path.realpath(exe)))
-        note = read_json(bytecode_note_path(store))
-        compiled = isinstance(note, dict) and note.get("state") == "compiled" and isinstance(note.get("site"), str) \
-            and note["site"].startswith(install + os.sep)
-        return [f"HERMES_BYTECODE: compiled by the bridge{clock_words(note.get('at'))} in {shown(note['site'])} "
-                "(Hermes' install had none, and a confined Hermes cannot write it)"] if compiled else []
+        note = bytecode_note(store, os.path.dirname(os.path.dirname(os.path.realpath(exe))))
+        return [f"HERMES_BYTECODE: compiled by the bridge{clock_words(note['at'])} in {shown(note['site'])} "
+                "(Hermes' install had none, and a confined Hermes cannot write it)"] if note and note["state"] == \
+            "compiled" else []
     note = bytecode_note(store, site)
     if note and note["state"] == "compiling":
+        since = note["at"]
         try:
             with locked(bytecode_lock_path(store), 0):
                 note = None  # its server stopped before it was done: the next server's start compiles it
         except (LockTimeout, OSError):
-            return [f"HERMES_BYTECODE: being compiled by the bridge since{clock_words(note['at'])} in {shown(site)}: "
+            return [f"HERMES_BYTECODE: being compiled by the bridge since{clock_words(since)} in {shown(site)}: "
                     "until it is, each job's Hermes compiles its modules at start (about 2 s more before it reaches "
                     "the model)"]
     last = f" (the last try: {shown(note['state'], 400)})" if note else ""

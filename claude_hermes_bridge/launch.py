@@ -215,22 +215,27 @@ def compile_at_start(cfg: Config) -> str | None:
     store = JobStore.of(cfg)
     try:
         with locked(bytecode_lock_path(store), 1.0):
-            write_atomic(bytecode_note_path(store), json.dumps({"site": site, "state": "compiling",
-                                                                "at": time.time()}).encode())
+            note_bytecode(store, site, "compiling")
             outcome = compile_install(cfg, exe, site)
-            write_atomic(bytecode_note_path(store), json.dumps({"site": site, "state": outcome,
-                                                                "at": time.time()}).encode())
+            note_bytecode(store, site, outcome)
     except (LockTimeout, OSError):
         return None  # another server compiles it, or the jobs folder refuses: the next start tries again
     audit(cfg, event="hermes_bytecode", site=site, outcome=outcome)
     return outcome
 
 
-def bytecode_note(store: JobStore, site: str) -> dict[str, Any] | None:
-    """What the bridge last noted of compiling this site-packages (compile_at_start), or None."""
+def note_bytecode(store: JobStore, site: str, state: str) -> None:
+    write_atomic(bytecode_note_path(store), json.dumps({"site": site, "state": state, "at": time.time()}).encode())
+
+
+def bytecode_note(store: JobStore, under: str) -> dict[str, Any] | None:
+    """What the bridge last noted of compiling a site-packages (compile_at_start), that one or one below it (an
+    install's), or None."""
     note = read_json(bytecode_note_path(store))
-    return note if isinstance(note, dict) and note.get("site") == site and isinstance(note.get("state"), str) \
-        and isinstance(note.get("at"), (int, float)) else None
+    if not (isinstance(note, dict) and isinstance(note.get("site"), str) and isinstance(note.get("state"), str)
+            and isinstance(note.get("at"), (int, float))):
+        return None
+    return note if note["site"] == under or note["site"].startswith(under + os.sep) else None
 
 
 def standby_at_start(cfg: Config) -> str | None:
