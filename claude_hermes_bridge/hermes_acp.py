@@ -316,6 +316,15 @@ class WarmHermes:
 
     def request(self, method: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send a request and wait for its result; OSError when Hermes answers with an error, exits or is
+        too slow."""
+        message = self.answer(method, params, timeout_s)
+        result = message.get("result")
+        if not isinstance(result, dict):
+            raise OSError(f"Hermes answered {method} with an error: {error_words(message.get('error'))}")
+        return result
+
+    def answer(self, method: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Send a request and wait for Hermes' reply to it, a result or an error; OSError when Hermes exits or is
         too slow. Anything else Hermes sends meanwhile is dropped: no job is listening yet."""
         self.next_id += 1
         send_message(self.proc, {"id": self.next_id, "method": method, "params": params})
@@ -328,13 +337,19 @@ class WarmHermes:
                     raise OSError(f"Hermes exited ({self.proc.returncode}) before it answered {method}") from None
                 continue
             if message.get("id") == self.next_id and "method" not in message:
-                result = message.get("result")
-                if not isinstance(result, dict):
-                    raise OSError(f"Hermes answered {method} with an error: {error_words(message.get('error'))}")
-                return result
+                return message
             if "id" in message and isinstance(message.get("method"), str):  # a request: refused, nobody asked it
                 send_message(self.proc, {"id": message["id"], "error": {"code": -32601, "message": "no job yet"}})
         raise OSError(f"Hermes did not answer {method} within {timeout_s:g} s")
+
+    def unresponsive(self, timeout_s: float) -> str | None:
+        """Why this Hermes cannot take a job now (it exited, or is frozen or stuck: a request of a method no
+        Hermes knows, answered at once by its JSON-RPC layer in 0.19.0 and 0.22.2, got no reply), or None."""
+        try:
+            self.answer("bridge/ping", {}, timeout_s)
+        except OSError as exc:
+            return str(exc)
+        return None
 
     def warm_up(self, folder: str, timeout_s: float) -> None:
         self.agent = self.request("initialize", INITIALIZE, timeout_s)

@@ -168,10 +168,11 @@ def start_job(cfg: Config, store: JobStore, request: JobRequest) -> JobRecord:
     log = keep_record(store, record)
     with log:
         slot, ready = standby or (None, {})
-        if slot and served_by_standby(cfg, store, slot, ready, record):
+        why = served_by_standby(cfg, store, slot, ready, record) if slot else None
+        if slot and why is None:
             return record
         if record.start == "warm":
-            record.standby_marker, record.start = None, "cold: the standby did not answer in time"
+            record.standby_marker, record.start = None, f"cold: {why}"
             record.worktree = planned  # made by the job after all
             with contextlib.suppress(OSError):
                 store.write(record)

@@ -80,6 +80,7 @@ from .worktrees import (
 
 POLL_S = 0.1  # how soon a taken standby answers; 0.15 CPU-seconds a minute while it waits
 TAKE_ANSWER_S = 3.0  # how long a server waits for the standby to answer a take before it starts the job cold
+PING_S = 1.5  # how long a standby's Hermes has to answer when a job is handed to it (at once when it is not stuck)
 LOCK_WAIT_S = 15.0  # how long a new standby waits for the one it replaces to retire
 PAST_START_S = 30.0  # a standby is prepared once the job that asked for it is past its start (or after this)
 WARM_UP_S = 90.0
@@ -390,8 +391,9 @@ def wait_for_a_job(cfg: Config, store: JobStore, folder: Path, standby: Standby)
         for name in sorted(names):
             if name.startswith("taken-") and name.endswith(".json"):
                 job_id = name[len("taken-"):-len(".json")]
-                if not still_fits(cfg, standby) or not handed_over(cfg, store, standby, job_id):
+                if why := refusal(cfg, store, standby, job_id):
                     with contextlib.suppress(OSError):
+                        write_atomic(folder / f"why-{job_id}.txt", why.encode())  # the job's START says it
                         os.rename(folder / name, folder / f"refused-{job_id}.json")
                         (folder / f"refused-{job_id}.json").unlink(missing_ok=True)
                     return None
@@ -420,6 +422,17 @@ def wait_for_a_job(cfg: Config, store: JobStore, folder: Path, standby: Standby)
                 (folder / f"retired-{process.pid}.json").unlink(missing_ok=True)
                 return None
         time.sleep(POLL_S)
+
+
+def refusal(cfg: Config, store: JobStore, standby: Standby, job_id: str) -> str | None:
+    """Why this standby cannot serve the job it was just handed, or None (its worktree is the job's then)."""
+    if not still_fits(cfg, standby):
+        return "the settings, Hermes or Hermes' home changed since it was readied"
+    if why := standby.warm.hermes.unresponsive(PING_S):
+        return f"its Hermes is not answering ({why})"
+    if not handed_over(cfg, store, standby, job_id):
+        return "the worktree it readied could not be handed over"
+    return None
 
 
 def handed_over(cfg: Config, store: JobStore, standby: Standby, job_id: str) -> bool:

@@ -26,7 +26,9 @@ from .safe_io import (
     ProcessId,
     Refused,
     open_append,
+    read_capped,
     read_json,
+    shown,
 )
 from .standby import (
     TAKE_ANSWER_S,
@@ -129,35 +131,46 @@ def readied_mismatch(store: JobStore, ready: dict[str, Any]) -> str | None:
     return None
 
 
-def take_standby(folder: Path, record: JobRecord) -> bool:
+def take_standby(folder: Path, record: JobRecord) -> str | None:
     """Hand the job to the standby waiting in the slot folder: claim it (one server wins), name the job, and wait
     for its answer; on none within TAKE_ANSWER_S, take the job back (one of the two renames wins), so exactly one
-    supervisor serves it."""
+    supervisor serves it. None once it serves the job; else why the job starts cold, in words for START."""
     claimed, taken = folder / f"claimed-{record.id}.json", folder / f"taken-{record.id}.json"
     try:
         os.rename(folder / "ready.json", claimed)
     except OSError:
-        return False
+        return "another job took the warm Hermes first"
     if (read_json(claimed) or {}).get("marker") != record.standby_marker:  # another standby replaced it meanwhile
         with contextlib.suppress(OSError):
             os.rename(claimed, folder / "ready.json")
-        return False
+        return "the warm Hermes was replaced meanwhile"
     with contextlib.suppress(OSError):
         os.rename(claimed, taken)
     deadline = time.monotonic() + TAKE_ANSWER_S
     while time.monotonic() < deadline:
         handed = taken.exists()  # before serving: the standby renames the one into the other
         if (folder / f"serving-{record.id}.json").exists():
-            return True
-        if not handed and not claimed.exists():
-            return False  # the standby refused it (its key no longer fits): the job starts cold at once
+            return None
+        if not handed and not claimed.exists():  # the standby refused it: the job starts cold at once
+            return standby_refusal(folder, record.id)
         time.sleep(0.01)
     for name in (taken, claimed):
         with contextlib.suppress(OSError):
             os.rename(name, folder / f"abandoned-{record.id}.json")
             (folder / f"abandoned-{record.id}.json").unlink(missing_ok=True)
-            return False
-    return (folder / f"serving-{record.id}.json").exists()
+            return "the standby did not answer in time"
+    return None if (folder / f"serving-{record.id}.json").exists() else standby_refusal(folder, record.id)
+
+
+def standby_refusal(folder: Path, job_id: str) -> str:
+    """Why the standby refused the job, as it wrote it (standby.wait_for_a_job) before it let the job go."""
+    why = folder / f"why-{job_id}.txt"
+    with contextlib.suppress(OSError, Refused):
+        text = read_capped(why, 2000).decode("utf-8", "replace").strip()
+        why.unlink(missing_ok=True)
+        if text:
+            return f"the warm Hermes could not take it: {shown(text, 400)}"
+    return "the warm Hermes could not take it"
 
 
 def start_standby(cfg: Config, store: JobStore, job_id: str) -> None:
@@ -219,25 +232,27 @@ def offer_to_standby(cfg: Config, store: JobStore, job_id: str) -> bool:
             words.append(f"waited {time.monotonic() - began:.1f} s for the warm Hermes being readied")
         warm = {"start": f"warm: {'; '.join(words)}" if words else "warm", "standby_marker": record.standby_marker,
                 "worktree": record.worktree}
-        if store.update(job_id, functools.partial(change, warm)) and served_by_standby(cfg, store, slot, ready,
-                                                                                      record):
-            return True
+        if store.update(job_id, functools.partial(change, warm)):
+            if (why := served_by_standby(cfg, store, slot, ready, record)) is None:
+                return True
+            before["start"] = f"cold: {why}"
         store.update(job_id, functools.partial(change, before))
     if warm_startable(cfg, record):
         start_standby(cfg, store, job_id)
     return False
 
 
-def served_by_standby(cfg: Config, store: JobStore, slot: Path, ready: dict[str, Any], record: JobRecord) -> bool:
-    """Hand the job to the standby ready_standby chose (take_standby); taken, the standby is named the job's
-    supervisor in its record, and the next standby is asked for."""
-    if not take_standby(slot, record):
-        return False
+def served_by_standby(cfg: Config, store: JobStore, slot: Path, ready: dict[str, Any], record: JobRecord
+                      ) -> str | None:
+    """Hand the job to the standby ready_standby chose (take_standby); taken (None), the standby is named the job's
+    supervisor in its record, and the next standby is asked for. Else why the job starts cold."""
+    if why := take_standby(slot, record):
+        return why
     with contextlib.suppress(psutil.Error, OSError, LockTimeout, DamagedRecord, Refused):
         serving = ProcessId.of(psutil.Process(int(ready["pid"])))  # the job's supervisor from now on
         store.update(record.id, functools.partial(change, {"supervisor": serving}))
     start_standby(cfg, store, record.id)
-    return True
+    return None
 
 
 def change(fields: dict[str, Any], record: JobRecord) -> None:

@@ -241,6 +241,9 @@ class Agent:
                 finally:
                     self.turn = None
                 send({"id": message["id"], "result": result})
+            elif "id" in message:  # as 0.19.0's and 0.22.2's JSON-RPC layer answers a method it does not know
+                send({"id": message["id"], "error": {"code": -32601, "message": "Method not found",
+                                                     "data": {"method": method}}})
 
     def prompt(self, session: str, prompt: str) -> dict[str, Any]:
         todo = {name: value for name, _, value in (w[1:].partition("=") for w in prompt.split() if w.startswith("!"))}

@@ -363,6 +363,9 @@ MUTATIONS = (
     Mutation(79, "a standby in a worktree that was landed waits for a job until standby_idle_s, holding memory",
              'standby.py', 'folder not in kept or standby.folder_gone()', 'folder not in kept',
              'tests/test_warm_worktrees.py', 'landed_retires'),
+    Mutation(80, "a standby whose Hermes is frozen takes the job, which then waits for ever",
+             'standby.py', 'if why := standby.warm.hermes.unresponsive(PING_S):', 'if why := None:',
+             'tests/test_standby.py', 'frozen'),
 )
 
 

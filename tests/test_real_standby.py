@@ -1,7 +1,8 @@
 """Issue 39 with the real Hermes 0.19.0 and 0.22.2 over ACP and a scripted model: the next job in a folder takes
 the warm Hermes and its warm-up session, runs its tools in its own folder with its own temporary folder, is
 answered and resumable; what Hermes' store keeps of a warm-up; and the faults (a standby killed while it
-waits, one whose settings changed, one whose server left while it prepared) with the real Hermes 0.22.2."""
+waits, one whose settings changed, one whose server left while it prepared) with the real Hermes 0.22.2, and one
+whose Hermes is frozen with both."""
 import contextlib
 import json
 import sqlite3
@@ -159,6 +160,26 @@ def warm_022(bridge: Bridge) -> Any:
 @pytest.fixture(params=REAL_ACP_VERSIONS, ids=lambda version: f"hermes-{version}")
 def warm_each(bridge: Bridge, request: pytest.FixtureRequest) -> Any:
     yield from configured_warm(bridge, request.param)
+
+
+def test_a_standby_whose_hermes_is_frozen_lets_the_job_start_cold_at_once_and_says_why(warm: Any) -> None:
+    """Issue 65's hung fault with the real Hermes: the standby asks its Hermes before it takes a job (a method
+    Hermes' JSON-RPC layer does not know, answered at once); frozen, it answers nothing, and the job starts cold
+    without waiting on it."""
+    bridge, _, client, _, _ = warm
+    assert_turn_ended(finish(client, client.call("hermes_run", task="First.\nRUN: pwd", wait_s=45), timeout=180))
+    standby = ready(bridge, timeout=120)
+    hermes = psutil.Process(hermes_of(standby))
+    hermes.suspend()
+    try:
+        job = finish(client, client.call("hermes_run", task="While frozen.\nRUN: pwd", wait_s=45), timeout=180)
+    finally:
+        with contextlib.suppress(psutil.Error):
+            hermes.resume()
+    assert_turn_ended(job)
+    assert job.field("START").endswith("the warm Hermes could not take it: its Hermes is not answering (Hermes did "
+                                       "not answer bridge/ping within 1.5 s))"), job.text
+    assert wait_until(lambda: gone(hermes.pid) or None, 60, "the frozen Hermes to be stopped")
 
 
 def test_a_killed_a_stale_and_a_serverless_standby_lose_no_job_and_leave_no_process(warm_022: Bridge) -> None:

@@ -234,6 +234,28 @@ def test_a_standby_that_never_answers_the_take_leaves_the_job_to_a_cold_start(br
     assert waiting_for(bridge, bridge.root)["pid"] != process.pid  # the job's own replacement, in another slot
 
 
+def test_a_standby_whose_hermes_is_frozen_leaves_the_job_to_a_cold_start_and_says_why(bridge: Bridge) -> None:
+    """Issue 65's hung fault: the standby answers, but its Hermes is frozen (stopped, or stuck). Taken, it would
+    leave the job waiting for ever; it asks its Hermes first, and the job starts cold at once, saying why."""
+    bridge.configure(hermes_driver="acp", warm_start=True)
+    with acp_client(bridge) as client:
+        final(client, task="first !write=one.txt:1", cwd=str(bridge.root))
+        standby = ready(bridge)
+        hermes = psutil.Process(hermes_of(standby))
+        hermes.suspend()
+        try:
+            job = final(client, task="while frozen !write=two.txt:2", cwd=str(bridge.root))
+        finally:
+            with contextlib.suppress(psutil.Error):
+                hermes.resume()
+    assert job.field("STATUS") == "ok" and (bridge.root / "two.txt").read_text() == "2", job.text
+    assert job.field("START").startswith("cold (") and job.field("START").endswith(
+        "the warm Hermes could not take it: its Hermes is not answering (Hermes did not answer bridge/ping within "
+        "1.5 s))"), job.text
+    assert wait_until(lambda: gone(standby["pid"]) or None, 30, "the refusing standby to exit")
+    assert wait_until(lambda: gone(hermes.pid) or None, 30, "its frozen Hermes to be stopped")
+
+
 def test_two_servers_racing_for_one_standby_one_gets_it_the_other_starts_cold(bridge: Bridge) -> None:
     bridge.configure(hermes_driver="acp", warm_start=True)
     with acp_client(bridge) as client:

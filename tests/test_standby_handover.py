@@ -15,6 +15,7 @@ import pytest
 
 import claude_hermes_bridge.standby as standby
 import claude_hermes_bridge.taking as taking
+from claude_hermes_bridge.hermes_acp import WarmHermes
 from claude_hermes_bridge.jobs import JobRecord, JobState, JobStore
 from harness import config_for
 
@@ -45,7 +46,7 @@ def test_a_standby_replaced_since_the_server_read_it_is_not_taken_and_stays_publ
     starts cold, and that standby is left for the job it was readied for."""
     store = store_at(tmp_path)
     publish(store, "standby:" + "b" * 32)
-    assert taking.take_standby(store.root / "standby", job()) is False
+    assert taking.take_standby(store.root / "standby", job()) == "the warm Hermes was replaced meanwhile"
     assert names(store) == ["ready.json"]
     assert json.loads((tmp_path / "standby" / "ready.json").read_text())["marker"] == "standby:" + "b" * 32
 
@@ -62,7 +63,7 @@ def test_a_standby_that_answers_within_the_wait_serves_the_job(tmp_path: Path) -
             time.sleep(0.005)
         taken.rename(folder / f"serving-{record.id}.json")
     threading.Thread(target=answer, daemon=True).start()
-    assert taking.take_standby(store.root / "standby", record) is True
+    assert taking.take_standby(store.root / "standby", record) is None
 
 
 def test_a_standby_that_answered_as_the_wait_ended_serves_the_job_alone(tmp_path: Path,
@@ -81,7 +82,7 @@ def test_a_standby_that_answered_as_the_wait_ended_serves_the_job_alone(tmp_path
             real_rename(folder / f"taken-{record.id}.json", folder / f"serving-{record.id}.json")
         real_rename(source, target)
     monkeypatch.setattr(taking.os, "rename", standby_answers_first)
-    assert taking.take_standby(store.root / "standby", record) is True
+    assert taking.take_standby(store.root / "standby", record) is None
     assert names(store) == [f"serving-{record.id}.json"]
 
 
@@ -90,20 +91,28 @@ def test_a_standby_that_never_answers_is_taken_back_and_finds_nothing_to_serve(t
     store = store_at(tmp_path)
     publish(store)
     monkeypatch.setattr(taking, "TAKE_ANSWER_S", 0.05)
-    assert taking.take_standby(store.root / "standby", job()) is False
+    assert taking.take_standby(store.root / "standby", job()) == "the standby did not answer in time"
     assert names(store) == []  # no taken- file left for a standby woken later to serve
 
 
-class Waiting:
-    """A standby's wait_for_a_job in a thread, with a process standing for its Hermes."""
+ANSWERING = ("import json, sys\n"
+             "for line in sys.stdin:\n"
+             "    print(json.dumps({'jsonrpc': '2.0', 'id': json.loads(line)['id'], 'error': {'code': -32601}}), "
+             "flush=True)\n")
 
-    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fits: bool = True):
+
+class Waiting:
+    """A standby's wait_for_a_job in a thread, with a process standing for its Hermes: one that answers every
+    request with an error, as Hermes' JSON-RPC layer answers a method it does not know, or one that never reads."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fits: bool = True, answers: bool = True):
         self.cfg = config_for(tmp_path, standby_idle_s=600)
         self.store = JobStore.of(self.cfg)
         self.folder = standby.standby_folder(self.store)
         self.folder.mkdir(parents=True)
-        self.hermes = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-        warm = SimpleNamespace(hermes=SimpleNamespace(proc=self.hermes, warm_session=None))
+        self.hermes = subprocess.Popen([sys.executable, "-c", ANSWERING if answers else "import time; time.sleep(60)"],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        warm = SimpleNamespace(hermes=WarmHermes(self.hermes))
         shape = {"network": "open", "worktree": None}
         self.standby = standby.Standby("key-1", str(tmp_path), shape, MARKER, cast(Any, warm), 0.1)
         monkeypatch.setattr(standby, "still_fits", lambda _cfg, _held: fits)
@@ -159,6 +168,20 @@ def test_a_standby_wanted_for_its_own_key_keeps_waiting_and_serves(tmp_path: Pat
         (waiting.folder / "ready.json").rename(waiting.folder / "taken-20261205-120000-abcdef.json")
         assert waiting.ended() == ["20261205-120000-abcdef"]
         assert (waiting.folder / "serving-20261205-120000-abcdef.json").exists()
+
+
+def test_a_standby_whose_hermes_does_not_answer_refuses_the_job_and_says_why(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 65's fault: a standby whose Hermes is frozen or stuck would take the job and leave it waiting for
+    ever. Handed a job, it asks its Hermes first; with no answer, the job is the server's to start cold, and its
+    START says why."""
+    with Waiting(tmp_path, monkeypatch, answers=False) as waiting:
+        publish(waiting.store, MARKER)
+        assert taking.take_standby(waiting.folder, job()) == (
+            "the warm Hermes could not take it: its Hermes is not answering (Hermes did not answer bridge/ping "
+            "within 1.5 s)")
+        assert waiting.ended() == [None]
+        assert names(waiting.store) == []  # nothing left for it or another server to serve
 
 
 def test_a_warm_job_refused_before_hermes_got_its_task_leaves_no_hermes_running(
