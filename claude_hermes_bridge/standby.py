@@ -392,10 +392,7 @@ def wait_for_a_job(cfg: Config, store: JobStore, folder: Path, standby: Standby)
             if name.startswith("taken-") and name.endswith(".json"):
                 job_id = name[len("taken-"):-len(".json")]
                 if why := refusal(cfg, store, standby, job_id):
-                    with contextlib.suppress(OSError):
-                        write_atomic(folder / f"why-{job_id}.txt", why.encode())  # the job's START says it
-                        os.rename(folder / name, folder / f"refused-{job_id}.json")
-                        (folder / f"refused-{job_id}.json").unlink(missing_ok=True)
+                    let_go(folder, job_id, why)
                     return None
                 with contextlib.suppress(OSError):
                     os.rename(folder / name, folder / f"serving-{job_id}.json")
@@ -422,6 +419,20 @@ def wait_for_a_job(cfg: Config, store: JobStore, folder: Path, standby: Standby)
                 (folder / f"retired-{process.pid}.json").unlink(missing_ok=True)
                 return None
         time.sleep(POLL_S)
+
+
+def let_go(folder: Path, job_id: str, why: str) -> None:
+    """Give a job handed to this standby back to its server, with why (the job's START says it); a server that
+    took the job back meanwhile reads nothing, so nothing is left."""
+    why_path, refused = folder / f"why-{job_id}.txt", folder / f"refused-{job_id}.json"
+    with contextlib.suppress(OSError):
+        write_atomic(why_path, why.encode())
+        try:
+            os.rename(folder / f"taken-{job_id}.json", refused)
+        except OSError:
+            why_path.unlink(missing_ok=True)
+            raise
+        refused.unlink(missing_ok=True)
 
 
 def refusal(cfg: Config, store: JobStore, standby: Standby, job_id: str) -> str | None:

@@ -182,6 +182,8 @@ def test_a_standby_whose_hermes_does_not_answer_refuses_the_job_and_says_why(tmp
             "within 1.5 s)")
         assert waiting.ended() == [None]
         assert names(waiting.store) == []  # nothing left for it or another server to serve
+    standby.let_go(waiting.folder, "20261205-120000-abcdef", "too late: the server took the job back already")
+    assert names(waiting.store) == []  # and no reason left behind that nobody reads
 
 
 def test_a_warm_job_refused_before_hermes_got_its_task_leaves_no_hermes_running(
