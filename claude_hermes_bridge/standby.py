@@ -80,6 +80,7 @@ from .worktrees import (
 
 POLL_S = 0.1  # how soon a taken standby answers; 0.15 CPU-seconds a minute while it waits
 TAKE_ANSWER_S = 3.0  # how long a server waits for the standby to answer a take before it starts the job cold
+PREPARED_FILE = "prepared.json"  # in the first slot's folder: how long the last standby took to be ready
 PING_S = 1.5  # how long a standby's Hermes has to answer when a job is handed to it (at once when it is not stuck)
 LOCK_WAIT_S = 15.0  # how long a new standby waits for the one it replaces to retire
 PAST_START_S = 30.0  # a standby is prepared once the job that asked for it is past its start (or after this)
@@ -383,6 +384,8 @@ def wait_for_a_job(cfg: Config, store: JobStore, folder: Path, standby: Standby)
                                     "marker": standby.marker,
                                     **dataclasses.asdict(process), "prepared_s": standby.prepared_s,
                                     "ready_at": time.time(), **readied}).encode())
+    with contextlib.suppress(OSError):
+        write_atomic(standby_folder(store) / PREPARED_FILE, json.dumps({"prepared_s": standby.prepared_s}).encode())
     idle_until = time.monotonic() + cfg.standby_idle_s
     next_look, next_check = time.monotonic(), time.monotonic() + STALE_CHECK_S
     retiring = False

@@ -25,12 +25,14 @@ from .safe_io import (
     LockTimeout,
     ProcessId,
     Refused,
+    is_number,
     open_append,
     read_capped,
     read_json,
     shown,
 )
 from .standby import (
+    PREPARED_FILE,
     TAKE_ANSWER_S,
     being_readied,
     is_alive_standby,
@@ -43,7 +45,8 @@ from .worktrees import STANDBY_NAME_RE, is_own_folder, standby_place, warm_workt
 
 STANDBY_LOG_BYTES = 1 << 20
 BEING_READIED = "a warm Hermes is still being readied for this folder (it was not ready when this job started)"
-READIED_WAIT_S = 15.0  # how long an offered job waits for a standby being readied for it (a cold start: 3-5 s)
+READIED_WAIT_S = 15.0  # the most an offered job waits for a standby being readied for it (a cold start: 3-5 s)
+MIN_READIED_WAIT_S = 2.0
 
 
 def warm_startable(cfg: Config, record: JobRecord) -> bool:
@@ -221,11 +224,15 @@ def offer_to_standby(cfg: Config, store: JobStore, job_id: str) -> bool:
     words = [record.start.partition(": ")[2]] if record.dequeued_at and record.start else []  # the queue's wait
     before: dict[str, Any] = {"start": record.start, "standby_marker": None,
                               "worktree": dict(record.worktree) if record.worktree else None}
-    began = time.monotonic()
+    began, limit = time.monotonic(), readied_wait_s(store)
     while not (standby := ready_standby(cfg, store, record)) and record.start == f"cold: {BEING_READIED}" and (
-            time.monotonic() - began < READIED_WAIT_S and not store.cancel_path(job_id).exists()):
+            time.monotonic() - began < limit and not store.cancel_path(job_id).exists()):
         time.sleep(0.1)
         record = store.read(job_id)
+    if not standby and record.start == f"cold: {BEING_READIED}" and time.monotonic() - began >= limit:
+        store.update(job_id, functools.partial(change, {"start": (
+            f"cold: waited {time.monotonic() - began:.1f} s for the warm Hermes being readied for this folder, which "
+            "was not ready (a job waits about as long as the last one took to start)")}))
     if standby:
         slot, ready = standby
         if time.monotonic() - began >= 0.1:
@@ -240,6 +247,15 @@ def offer_to_standby(cfg: Config, store: JobStore, job_id: str) -> bool:
     if warm_startable(cfg, record):
         start_standby(cfg, store, job_id)
     return False
+
+
+def readied_wait_s(store: JobStore) -> float:
+    """How long a job waits for the standby being readied for its place: about what a cold start takes here (the
+    last standby's own start, prepared_s, and half again for a busier machine), so one that hangs while it is
+    readied costs a job about one more start at most; READIED_WAIT_S while none was measured."""
+    last = (read_json(standby_folder(store) / PREPARED_FILE) or {}).get("prepared_s")
+    return min(READIED_WAIT_S, max(MIN_READIED_WAIT_S, 1.5 * cast(float, last))) if is_number(last) \
+        else READIED_WAIT_S
 
 
 def served_by_standby(cfg: Config, store: JobStore, slot: Path, ready: dict[str, Any], record: JobRecord

@@ -366,6 +366,9 @@ MUTATIONS = (
     Mutation(80, "a standby whose Hermes is frozen takes the job, which then waits for ever",
              'standby.py', 'if why := standby.warm.hermes.unresponsive(PING_S):', 'if why := None:',
              'tests/test_standby.py', 'frozen'),
+    Mutation(81, "a job waits READIED_WAIT_S (15 s) for a standby that hangs while readied, whatever a start takes",
+             'taking.py', 'began, limit = time.monotonic(), readied_wait_s(store)',
+             'began, limit = time.monotonic(), READIED_WAIT_S', 'tests/test_standby.py', 'hangs_while_readied'),
 )
 
 

@@ -413,6 +413,34 @@ def test_a_job_arriving_while_its_standby_is_still_starting_waits_for_it_and_say
     assert run["marker"] == record.standby_marker  # on the standby's Hermes: no Hermes of its own was started
 
 
+def test_a_job_waits_about_a_cold_start_for_a_standby_that_hangs_while_readied_then_starts_cold(
+        bridge: Bridge) -> None:
+    """Issue 65's fault: the standby being readied for a job's folder hangs (its Hermes never answers initialize).
+    The job waits about what the last standby's start took here, not READIED_WAIT_S, and its START says so."""
+    bridge.configure(hermes_driver="acp", warm_start=True)
+    with acp_client(bridge) as client:
+        assert final(client, task="before !write=one.txt:1", cwd=str(bridge.root)).field("STATUS") == "ok"
+        standby = ready(bridge)
+    prepared_s = json.loads((bridge.jobs / "standby" / "prepared.json").read_text())["prepared_s"]
+    assert prepared_s == standby["prepared_s"] and prepared_s < 5
+    psutil.Process(standby["pid"]).kill()
+    wait_until(lambda: gone(standby["pid"]) or None, 10, "the killed standby to be gone")
+    client = acp_client(bridge)
+    client.params.env = dict(client.params.env or {}, FAKE_ACP_INIT_DELAY="60")  # every Hermes from now on hangs
+    with client:
+        hung = wait_until(lambda: live_standbys(bridge.jobs) or None, 20, "a standby readied at the server's start")
+        job_id = client.call("hermes_run", task="while it hangs !write=two.txt:2", cwd=str(bridge.root),
+                             wait_s=0).field("JOB_ID")
+        start = wait_until(lambda: s if (s := bridge.record(job_id).start or "").startswith("cold: waited") else None,
+                           20, "the job to stop waiting for the hung standby")
+        client.call("hermes_cancel", job_id=job_id)
+    waited = float(start.split("waited ")[1].split(" s ")[0])
+    assert max(2.0, 1.5 * prepared_s) <= waited < max(2.0, 1.5 * prepared_s) + 2, start
+    assert start.endswith(" s for the warm Hermes being readied for this folder, which was not ready (a job waits "
+                          "about as long as the last one took to start)"), start
+    assert [process.pid for process in hung] != []
+
+
 def test_a_servers_first_job_starts_warm_in_the_folder_of_the_last_one(bridge: Bridge) -> None:
     """Issue 65: a server's start readies a standby for the place of the newest job that could start warm, so
     the first job after a restart of the host is warm there too."""

