@@ -428,7 +428,7 @@ def test_a_job_waits_about_a_cold_start_for_a_standby_that_hangs_while_readied_t
     client = acp_client(bridge)
     client.params.env = dict(client.params.env or {}, FAKE_ACP_INIT_DELAY="60")  # every Hermes from now on hangs
     with client:
-        hung = wait_until(lambda: live_standbys(bridge.jobs) or None, 20, "a standby readied at the server's start")
+        wait_until(lambda: live_standbys(bridge.jobs) or None, 20, "a standby readied at the server's start")
         job_id = client.call("hermes_run", task="while it hangs !write=two.txt:2", cwd=str(bridge.root),
                              wait_s=0).field("JOB_ID")
         start = wait_until(lambda: s if (s := bridge.record(job_id).start or "").startswith("cold: waited") else None,
@@ -438,7 +438,6 @@ def test_a_job_waits_about_a_cold_start_for_a_standby_that_hangs_while_readied_t
     assert max(2.0, 1.5 * prepared_s) <= waited < max(2.0, 1.5 * prepared_s) + 2, start
     assert start.endswith(" s for the warm Hermes being readied for this folder, which was not ready (a job waits "
                           "about as long as the last one took to start)"), start
-    assert [process.pid for process in hung] != []
 
 
 def test_a_servers_first_job_starts_warm_in_the_folder_of_the_last_one(bridge: Bridge) -> None:
