@@ -7,9 +7,8 @@
 executor, the Hermes Agent CLI, on the same machine. This is the file a user runs and registers; the code
 is the package claude_hermes_bridge/ beside it.
 
-The one decision that shapes it: a job never lives inside a request. A job is a record, a log and a
-detached supervisor process on disk, so every tool returns within seconds, a job outlives the server
-process that started it, and any later server process can answer for it or cancel it.
+The one decision that shapes it: a job never lives inside a request. A job is a record, a log and a detached
+supervisor process on disk, so every tool returns within seconds and a job outlives the server that started it.
 
 The package, one module per layer in the order data flows, each marked with the program that uses it: two
 share it, the MCP server and the per-job supervisor (`--supervise ID`, which never loads a server module or
@@ -20,8 +19,8 @@ the MCP stack). A module imports only from modules above it in this list (tests/
   safe_io ............ [both] names and escaping (shown), paths (within_root), safe opening (open_regular), atomic
                        writes, a file lock, process identity (ProcessId), machine_clock, disk_error
   processes .......... [both] creation flags, Ownership (the proof before any signal), stop_tree, WindowsJob
-  sandbox ............ [both] writes limited by the operating system (Landlock): what this machine supports, and
-                       the step that confines Hermes' process before it becomes Hermes
+  sandbox ............ [both] Landlock, seccomp, mounts: the step that confines Hermes before it becomes Hermes
+  late_binding ....... [both] the step of a warm Hermes bound to its job's folder late, and its mount helper
   network ............ [both] a job's network: modes, hosts, Hermes' model endpoint, the job's proxy (JobProxy)
   config ............. [both] Config (each setting in SETTINGS), where it is found; the roots (confine_cwd,
                        confine_read); the audit log
@@ -46,6 +45,7 @@ the MCP stack). A module imports only from modules above it in this list (tests/
   job_watching ....... [supervisor] JobWatch: the poll loop until Hermes exits (tree, log bound, stops, spend)
   job_finishing ...... [supervisor] JobFinish: the outcome and what surrounds it (reports, restores, the queue)
   supervisor ......... [supervisor] Supervisor (one detached process per job: the three phases) and main
+  late_standby ....... [supervisor] a warm Hermes for default jobs in any folder, bound to the job late
   standby ............ [supervisor] a warm Hermes for the next job, and its program (--standby ID)
   taking ............. [both] which warm Hermes a job takes, the next one readied, an offered job's program
   launch ............. [server] JobRequest, launch_job (dedupe, limits, the record), start_job

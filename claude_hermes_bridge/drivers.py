@@ -76,10 +76,11 @@ def usable_hermes(cfg: Config) -> str:
 
 
 def start_hermes(argv: list[str], folder: str, env: dict[str, str], stdin: Any, stdout: Any,
-                 stderr: Any) -> subprocess.Popen[bytes]:
+                 stderr: Any, handed: tuple[int, ...] | None = None) -> subprocess.Popen[bytes]:
     """Hermes in the job's folder, in a process group of its own, never through a shell (every driver); the
-    descriptors the sandbox's step is handed (its network namespace's channel) given to it, not kept."""
-    handed = handed_descriptors(argv)
+    descriptors the sandbox's step is handed (its network namespace's channel, or `handed`) given to it, not
+    kept."""
+    handed = handed_descriptors(argv) if handed is None else handed
     try:
         return subprocess.Popen(argv, cwd=folder, stdin=stdin, stdout=stdout, stderr=stderr, env=env, close_fds=True,
                                 pass_fds=handed, **popen_kwargs(hermes_creation_flags(IS_WINDOWS)))

@@ -342,6 +342,22 @@ class WarmHermes:
                 send_message(self.proc, {"id": message["id"], "error": {"code": -32601, "message": "no job yet"}})
         raise OSError(f"Hermes did not answer {method} within {timeout_s:g} s")
 
+    def notice(self, method: str, timeout_s: float) -> dict[str, Any]:
+        """The params of the first notification of this method Hermes' process sends (the late step's); OSError
+        when it exits or is too slow."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                message = self.inbox.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    raise OSError(f"its process exited ({self.proc.returncode}) before it said {method}") from None
+                continue
+            if message.get("method") == method and "id" not in message:
+                params = message.get("params")
+                return params if isinstance(params, dict) else {}
+        raise OSError(f"its process did not say {method} within {timeout_s:g} s")
+
     def unresponsive(self, timeout_s: float) -> str | None:
         """Why this Hermes cannot take a job now (it exited, or is frozen or stuck: a request of a method no
         Hermes knows, answered at once by its JSON-RPC layer in 0.19.0 and 0.22.2, got no reply), or None."""

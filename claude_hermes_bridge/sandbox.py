@@ -29,8 +29,10 @@ FILE_RIGHTS = WRITE_FILE | TRUNCATE | READ_FILE  # the rights a rule on a file (
 # Landlock (modules, raw I/O, mounts, raw sockets, the firewall) and CAP_SYS_ADMIN with CAP_PERFMON, either of which
 # lets root read another process's /proc/<pid>/environ, which Landlock's ptrace scope refuses everyone else (Linux
 # 6.18, measured).
-PR_CAPBSET_DROP, LAST_CAPABILITY = 24, 63
-ROOT_KEEPS = frozenset(range(0, 8)) | {10}  # CHOWN .. SETUID, NET_BIND_SERVICE
+PR_CAPBSET_READ, PR_CAPBSET_DROP, LAST_CAPABILITY, CAPABILITY_VERSION_3 = 23, 24, 63, 0x20080522
+# DAC_READ_SEARCH (2) is not kept: DAC_OVERRIDE reads as well, and it alone opens a file by its handle
+# (open_by_handle_at), which reaches beneath a mount that covers it (late_binding's covers).
+ROOT_KEEPS = frozenset({0, 1, 3, 4, 5, 6, 7, 10})  # CHOWN, DAC_OVERRIDE, FOWNER .. SETUID, NET_BIND_SERVICE
 # What a shell, a pty of the job's own and Python's multiprocessing write to. Landlock cannot grant a new pty
 # without /dev/pts (the peer of /dev/ptmx is opened under its path's rules, so Hermes' pty mode needs the folder):
 # the step gives the job a /dev/pts and a /dev/shm of its own first (private_devices), and where it cannot, typing
@@ -121,12 +123,21 @@ def confine(writable: list[str], readable: list[str] | None = None, connect_port
     `connect_port`, it may open TCP connections to that port only (and also_ports: an ssh executor's), bind none
     (ABI 4), and make no socket but Unix and TCP ones (seccomp); run as root, the program it becomes keeps only
     ROOT_KEEPS of root's capabilities. Returns the ABI enforced; OSError when Landlock refuses."""
+    ruleset, abi = landlock_ruleset(writable, readable, connect_port, also_ports)
+    enter_ruleset(ruleset, connect_port is not None)
+    return abi
+
+
+def landlock_ruleset(writable: list[str], readable: list[str] | None = None, connect_port: int | None = None,
+                     also_ports: tuple[int, ...] = ()) -> tuple[int, int]:
+    """confine's rules, made but not yet applied (enter_ruleset applies them): each rule holds the folder or file
+    its path names now, whatever is mounted there later. The ruleset's descriptor and the ABI."""
     abi, why_not = landlock_abi()
     if not abi:
         raise OSError(why_not)
     if connect_port is not None and abi < NETWORK_ABI:
         raise OSError(f"Landlock ABI {abi} here cannot limit the network (ABI {NETWORK_ABI}, Linux 6.7, can)")
-    create, add_rule, restrict = SYSCALLS[os.uname().machine]
+    create, add_rule, _ = SYSCALLS[os.uname().machine]
     call = libc().syscall
     handled = write_rights(abi) | (READ_FILE if readable is not None else 0)
     network = BIND_TCP | CONNECT_TCP if connect_port is not None else 0
@@ -156,28 +167,45 @@ def confine(writable: list[str], readable: list[str] | None = None, connect_port
             if call(add_rule, ruleset, RULE_NET_PORT, ctypes.byref(port_rule), ctypes.c_uint32(0)) < 0:
                 error = ctypes.get_errno()
                 raise OSError(error, f"landlock_add_rule port {port}: {os.strerror(error)}")
+    except OSError:
+        os.close(ruleset)
+        raise
+    return ruleset, abi
+
+
+def enter_ruleset(ruleset: int, limit_network: bool) -> None:
+    """Apply a ruleset (landlock_ruleset) to this process and all it starts, then the seccomp filter, and drop
+    root's capabilities but ROOT_KEEPS from what it starts; the descriptor is closed. OSError when refused."""
+    call = libc().syscall
+    try:
         if libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-        if call(restrict, ruleset, ctypes.c_uint32(0)) < 0:
+        if call(SYSCALLS[os.uname().machine][2], ruleset, ctypes.c_uint32(0)) < 0:
             error = ctypes.get_errno()
             raise OSError(error, f"landlock_restrict_self: {os.strerror(error)}")
     finally:
         os.close(ruleset)
-    install_seccomp(limit_network=connect_port is not None)
+    install_seccomp(limit_network=limit_network)
     drop_root_capabilities()
-    return abi
 
 
 def drop_root_capabilities() -> None:
     """Root's capabilities but ROOT_KEEPS out of the bounding set, so the program this process becomes has none
-    of them. Nothing to do for a user, whose capabilities end at exec."""
+    of them, and out of this process's own (a late-bound Hermes runs on in it, with no exec between). Nothing to
+    do for a user, whose capabilities end at exec."""
     if os.geteuid() != 0:
         return
-    for capability in range(LAST_CAPABILITY + 1):
-        if capability not in ROOT_KEEPS and libc().prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
-            if ctypes.get_errno() == 22:  # EINVAL: past this kernel's last capability
-                return
+    for capability in range(LAST_CAPABILITY + 1):  # first: dropping one needs CAP_SETPCAP, which capset drops
+        held = libc().prctl(PR_CAPBSET_READ, capability, 0, 0, 0)
+        if held < 0:  # past this kernel's last capability
+            break
+        if held and capability not in ROOT_KEEPS and libc().prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {capability}) failed")
+    keep = sum(1 << capability for capability in ROOT_KEEPS)
+    header = (ctypes.c_uint32 * 2)(CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)(keep, keep, 0, 0, 0, 0)  # effective, permitted, inheritable; then the high words
+    if libc().capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), f"capset: {os.strerror(ctypes.get_errno())}")
 
 
 # A seccomp filter (classic BPF, the kernel's stable ABI; no maintained binding is in the standard library): the
@@ -389,12 +417,17 @@ def enter_private_devices(user: bool, mounts: tuple[str, ...], own_network: bool
     for kind, target, flags, options in ((None, b"/", MS_REC | MS_PRIVATE, None), *PRIVATE_MOUNTS):
         if call.mount(kind, target, kind, ctypes.c_ulong(flags), options) != 0:
             raise OSError(ctypes.get_errno(), f"mount {target.decode()}: {os.strerror(ctypes.get_errno())}")
+    make_mounts(call, mounts)
+    if own_network:
+        loopback_up()
+
+
+def make_mounts(call: ctypes.CDLL, mounts: tuple[str, ...]) -> None:
+    """The job's mounts ("ro:PATH", "rw:PATH", "hide:PATH"), in order, in this process's mount namespace."""
     for spec in mounts:
         how, _, path = spec.partition(":")
         if os.path.lexists(path):  # nothing there: nothing to keep
             bind(call, "/dev/null" if how == "hide" else path, path, read_only=how != "rw")
-    if own_network:
-        loopback_up()
 
 
 def loopback_up() -> None:

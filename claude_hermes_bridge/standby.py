@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psutil
 
@@ -46,11 +46,13 @@ from .hermes_cli import confined_call, hermes_env
 from .hermes_store import StoreUnavailable, read_store
 from .home_guard import GUARDED_NAMES, walk
 from .jobs import FINAL_STATES, JOB_ID_RE, JobRecord, JobState, JobStore
+from .late_standby import LATE_PLACE, LateHermes, late_refusal, start_late
 from .network import JobProxy, enforcement, job_policy
 from .preflight import PACKAGE_DIR, VERSION
 from .processes import JOB_MARKER, Ownership, become_subreaper, held_in_job_object, started_process, stop_tree
 from .safe_io import (
     IS_WINDOWS,
+    DamagedRecord,
     LockTimeout,
     ProcessId,
     Refused,
@@ -217,6 +219,7 @@ class Standby:
     prepared_s: float
     worktree: dict[str, Any] | None = None  # the worktree it readied (ready_worktree), until a job takes it
     runs_in: tuple[str, tuple[int, int] | None] = ("", None)  # the folder its Hermes works in, and its identity
+    late: LateHermes | None = None  # bound to its job's folder when taken (folder: LATE_PLACE)
 
     def folder_gone(self) -> bool:
         """Whether the folder its Hermes works in was removed or replaced (a resumed worktree landed or discarded,
@@ -241,6 +244,8 @@ def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str, shape
     started = time.monotonic()
     marker = "standby:" + secrets.token_hex(16)
     owned = f"standby-{os.getpid()}-{secrets.token_hex(6)}"  # its folders, by the pid sweep_leftovers looks at
+    if folder == LATE_PLACE:
+        return prepare_late(cfg, store, exe, key, shape, marker, owned, started)
     place, worktree, readied = folder, None, None
     if planned:
         try:
@@ -281,6 +286,31 @@ def prepare(cfg: Config, store: JobStore, folder: str, exe: str, key: str, shape
         raise
     return Standby(key, place, shape, marker, warm, round(time.monotonic() - started, 3), readied,
                    (folder, folder_identity(folder)))
+
+
+def prepare_late(cfg: Config, store: JobStore, exe: str, key: str, shape: dict[str, Any], marker: str, owned: str,
+                 started: float) -> Standby:
+    """prepare's standby for default jobs in any folder (late_standby): no warm-up session, which would need its
+    folder; it is initialized once bound."""
+    private_tmp = private_tmp_of(store, owned)
+    proxy, enforced = None, False
+    if shape["network"] != "open":
+        proxy = JobProxy(job_policy(shape["network"], cfg.network_allow, cfg.hermes_home_path))
+        enforced = enforcement(True)[0]
+    policy = approval_policy_dir(int(cfg.approval_timeout_s), store.policy_path(owned))
+    try:
+        late, said = start_late(cfg, exe, marker, private_tmp, proxy, enforced, policy, WARM_UP_S)
+    except OSError:
+        if proxy:
+            proxy.close()
+        shutil.rmtree(private_tmp, ignore_errors=True)
+        shutil.rmtree(policy, ignore_errors=True)
+        raise
+    threading.Thread(target=copy_stream, args=(late.warm.proc.stderr,), name="hermes-stderr", daemon=True).start()
+    sys.stderr.write(f"[bridge] late standby: {said.get('modules')} modules imported in {said.get('import_s')} s\n")
+    warm = WarmStart(late.warm, policy, private_tmp, None, proxy, enforced)
+    return Standby(key, LATE_PLACE, shape, marker, warm, round(time.monotonic() - started, 3), None,
+                   (str(private_tmp), folder_identity(str(private_tmp))), late)
 
 
 def sweep_leftovers(store: JobStore) -> None:
@@ -400,6 +430,8 @@ def wait_for_a_job(cfg: Config, store: JobStore, folder: Path, standby: Standby)
                 with contextlib.suppress(OSError):
                     os.rename(folder / name, folder / f"serving-{job_id}.json")
                     return job_id
+                if standby.late:  # bound to a job its server took back: no other job may have it
+                    return None
         if not any(name == "ready.json" or name.startswith(("claimed-", "taken-")) for name in names) and not (
                 ready.exists() or any(folder.glob("claimed-*.json")) or any(folder.glob("taken-*.json"))):
             return None  # taken back by a server that waited for an answer in vain (checked again in order)
@@ -444,6 +476,12 @@ def refusal(cfg: Config, store: JobStore, standby: Standby, job_id: str) -> str 
         return "the settings, Hermes or Hermes' home changed since it was readied"
     if why := standby.warm.hermes.unresponsive(PING_S):
         return f"its Hermes is not answering ({why})"
+    if standby.late:
+        try:
+            standby.late.bind(cfg, store.read(job_id).cwd or "", cast(Path, standby.warm.private_tmp))
+        except (OSError, Refused, DamagedRecord) as exc:
+            standby.warm.hermes.proc.kill()
+            return f"it could not be bound to this job's folder ({exc})"
     if not handed_over(cfg, store, standby, job_id):
         return "the worktree it readied could not be handed over"
     return None
@@ -505,8 +543,17 @@ def serve(cfg: Config, store: JobStore, slot: Path, job_id: str, standby: Standb
         os.dup2(log.fileno(), 2)
     sys.stderr.write(f"[bridge] warm start: this Hermes was started and readied {standby.prepared_s:g} s before the "
                      f"job, in {standby.folder}\n")
+    warm: WarmStart | None = standby.warm
+    if standby.late:
+        try:
+            standby.late.initialize(WARM_UP_S)
+        except OSError as exc:  # the job runs cold under this supervisor, and says why
+            dismiss(cfg, standby.warm, standby.marker)
+            warm = None
+            why = f"cold: the warm Hermes bound to this folder did not answer initialize ({exc})"
+            store.update(job_id, lambda record: setattr(record, "start", why))
     try:
-        supervisor = Supervisor(job_id, cfg, store, subreaper=subreaper, warm=standby.warm)
+        supervisor = Supervisor(job_id, cfg, store, subreaper=subreaper, warm=warm)
         signal.signal(signal.SIGTERM, supervisor.on_sigterm)
         return supervisor.run()
     finally:
@@ -580,7 +627,7 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
         return 0
     sweep_leftovers(store)
     wait_past_starts(store, job_id)
-    cwd = standby_place(planned or resumed, where)
+    cwd = standby_place(planned or resumed, where) if planned or resumed or late_refusal(cfg, exe) else LATE_PLACE
     shape = confinement_shape(record.network_mode or cfg.network, planned or resumed)
     key = launch_key(cfg, cwd, exe, shape)
     slots = standby_slots(store, cfg.warm_start_folders)

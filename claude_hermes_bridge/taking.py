@@ -16,6 +16,7 @@ from .drivers import confinement_shape
 from .hermes_cli import locate_hermes
 from .job_queue import supervisor_argv
 from .jobs import JobRecord, JobStore, is_standby_marker, validate_job_id
+from .late_standby import LATE_PLACE
 from .preflight import SERVER_DIR
 from .processes import popen_kwargs, supervisor_creation_flags
 from .safe_io import (
@@ -72,8 +73,11 @@ def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> tuple[Path
         whys = []
         for slot in standby_slots(store, cfg.warm_start_folders):
             ready = read_json(slot / "ready.json")
-            why = (BEING_READIED if ready is None and being_readied(slot) == place
-                   else standby_mismatch(cfg, ready, place, shape)
+            readied = being_readied(slot)
+            published = ready.get("folder") if isinstance(ready, dict) else None
+            late = not record.worktree and LATE_PLACE in (readied, published)
+            why = (BEING_READIED if ready is None and readied == (LATE_PLACE if late else place)
+                   else standby_mismatch(cfg, ready, LATE_PLACE if late else place, shape)
                    or (readied_mismatch(store, ready) if shape["worktree"] == "new" else None))
             if why is None:
                 record.start, record.standby_marker = "warm", str(ready["marker"])

@@ -15,6 +15,8 @@ from test_real_hermes import assert_turn_ended, finish, write_hermes_home
 from test_real_network import served
 from test_standby import gone, hermes_of, ready, waiting_for
 
+from claude_hermes_bridge.drivers import project_cache
+from claude_hermes_bridge.late_standby import LATE_PLACE
 from claude_hermes_bridge.standby import being_readied
 from conftest import require_component, require_sandbox
 from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, live_standbys, wait_gone, wait_until
@@ -274,6 +276,30 @@ def test_jobs_taking_turns_in_two_folders_start_warm_in_each(warm_each: Bridge) 
             assert job.field("START").startswith("warm"), job.text
             assert (folder / "here.txt").read_text().strip() == str(folder)
             assert not (other / f"{folder.name}-was-here.txt").exists()
+
+
+def test_a_job_in_a_folder_no_job_ran_in_starts_warm_bound_late_and_writes_only_there(warm_each: Bridge) -> None:
+    """Issue 65's headline with the real Hermes 0.19.0 and 0.22.2: after one job in one folder, a job in a folder
+    no job ran in takes the standby bound late (readied for any folder): it starts warm, its shell runs in its own
+    folder with the job's project cache, writes there, and cannot write a sibling folder of the same root."""
+    require_sandbox()
+    bridge = warm_each
+    first, new, sibling = (bridge.root / name for name in ("first", "new", "sibling"))
+    for folder in (first, new, sibling):
+        folder.mkdir()
+    with bridge.client() as client:
+        assert_turn_ended(finish(client, client.call("hermes_run", task="Ready.\nRUN: pwd", cwd=str(first),
+                                                     wait_s=45), timeout=180))
+        assert waiting_for(bridge, new, timeout=120)["folder"] == LATE_PLACE
+        task = (f"Warm.\nRUN: pwd > here.txt; echo \"$UV_CACHE_DIR\" > cache.txt; "
+                f"echo x > {sibling}/was-here.txt")
+        job = finish(client, client.call("hermes_run", task=task, cwd=str(new), wait_s=45), timeout=180)
+    assert_turn_ended(job)
+    assert job.field("START").startswith("warm (the task reached Hermes "), job.text
+    assert (new / "here.txt").read_text().strip() == str(new)
+    project = project_cache(bridge.jobs / "tmp" / "any", str(new), None)
+    assert (new / "cache.txt").read_text().strip() == str(project / "uv")
+    assert not (sibling / "was-here.txt").exists()
 
 
 def test_jobs_started_together_leave_a_warm_hermes_in_each_slot_and_the_next_pair_starts_warm(

@@ -16,6 +16,7 @@ import pytest
 from test_approvals import audit_lines
 from test_worktrees import final
 
+from claude_hermes_bridge.late_standby import LATE_PLACE
 from conftest import require_sandbox
 from harness import Bridge, BridgeClient, live_standbys, wait_until
 
@@ -514,12 +515,13 @@ def test_a_warm_job_gets_what_the_same_job_started_cold_gets(bridge: Bridge, net
 
 
 def waiting_for(bridge: Bridge, folder: Path, slots: str = "standby*", timeout: float = 40) -> dict[str, Any]:
-    """The published description of a standby of these slots readied for folder, once it is ready."""
+    """The published description of a standby of these slots readied for folder (or bound late: for any folder,
+    where this machine binds late), once it is ready."""
     def found() -> dict[str, Any] | None:
         for path in bridge.jobs.glob(f"{slots}/ready.json"):
             with contextlib.suppress(OSError, ValueError):
                 published = json.loads(path.read_text())
-                if published.get("folder") == str(folder):
+                if published.get("folder") in (str(folder), LATE_PLACE):
                     return cast(dict[str, Any], published)
         return None
     return wait_until(found, timeout, f"a standby ready for {folder}")

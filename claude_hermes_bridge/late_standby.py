@@ -1,0 +1,133 @@
+"""[supervisor] A standby for default jobs in any folder (issue 65): Hermes' Python runs the late step
+(late_binding), imports Hermes' modules inside a first sandbox layer with the allowed roots and the tool caches
+covered, and is bound to the job that takes it: the job's folder, rules and mounts, computed by the same functions
+a cold start uses (drivers.sandbox_writable, sandbox_mounts, job_unreadable)."""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from .config import Config
+from .drivers import (
+    cache_environment,
+    hermes_launch,
+    job_unreadable,
+    project_cache,
+    python_prefixes,
+    sandbox_mounts,
+    sandbox_writable,
+    start_hermes,
+    tool_cache,
+)
+from .hermes_acp import INITIALIZE, WarmHermes
+from .hermes_cli import sandbox_extra
+from .late_binding import BIND_REPLY_MAX, IMPORTED, entry_python, late_step_argv, within
+from .network import JobProxy
+from .preflight import PACKAGE_DIR
+from .sandbox import devices as sandbox_devices
+from .sandbox import handed_descriptors, mechanism, private_devices_refusal
+
+LATE_PLACE = "any folder (bound late)"  # a late standby's place in its key and ready.json
+# What Hermes imports ahead, before any job is known: its ACP server, agent and tools (docs/performance.md: about
+# half of a cold start's imports); Hermes' CLI entry is imported after binding (it loads Hermes' .env and starts a
+# thread). A name a version lacks is skipped.
+AHEAD_MODULES = ("acp_adapter.server", "run_agent", "model_tools")
+BIND_S = 10.0
+
+
+def late_refusal(cfg: Config, exe: str) -> str | None:
+    """Why a default job's standby here is readied for its folder rather than bound late, or None."""
+    if not sys.platform.startswith("linux"):
+        return f"binding late needs Linux's mount namespaces; this is {sys.platform}"
+    if cfg.sandbox == "off" or not mechanism().name.startswith("Landlock"):
+        return "binding late needs the sandbox (Landlock)"
+    if refused := private_devices_refusal():
+        return f"binding late needs a mount namespace of the job's own: {refused}"
+    if entry_python(exe) is None:
+        return f"{exe} is not a Python console script"
+    own = [str(cfg.hermes_home_path), str(PACKAGE_DIR), *python_prefixes(exe), *sandbox_extra(cfg)]
+    for root in cfg.roots:
+        if any(within(os.path.realpath(path), os.path.realpath(root)) for path in own):
+            return f"the allowed root {root} holds Hermes' home, its install or the bridge, which must stay seen"
+    return None
+
+
+def covers(cfg: Config, private_tmp: Path) -> list[str]:
+    """The folders covered until a job is bound: the allowed roots that exist, and the tool caches."""
+    roots = [os.path.realpath(root) for root in cfg.roots if os.path.isdir(root)]
+    return list(dict.fromkeys([*roots, str(tool_cache(private_tmp))]))
+
+
+class LateHermes:
+    """A late-bound Hermes' process and the supervisor's end of its helper's socket."""
+
+    def __init__(self, warm: WarmHermes, helper: socket.socket, covered: list[str], exe: str):
+        self.warm, self.helper, self.covered, self.exe = warm, helper, covered, exe
+
+    def bind(self, cfg: Config, folder: str, private_tmp: Path) -> None:
+        """Bind it to a default job in folder: the helper shows the job's view, the step confines itself to the
+        job's rules and runs Hermes (initialize: once the job is its own). OSError: not bound (the standby is
+        done)."""
+        folder = os.path.realpath(folder)
+        if not any(within(folder, cover) for cover in self.covered):
+            raise OSError(f"{folder} is in no folder covered when it was started")
+        writable = sandbox_writable(cfg, folder, private_tmp, None)
+        unreadable = job_unreadable(cfg, writable, self.exe)
+        request = {"covers": self.covered, "writable": writable, "unreadable": unreadable,
+                   "mounts": sandbox_mounts(self.exe, folder, None, writable)}
+        self.helper.settimeout(BIND_S)
+        try:
+            self.helper.sendall((json.dumps(request) + "\n").encode())
+            reply = self.helper.recv(BIND_REPLY_MAX).decode(errors="replace").strip()
+        except OSError as exc:
+            raise OSError(f"its mount helper did not answer: {exc}") from None
+        finally:
+            self.helper.close()
+        if reply != "bound":
+            raise OSError(f"its mount helper could not show the job's folder: {reply or 'it exited'}")
+        environment = cache_environment(project_cache(private_tmp, folder, None))
+        line = {"folder": folder, "writable": writable, "unreadable": unreadable, "environment": environment}
+        proc = self.warm.proc
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write((json.dumps(line) + "\n").encode())
+            proc.stdin.flush()
+        except OSError as exc:
+            raise OSError(f"its Hermes exited before it was bound: {exc}") from None
+
+    def initialize(self, timeout_s: float) -> None:
+        """Hermes, bound and running, initialized as a standby's is before its job."""
+        self.warm.agent = self.warm.request("initialize", INITIALIZE, timeout_s)
+
+
+def start_late(cfg: Config, exe: str, marker: str, private_tmp: Path, proxy: JobProxy | None, enforced: bool,
+               policy: Path, timeout_s: float) -> tuple[LateHermes, dict[str, Any]]:
+    """Hermes' Python started on the late step with everything a default job here gets that is not its folder's
+    (the environment hermes_launch makes, the proxy, the job-independent mounts), waited for until its imports are
+    done. The LateHermes and what the step said of its imports; OSError: not ready."""
+    covered = covers(cfg, private_tmp)
+    home = cfg.hermes_home_path
+    home.mkdir(parents=True, exist_ok=True)
+    writable = [str(private_tmp), str(home), *sandbox_extra(cfg), *sandbox_devices(), *covered]
+    mounts = sandbox_mounts(exe, str(private_tmp), None, writable)
+    argv, env = hermes_launch(cfg, [exe, "acp"], marker, writable, private_tmp, None, proxy, enforced, mounts=mounts,
+                              cache=tool_cache(private_tmp))
+    channel = handed_descriptors(argv)
+    ours, helpers = socket.socketpair()
+    spec = {"writable": writable, "unreadable": job_unreadable(cfg, writable, exe), "covers": covered,
+            "mounts": mounts, "ports": [proxy.port] if proxy and enforced else [],
+            "own_network": channel[0] if channel else None, "helper": helpers.fileno(), "folder": str(private_tmp),
+            "modules": list(AHEAD_MODULES)}
+    python = entry_python(exe) or sys.executable
+    proc = start_hermes(late_step_argv(python, exe, spec), str(private_tmp), dict(env, HERMES_MANAGED_DIR=str(policy)),
+                        subprocess.PIPE, subprocess.PIPE, subprocess.PIPE, handed=(*channel, helpers.detach()))
+    warm = WarmHermes(proc)
+    said = warm.notice(IMPORTED, timeout_s)
+    if "refused" in said:
+        raise OSError(f"its sandbox could not be entered: {said['refused']}")
+    if said.get("threads") != 1:
+        raise OSError(f"its imports left {said.get('threads')} threads")
+    return LateHermes(warm, ours, covered, exe), said
