@@ -540,7 +540,8 @@ def support_line(mode: str) -> str:
 
 # What the sandbox refused, as the job's tools said it: Landlock's own audit records need privileges, while every
 # tool names the path it could not write next to the system's words for EACCES or EPERM.
-REFUSAL_RE = re.compile(r"permission denied|eacces|operation not permitted", re.IGNORECASE)
+REFUSAL_RE = re.compile(r"permission denied|eacces|operation not permitted|read-only file system|erofs",
+                        re.IGNORECASE)
 PATH_IN_TEXT_RE = re.compile(r"(?<![\w.~/-])(/[^\s'\"`:,;()\[\]{}<>|\\]+)")
 
 
