@@ -40,6 +40,8 @@ BIND_S = 10.0
 
 def late_refusal(cfg: Config, exe: str) -> str | None:
     """Why a default job's standby here is readied for its folder rather than bound late, or None."""
+    if not cfg.warm_start_any_folder:
+        return "warm_start_any_folder is off"
     if not sys.platform.startswith("linux"):
         return f"binding late needs Linux's mount namespaces; this is {sys.platform}"
     if cfg.sandbox == "off" or not mechanism().name.startswith("Landlock"):

@@ -284,6 +284,7 @@ def test_a_job_in_a_folder_no_job_ran_in_starts_warm_bound_late_and_writes_only_
     folder with the job's project cache, writes there, and cannot write a sibling folder of the same root."""
     require_sandbox()
     bridge = warm_each
+    bridge.configure(warm_start_any_folder=True)
     first, new, sibling = (bridge.root / name for name in ("first", "new", "sibling"))
     for folder in (first, new, sibling):
         folder.mkdir()
