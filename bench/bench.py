@@ -521,6 +521,7 @@ def main(argv: list[str]) -> int:
     rows += warm_start_rows(max(5, runs) if not args.tiny else runs, acp_versions)
     rows += warm_start_rows(max(3, runs) if not args.tiny else runs, acp_versions, worktree=True)
     rows += warm_start_rows(max(4, runs) if not args.tiny else runs, acp_versions, folders=2)
+    rows += warm_start_rows(max(3, runs) if not args.tiny else runs, acp_versions, new_folders=True)
     rows += warm_start_rows(max(3, runs) if not args.tiny else runs, acp_versions, resumed=True)
     rows += warm_start_rows(max(3, runs) if not args.tiny else runs, acp_versions, worktree=True, resumed=True)
     rows += warm_start_rows(max(3, runs) if not args.tiny else runs, acp_versions, network="model-only")

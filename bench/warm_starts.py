@@ -19,6 +19,7 @@ from test_real_hermes import write_hermes_home
 from test_worktrees import make_repo
 
 from claude_hermes_bridge.hermes_acp import WarmHermes
+from claude_hermes_bridge.late_standby import LATE_PLACE
 from claude_hermes_bridge.safe_io import read_json
 from claude_hermes_bridge.standby import is_alive_standby
 from harness import REAL_HERMES_VERSIONS, Bridge, BridgeClient, Result, wait_until
@@ -50,14 +51,15 @@ def installed_acp_versions(rows_of: str, versions: Sequence[str]) -> Iterator[tu
 
 
 def warm_start_rows(runs: int, versions: Sequence[str], worktree: bool = False, folders: int = 1,
-                    resumed: bool = False, network: str = "ask") -> list[Row]:
+                    resumed: bool = False, network: str = "ask", new_folders: bool = False) -> list[Row]:
     """Issue 39: hermes_run until the model's first request with a warm Hermes against a cold start, alternating,
     for each of these versions of the real Hermes with ACP (installed by tests/install_e2e.sh), the next job in the
     same folder; with worktree (issue 51), the next worktree job on the same repository; with folders (issue 65),
     jobs taking turns in that many folders (the first job in each readies its folder's standby, not measured);
     resumed (issue 65), hermes_resume of the first job's session each time (with worktree: in its worktree, the
     first warm one a resume too, which readies the standby there); network (issue 65): each job's own
-    network mode (a limited one waits behind a proxy of its own, warm or cold). Each on a
+    network mode (a limited one waits behind a proxy of its own, warm or cold); new_folders (issue 65): each job in
+    a folder no job ran in, warm_start_any_folder on (the standby bound late). Each on a
     server past its first tool call (first_job_rows measure a server's first job)."""
     rows = []
     for version, exe in installed_acp_versions("warm start", versions):
@@ -75,9 +77,13 @@ def warm_start_rows(runs: int, versions: Sequence[str], worktree: bool = False, 
                 for n in range(runs + len(places)):
                     where = places[n % len(places)]
                     for side in ("cold", "warm"):
+                        if new_folders and n >= len(places):  # each side's job in a folder no job ran in
+                            where = {"cwd": str(bridge.root / f"new-{n}-{side}")}
+                            Path(where["cwd"]).mkdir()
                         bridge.configure(hermes_exe=str(exe), hermes_home=str(bridge.tmp / "real-home"),
                                          hermes_driver="acp", approvals="yolo", warm_start=side == "warm",
-                                         warm_start_folders=len(places) + (worktree and resumed))
+                                         warm_start_folders=len(places) + (worktree and resumed),
+                                         warm_start_any_folder=new_folders)
                         with bridge.client() as client:
                             client.call("hermes_jobs")  # a server past its first call, as a host's session holds
                             if side == "warm" and n >= len(places):  # the first in each readies its standby
@@ -102,7 +108,8 @@ def warm_start_rows(runs: int, versions: Sequence[str], worktree: bool = False, 
                 bridge.kill_leftovers()  # the last standby too
         warm, bound = statistics.median(times["warm"]), 1.5 if worktree else 1.0
         kind = ("a resumed worktree job" if worktree and resumed else "a worktree job" if worktree
-                else "hermes_resume" if resumed else "hermes_run" if folders == 1
+                else "hermes_resume" if resumed else "hermes_run in a new folder, bound late" if new_folders
+                else "hermes_run" if folders == 1
                 else f"jobs taking turns in {folders} folders") + (
             " (network ask, the default)" if network == "ask" else f" (network {network})")
         rows.append(Row(f"{kind} until the model's first request, Hermes {version} over ACP, warm (floor: cold)",
@@ -119,7 +126,7 @@ def standby_waits_in(jobs: Path, where: dict[str, str], count: int = 1) -> bool 
     """Whether standbys of count slots wait for a job there (a worktree job's place: any standby, one slot; a
     resumed worktree job's: the one readied in that worktree, standby_place)."""
     return sum(is_alive_standby(ready) and ("isolation" in where or str(ready.get("folder")).startswith(
-        f"{where['cwd']} (the worktree of job ") or ready.get("folder") == where["cwd"])
+        f"{where['cwd']} (the worktree of job ") or ready.get("folder") in (where["cwd"], LATE_PLACE))
                for ready in (read_json(path) for path in jobs.glob("standby*/ready.json"))) >= count or None
 
 

@@ -5,6 +5,7 @@ itself shows, beneath those covers, what the job's own rules let it see (its fol
 read-only), and the step confines itself to the job's own rules, moves to its folder and runs Hermes' entry
 point. What runs before the job is known runs inside a sandbox narrower than any job's. Imports nothing of the
 package but sandbox (docs/performance.md, "A standby bound to its folder late")."""
+import contextlib
 import ctypes
 import json
 import os
@@ -82,10 +83,11 @@ def failed(what: str) -> OSError:
     return OSError(error, f"{what}: {os.strerror(error)}")
 
 
-def show(plan: list[tuple[str, bool]], covers: list[str], job_mounts: list[str], namespace: int) -> None:
-    """The helper's work: each planned path cloned from this (uncovered) namespace, then, in the step's namespace,
-    placed at its own path beneath its cover (a mount point made in the cover first), read-only or writable, and
-    the job's own mounts made there (sandbox.make_mounts)."""
+def show(plan: list[tuple[str, bool]], covers: dict[str, int], job_mounts: list[str], namespace: int) -> None:
+    """The helper's work: each planned path cloned from this (uncovered) namespace, then placed at its own path in
+    the step's namespace, read-only or writable: over its cover when the cover shows whole, else on a mount point
+    made in the cover through the cover's writable clone (covers: each cover's), which the step's namespace never
+    sees writable; then the job's own mounts made there (sandbox.make_mounts)."""
     call = sandbox.libc()
     clones: list[tuple[str, int | str]] = []
     for path, rw in plan:
@@ -96,45 +98,65 @@ def show(plan: list[tuple[str, bool]], covers: list[str], job_mounts: list[str],
         clone = call.syscall(OPEN_TREE, AT_FDCWD, path.encode(), ctypes.c_uint(flags))
         if clone < 0:
             raise failed(f"clone {path}")
-        attr = MountAttr(0 if rw else MOUNT_ATTR_RDONLY, MOUNT_ATTR_RDONLY if rw else 0, 0, 0)
-        if call.syscall(MOUNT_SETATTR, clone, b"", ctypes.c_uint(AT_EMPTY_PATH | AT_RECURSIVE), ctypes.byref(attr),
-                        ctypes.c_size_t(ctypes.sizeof(attr))) != 0:
-            raise failed(f"mount_setattr {path}")
+        set_read_only(call, clone, not rw, path)
         clones.append((path, clone))
     if call.setns(namespace, sandbox.CLONE_NEWNS) != 0:
         raise failed("setns")
-    for cover in covers:  # writable while its mount points are made; no job code runs meanwhile
-        cover_read_only(call, cover, False)
     for path, clone in clones:
-        if isinstance(clone, str):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            os.symlink(clone, path)
-            continue
-        if not os.path.lexists(path):
-            os.makedirs(path if os.path.isdir(f"/proc/self/fd/{clone}") else os.path.dirname(path), exist_ok=True)
-            if not os.path.lexists(path):
-                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-        if call.syscall(MOVE_MOUNT, clone, b"", AT_FDCWD, path.encode(), ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)) != 0:
-            raise failed(f"move_mount {path}")
-        os.close(clone)
-    for cover in covers:
-        cover_read_only(call, cover, True)
+        if path not in covers and not os.path.lexists(path):
+            cover = max((cover for cover in covers if within(path, cover)), key=len)
+            made_beneath(covers[cover], os.path.relpath(path, cover), clone)
+        if isinstance(clone, int):
+            if call.syscall(MOVE_MOUNT, clone, b"", AT_FDCWD, path.encode(),
+                            ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)) != 0:
+                raise failed(f"move_mount {path}")
+            os.close(clone)
     sandbox.make_mounts(call, tuple(job_mounts))
 
 
-def cover_read_only(call: ctypes.CDLL, cover: str, read_only: bool) -> None:
-    flags = sandbox.MS_REMOUNT | sandbox.MS_BIND | COVER_FLAGS | (sandbox.MS_RDONLY if read_only else 0)
+def set_read_only(call: ctypes.CDLL, mount: int, read_only: bool, path: str) -> None:
+    """A detached mount (and all beneath it) made read-only or writable."""
+    attr = MountAttr(MOUNT_ATTR_RDONLY if read_only else 0, 0 if read_only else MOUNT_ATTR_RDONLY, 0, 0)
+    if call.syscall(MOUNT_SETATTR, mount, b"", ctypes.c_uint(AT_EMPTY_PATH | AT_RECURSIVE), ctypes.byref(attr),
+                    ctypes.c_size_t(ctypes.sizeof(attr))) != 0:
+        raise failed(f"mount_setattr {path}")
+
+
+def made_beneath(tree: int, relative: str, clone: int | str) -> None:
+    """A mount point at relative beneath a cover's writable clone (tree): its folders, then a folder for a folder's
+    clone, an empty file for a file's, or the symlink itself (clone: its target); nothing followed."""
+    parts = relative.split("/")
+    folder = os.dup(tree)
+    try:
+        for part in parts[:-1]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=folder)
+            inner = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=folder)
+            os.close(folder)
+            folder = inner
+        if isinstance(clone, str):
+            os.symlink(clone, parts[-1], dir_fd=folder)
+        elif os.path.isdir(f"/proc/self/fd/{clone}"):
+            os.mkdir(parts[-1], 0o755, dir_fd=folder)
+        else:
+            os.close(os.open(parts[-1], os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600, dir_fd=folder))
+    finally:
+        os.close(folder)
+
+
+def cover_read_only(call: ctypes.CDLL, cover: str) -> None:
+    flags = sandbox.MS_REMOUNT | sandbox.MS_BIND | COVER_FLAGS | sandbox.MS_RDONLY
     if call.mount(None, cover.encode(), None, ctypes.c_ulong(flags), None) != 0:
         raise failed(f"remount {cover}")
 
 
 def helper(from_step: socket.socket, supervisor: int) -> None:
     """The forked helper, never confined and never running Hermes' code: takes the step's namespace from the step
-    once, then one request from the supervisor only ({"covers", "writable", "unreadable", "mounts"}), shows the
-    job's view (show) and answers "bound" or why not."""
+    once (its namespace, and each cover's writable clone), then one request from the supervisor only ({"writable",
+    "unreadable", "mounts"}), shows the job's view (show) and answers "bound" or why not."""
     for descriptor in (0, 1):
         os.dup2(os.open(os.devnull, os.O_RDWR), descriptor)
-    _, descriptors, _, _ = socket.recv_fds(from_step, 16, 1)
+    covered, descriptors, _, _ = socket.recv_fds(from_step, 65536, 256)
     from_step.close()
     with socket.socket(fileno=supervisor) as channel:
         request = b""
@@ -147,7 +169,8 @@ def helper(from_step: socket.socket, supervisor: int) -> None:
             job = json.loads(request)
             unreadable = job["unreadable"]
             grants = sandbox.read_grants(unreadable) if unreadable is not None else None
-            show(planned_view(job["covers"], job["writable"], grants), job["covers"], job["mounts"], descriptors[0])
+            covers = dict(zip(json.loads(covered), descriptors[1:], strict=True))
+            show(planned_view(list(covers), job["writable"], grants), covers, job["mounts"], descriptors[0])
             channel.sendall(b"bound\n")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             channel.sendall(f"refused: {exc}\n".encode(errors="replace")[:BIND_REPLY_MAX])
@@ -155,16 +178,17 @@ def helper(from_step: socket.socket, supervisor: int) -> None:
     os._exit(0)
 
 
-def enter_unbound(spec: dict[str, Any]) -> None:
+def enter_unbound(spec: dict[str, Any]) -> int:
     """The step's own part, before any of Hermes runs: the job's namespace (sandbox.private_devices), the helper
     forked in it, the first layer's rules made while the covered folders are still the real ones, then a namespace
-    of its own with each cover mounted, sent to the helper, and the first layer entered."""
+    of its own with each cover mounted, sent to the helper, and the first layer entered. The helper's pid."""
     ports = spec["ports"]
     sandbox.private_devices(tuple(spec["mounts"]), spec["own_network"] is not None)
     if spec["own_network"] is not None:
         sandbox.hand_listener(spec["own_network"], ports[0])
     to_helper, from_step = socket.socketpair()
-    if os.fork() == 0:
+    helper_pid = os.fork()
+    if helper_pid == 0:
         to_helper.close()
         try:
             helper(from_step, spec["helper"])
@@ -180,16 +204,26 @@ def enter_unbound(spec: dict[str, Any]) -> None:
         raise failed("unshare")
     if call.mount(None, b"/", None, ctypes.c_ulong(sandbox.MS_REC | sandbox.MS_PRIVATE), None) != 0:
         raise failed("mount / private")
+    writable_clones = []
     for cover in spec["covers"]:
         if call.mount(b"tmpfs", cover.encode(), b"tmpfs", ctypes.c_ulong(COVER_FLAGS), b"mode=0755") != 0:
             raise failed(f"cover {cover}")
-        cover_read_only(call, cover, True)
+        clone = call.syscall(OPEN_TREE, AT_FDCWD, cover.encode(), ctypes.c_uint(OPEN_TREE_CLONE | os.O_CLOEXEC))
+        if clone < 0:
+            raise failed(f"clone {cover}")
+        writable_clones.append(clone)  # the helper's, to make mount points in: detached, seen by no one else
+        cover_read_only(call, cover)
+    # Landlock checks no folder a mount hides, so a job's folder mounted in a cover is reached through the cover's
+    # own root: the first layer's rule for what it covers goes there too (the cover itself stays read-only).
+    sandbox.add_path_rules(ruleset, spec["covers"], sandbox.handled_rights(True))
     namespace = os.open("/proc/self/ns/mnt", os.O_RDONLY)
-    socket.send_fds(to_helper, [b"namespace"], [namespace])
-    os.close(namespace)
+    socket.send_fds(to_helper, [json.dumps(spec["covers"]).encode()], [namespace, *writable_clones])
+    for descriptor in (namespace, *writable_clones):
+        os.close(descriptor)
     to_helper.close()
     sandbox.enter_ruleset(ruleset, bool(ports))
     os.chdir(spec["folder"])
+    return helper_pid
 
 
 def import_ahead(modules: list[str]) -> int:
@@ -236,7 +270,7 @@ def late_step() -> None:
     if sys.path and sys.path[0] == "":  # `-c` puts the working folder first, where `python script` puts its own
         sys.path.pop(0)
     try:
-        enter_unbound(spec)
+        helper_pid = enter_unbound(spec)
     except OSError as exc:
         notify({"refused": str(exc)})
         sys.exit(126)
@@ -245,6 +279,7 @@ def late_step() -> None:
     threads = len(os.listdir("/proc/self/task"))
     notify({"modules": loaded, "import_s": round(time.monotonic() - started, 3), "threads": threads})
     job = wait_for_the_job()
+    os.waitpid(helper_pid, 0)  # it answered the supervisor, then exits: Hermes keeps no child it did not start
     if threads != 1:  # a thread confine cannot reach would keep the first layer only
         sys.exit(126)
     ports = spec["ports"]

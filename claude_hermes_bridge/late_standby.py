@@ -74,11 +74,12 @@ class LateHermes:
         job's rules and runs Hermes (initialize: once the job is its own). OSError: not bound (the standby is
         done)."""
         folder = os.path.realpath(folder)
-        if not any(within(folder, cover) for cover in self.covered):
-            raise OSError(f"{folder} is in no folder covered when it was started")
+        roots = [os.path.realpath(root) for root in cfg.roots]
+        if not any(within(folder, root) for root in roots if root in self.covered):
+            raise OSError(f"{folder} is in no allowed root covered when it was started")
         writable = sandbox_writable(cfg, folder, private_tmp, None)
         unreadable = job_unreadable(cfg, writable, self.exe)
-        request = {"covers": self.covered, "writable": writable, "unreadable": unreadable,
+        request = {"writable": writable, "unreadable": unreadable,
                    "mounts": sandbox_mounts(self.exe, folder, None, writable)}
         self.helper.settimeout(BIND_S)
         try:

@@ -139,7 +139,7 @@ def landlock_ruleset(writable: list[str], readable: list[str] | None = None, con
         raise OSError(f"Landlock ABI {abi} here cannot limit the network (ABI {NETWORK_ABI}, Linux 6.7, can)")
     create, add_rule, _ = SYSCALLS[os.uname().machine]
     call = libc().syscall
-    handled = write_rights(abi) | (READ_FILE if readable is not None else 0)
+    handled = handled_rights(readable is not None)
     network = BIND_TCP | CONNECT_TCP if connect_port is not None else 0
     attr = RulesetAttr(handled, network, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
     size = 24 if abi >= 6 else 16 if abi >= NETWORK_ABI else 8  # the fields this ABI knows
@@ -147,21 +147,8 @@ def landlock_ruleset(writable: list[str], readable: list[str] | None = None, con
     if ruleset < 0:
         raise OSError(ctypes.get_errno(), f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
     try:
-        for path, rights in [*((path, handled) for path in writable), *((path, READ_FILE) for path in readable or [])]:
-            try:
-                descriptor = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            except FileNotFoundError:
-                if rights == READ_FILE:  # gone since the list was made: nothing to read there
-                    continue
-                raise
-            try:
-                is_folder = os.path.isdir(f"/proc/self/fd/{descriptor}")
-                rule = PathBeneathAttr(rights if is_folder else rights & FILE_RIGHTS, descriptor)
-                if call(add_rule, ruleset, RULE_PATH_BENEATH, ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
-                    error = ctypes.get_errno()
-                    raise OSError(error, f"landlock_add_rule {path}: {os.strerror(error)}")
-            finally:
-                os.close(descriptor)
+        add_path_rules(ruleset, writable, handled)
+        add_path_rules(ruleset, readable or [], READ_FILE)
         for port in (connect_port, *also_ports) if connect_port is not None else ():
             port_rule = NetPortAttr(CONNECT_TCP, port)
             if call(add_rule, ruleset, RULE_NET_PORT, ctypes.byref(port_rule), ctypes.c_uint32(0)) < 0:
@@ -171,6 +158,32 @@ def landlock_ruleset(writable: list[str], readable: list[str] | None = None, con
         os.close(ruleset)
         raise
     return ruleset, abi
+
+
+def handled_rights(readable: bool) -> int:
+    """What a ruleset of landlock_ruleset governs of files here: writing, and reading when it is given reads."""
+    return write_rights(landlock_abi()[0]) | (READ_FILE if readable else 0)
+
+
+def add_path_rules(ruleset: int, paths: list[str], rights: int) -> None:
+    """A rule for each path that exists now (a file's rule carries a file's rights alone); a missing path to write
+    is an error, a missing one to read is nothing to read."""
+    add_rule = SYSCALLS[os.uname().machine][1]
+    for path in paths:
+        try:
+            descriptor = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if rights == READ_FILE:  # gone since the list was made: nothing to read there
+                continue
+            raise
+        try:
+            is_folder = os.path.isdir(f"/proc/self/fd/{descriptor}")
+            rule = PathBeneathAttr(rights if is_folder else rights & FILE_RIGHTS, descriptor)
+            if libc().syscall(add_rule, ruleset, RULE_PATH_BENEATH, ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
+                error = ctypes.get_errno()
+                raise OSError(error, f"landlock_add_rule {path}: {os.strerror(error)}")
+        finally:
+            os.close(descriptor)
 
 
 def enter_ruleset(ruleset: int, limit_network: bool) -> None:

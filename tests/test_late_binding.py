@@ -31,7 +31,12 @@ with open(os.path.join({tmp!r}, "ahead.json"), "w") as handle:
 """
 SCRIPT = """#!{python}
 import os, sys
-found = {{"argv": sys.argv, "cwd": os.getcwd(), "marker": os.environ.get("JOB_SAYS")}}
+found = {{"argv": sys.argv, "cwd": os.getcwd(), "marker": os.environ.get("JOB_SAYS"),
+         "listed": sorted(os.listdir(os.path.dirname(os.getcwd())))}}
+try:
+    found["read"] = open({kept!r}).read()
+except OSError as exc:
+    found["read"] = exc.strerror
 for path in ("here.txt", {sibling!r}, {project!r}, {other!r}):
     try:
         with open(path, "w") as handle:
@@ -54,14 +59,20 @@ def shared_tmp() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.parametrize("where", ["outside the home", "in the home"])
 @pytest.mark.parametrize("user", ["this user", "nobody"])
 def test_the_late_step_hides_the_roots_until_bound_then_runs_the_job_in_its_folder_only(shared_tmp: Path,
-                                                                                          user: str) -> None:
+                                                                                          user: str,
+                                                                                          where: str) -> None:
+    """A root in the user's home (read by allow-list: a sibling folder unreadable, as to a cold job) or outside
+    it (readable, as to a cold job; never writable)."""
     require_sandbox()
     if user == "nobody" and os.geteuid() != 0:
         pytest.skip("setpriv to another user needs root (CI runs as root)")
     tmp_path = shared_tmp
-    root, cache, tmp, home = (tmp_path / name for name in ("root", "cache", "tmp", "home"))
+    user_home = str(tmp_path / "user-home") if where == "in the home" else str(Path.home())
+    root = tmp_path / "user-home" / "work" if where == "in the home" else tmp_path / "root"
+    cache, tmp, home = (tmp_path / name for name in ("cache", "tmp", "home"))
     folder, sibling = root / "job", root / "sibling"
     project, other = cache / "project", cache / "other"
     for made in (folder, sibling, project, other, tmp, home, tmp_path / "ahead"):
@@ -70,7 +81,8 @@ def test_the_late_step_hides_the_roots_until_bound_then_runs_the_job_in_its_fold
     (tmp_path / "ahead" / "probe_ahead.py").write_text(PROBE.format(root=str(root), cache=str(cache), tmp=str(tmp)))
     script = tmp_path / "hermes"
     script.write_text(SCRIPT.format(python=sys.executable, sibling=str(sibling / "x.txt"),
-                                    project=str(project / "y.txt"), other=str(other / "z.txt")))
+                                    kept=str(sibling / "kept.txt"), project=str(project / "y.txt"),
+                                    other=str(other / "z.txt")))
     script.chmod(0o755)
     package_parent = Path(late_binding.__file__).parents[1]
     if user == "nobody":  # the package copied where another user reads it (as conftest.step_as does)
@@ -83,7 +95,7 @@ def test_the_late_step_hides_the_roots_until_bound_then_runs_the_job_in_its_fold
     first_layer = [str(tmp), str(home), str(root), str(cache), *sandbox.devices()]
     ours, helpers = socket.socketpair()
     spec = {"writable": first_layer,
-            "unreadable": sandbox.unreadable_paths(str(Path.home()), [], [*first_layer, *prefixes, str(script)]),
+            "unreadable": sandbox.unreadable_paths(user_home, [], [*first_layer, *prefixes, str(script)]),
             "covers": [str(root), str(cache)], "mounts": [], "ports": [], "own_network": None,
             "helper": helpers.fileno(), "folder": str(tmp), "modules": ["probe_ahead"]}
     as_user = [] if user == "this user" else ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -100,8 +112,8 @@ def test_the_late_step_hides_the_roots_until_bound_then_runs_the_job_in_its_fold
     assert ahead == {"listed": [], "cache": [], "wrote": "Read-only file system"}, ahead
 
     writable = [str(folder), str(tmp), str(home), str(project), *sandbox.devices()]
-    unreadable = sandbox.unreadable_paths(str(Path.home()), [], [*writable, *prefixes, str(script)])
-    request = {"covers": [str(root), str(cache)], "writable": writable, "unreadable": unreadable, "mounts": []}
+    unreadable = sandbox.unreadable_paths(user_home, [], [*writable, *prefixes, str(script)])
+    request = {"writable": writable, "unreadable": unreadable, "mounts": []}
     ours.sendall((json.dumps(request) + "\n").encode())
     assert ours.recv(4096) == b"bound\n"
     job = {"folder": str(folder), "writable": writable, "unreadable": unreadable, "environment": {"JOB_SAYS": "hi"}}
@@ -114,3 +126,7 @@ def test_the_late_step_hides_the_roots_until_bound_then_runs_the_job_in_its_fold
     assert found[str(sibling / "x.txt")] != "written" and not (sibling / "x.txt").exists()
     assert found[str(other / "z.txt")] != "written" and not (other / "z.txt").exists()
     assert not (root / "ahead.txt").exists()
+    if where == "in the home":
+        assert found["read"] != "the sibling's" and found["listed"] == ["job"], found
+    else:
+        assert found["read"] == "the sibling's" and found["listed"] == ["job", "sibling"], found
