@@ -24,6 +24,7 @@ from .drivers import (
 )
 from .hermes_acp import INITIALIZE, WarmHermes
 from .hermes_cli import sandbox_extra
+from .jobs import JobStore
 from .late_binding import BIND_REPLY_MAX, IMPORTED, entry_python, late_step_argv, within
 from .network import JobProxy
 from .preflight import PACKAGE_DIR
@@ -50,10 +51,12 @@ def late_refusal(cfg: Config, exe: str) -> str | None:
         return f"binding late needs a mount namespace of the job's own: {refused}"
     if entry_python(exe) is None:
         return f"{exe} is not a Python console script"
-    own = [str(cfg.hermes_home_path), str(PACKAGE_DIR), *python_prefixes(exe), *sandbox_extra(cfg)]
+    own = [str(cfg.hermes_home_path), str(PACKAGE_DIR), str(JobStore.of(cfg).root), *python_prefixes(exe),
+           *sandbox_extra(cfg)]
     for root in cfg.roots:
         if any(within(os.path.realpath(path), os.path.realpath(root)) for path in own):
-            return f"the allowed root {root} holds Hermes' home, its install or the bridge, which must stay seen"
+            return (f"the allowed root {root} holds Hermes' home, its install, the jobs folder or the bridge, "
+                    "which must stay seen")
     return None
 
 

@@ -51,9 +51,10 @@ def test_the_next_job_takes_the_warm_hermes_and_runs_in_its_own_folder(warm: Any
     assert_turn_ended(first)
     assert first.field("START").startswith("cold ("), first.text
     standby = ready(bridge, timeout=120)
+    late = standby["folder"] == LATE_PLACE  # bound late: no warm-up session, which would need a folder
     before = sessions(home)
     warm_ups = {name for name, count in before.items() if count == 0}  # the standby's throw-away session: 0.22.2
-    assert len(warm_ups) == (0 if version == "0.22.2" else 1), before  # writes no row for a session without messages
+    assert len(warm_ups) == (0 if version == "0.22.2" or late else 1), before  # writes none without messages
     second = finish(client, client.call("hermes_run", task="Second.\nRUN: pwd && echo \"tmp=$TMPDIR\"", wait_s=45),
                     timeout=180)
     assert_turn_ended(second)
@@ -63,7 +64,8 @@ def test_the_next_job_takes_the_warm_hermes_and_runs_in_its_own_folder(warm: Any
     assert f"SCRIPTED DONE: {bridge.root}" in output or str(bridge.root) in output, second.text
     assert str(bridge.jobs / "tmp") in second.text  # its TMPDIR: the standby's private one, under the sandbox
     session = second.field("SESSION_ID")  # the warm-up session, handed to the job (0.22.2 writes its row later)
-    assert session in sessions(home) and (session in warm_ups if version == "0.19.0" else session not in before)
+    assert session in sessions(home) and (session in warm_ups if version == "0.19.0" and not late
+                                          else session not in before)
     # the warm session carries nothing of the first job's (Hermes' other calls, a title, may not be chats)
     chats = [request["messages"] for request in model.requests() if isinstance(request.get("messages"), list)]
     seconds = [messages for messages in chats if any("Second." in str(m.get("content")) for m in messages)]
@@ -356,7 +358,7 @@ def test_a_job_sent_while_its_standby_is_readied_waits_for_it_and_starts_warm(wa
     bridge = warm_each
     with bridge.client() as client:
         first = client.call("hermes_run", task="First.\nRUN: pwd", wait_s=0)
-        wait_until(lambda: being_readied(bridge.jobs / "standby") == str(bridge.root) or None, 120,
+        wait_until(lambda: being_readied(bridge.jobs / "standby") in (str(bridge.root), LATE_PLACE) or None, 120,
                    "the standby to be starting its Hermes")
         second = client.call("hermes_run", task="Second.\nRUN: pwd > second.txt", wait_s=0)
         assert_turn_ended(client.wait_final(first.field("JOB_ID"), timeout=180))
