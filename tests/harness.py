@@ -64,10 +64,12 @@ T = TypeVar("T")
 FAKE_PERSONALITIES = ("0.19", "0.20", "0.21")
 
 
-def make_fake_hermes(prefix: Path, personality: str = "0.19", version: str | None = "0.19.0") -> Path:
+def make_fake_hermes(prefix: Path, personality: str = "0.19", version: str | None = "0.19.0",
+                     console_script: bool = False) -> Path:
     """A fake install laid out like a venv: bin/hermes speaking one Hermes version's command line, and a
-    hermes_agent dist-info claiming `version` when it is set (which need not match the personality).
-    On Windows, Scripts/hermes.exe (see windows_launcher)."""
+    hermes_agent dist-info claiming `version` when it is set (which need not match the personality). bin/hermes
+    is a shell script, or with console_script a Python one as pip writes Hermes' own (what a standby bound late
+    needs). On Windows, Scripts/hermes.exe (see windows_launcher)."""
     if os.name == "nt":
         exe = windows_launcher(prefix / "Scripts", personality)
         site = prefix / "Lib" / "site-packages"
@@ -75,12 +77,21 @@ def make_fake_hermes(prefix: Path, personality: str = "0.19", version: str | Non
         bin_dir = prefix / "bin"
         bin_dir.mkdir(parents=True, exist_ok=True)
         exe = bin_dir / "hermes"
-        exe.write_text(f'#!/bin/sh\nFAKE_HERMES_VERSION={personality} exec "{sys.executable}" "{FAKE_HERMES}" "$@"\n')
+        exe.write_text(console_script_text(sys.executable, personality) if console_script else
+                       f'#!/bin/sh\nFAKE_HERMES_VERSION={personality} exec "{sys.executable}" "{FAKE_HERMES}" "$@"\n')
         exe.chmod(0o755)
         site = prefix / "lib" / "python3.11" / "site-packages"
     if version:
         (site / f"hermes_agent-{version}.dist-info").mkdir(parents=True)
     return exe
+
+
+def console_script_text(python: str, personality: str) -> str:
+    """A console script that runs the fake in its own process, as pip's run Hermes' entry point."""
+    return (f"#!{python}\nimport os, runpy, sys\n"
+            f"os.environ['FAKE_HERMES_VERSION'] = {personality!r}\n"
+            f"sys.argv[0] = {str(FAKE_HERMES)!r}\n"
+            f"runpy.run_path({str(FAKE_HERMES)!r}, run_name='__main__')\n")
 
 
 def windows_launcher(bin_dir: Path, personality: str) -> Path:
@@ -90,11 +101,7 @@ def windows_launcher(bin_dir: Path, personality: str) -> Path:
 
     source = bin_dir.parent / "launcher-source"
     source.mkdir(parents=True, exist_ok=True)
-    (source / "hermes").write_text(
-        "#!python\nimport os, runpy, sys\n"
-        f"os.environ['FAKE_HERMES_VERSION'] = {personality!r}\n"
-        f"sys.argv[0] = {str(FAKE_HERMES)!r}\n"
-        f"runpy.run_path({str(FAKE_HERMES)!r}, run_name='__main__')\n")
+    (source / "hermes").write_text(console_script_text("python", personality))
     bin_dir.mkdir(parents=True, exist_ok=True)
     [exe] = ScriptMaker(str(source), str(bin_dir)).make("hermes")  # its shebang names this Python
     return Path(exe)

@@ -18,7 +18,7 @@ from test_worktrees import final
 
 from claude_hermes_bridge.late_standby import LATE_PLACE
 from conftest import require_sandbox
-from harness import Bridge, BridgeClient, live_standbys, wait_until
+from harness import Bridge, BridgeClient, live_standbys, make_fake_hermes, wait_until
 
 OPEN_SHAPE = {"network": "open", "worktree": None}  # a default job's confinement_shape with the network open
 pytestmark = pytest.mark.posix("the faults are shown on Linux; tests/test_windows.py takes a warm Hermes on Windows")
@@ -607,3 +607,28 @@ def test_a_queued_job_takes_the_warm_hermes_readied_while_it_waited(bridge: Brid
     [run] = [r for r in bridge.runs() if r.get("task", "").startswith("second")]
     assert run["marker"] == record.standby_marker  # a standby's Hermes, which that standby supervised:
     assert record.supervisor is not None and record.supervisor.create_time < record.created_at  # started before
+
+
+def test_with_warm_start_any_folder_a_job_in_a_new_folder_takes_the_standby_bound_late(bridge: Bridge) -> None:
+    """Issue 65 with the fake Hermes over ACP, as a Python console script like Hermes' own: with
+    warm_start_any_folder the standby readied after a job is bound late, and a job in a folder no job ran in
+    takes it warm, writes its own folder and cannot write the first one."""
+    require_sandbox()
+    exe = make_fake_hermes(bridge.tmp / "console-venv", console_script=True)
+    bridge.configure(hermes_exe=str(exe), hermes_driver="acp", warm_start=True, warm_start_any_folder=True)
+    first, new = bridge.root / "first", bridge.root / "new"
+    for folder in (first, new):
+        folder.mkdir()
+    with acp_client(bridge) as client:
+        assert final(client, task="first !write=one.txt:1", cwd=str(first)).field("STATUS") == "ok"
+        standby = waiting_for(bridge, new)
+        assert standby["folder"] == LATE_PLACE, standby
+        intrusion = bridge.tmp / "intrude.sh"
+        intrusion.write_text(f"echo x > {first}/intruded.txt || true\n")
+        job = final(client, task=f"second !write=two.txt:2 !shell={intrusion}", cwd=str(new))
+    assert job.field("STATUS") == "ok", job.text
+    assert job.field("START").startswith("warm (the task reached Hermes "), job.text
+    assert (new / "two.txt").read_text() == "2"
+    assert not (first / "intruded.txt").exists()
+    assert "intruded.txt: Read-only file system" in Path(job.field("FULL_LOG")).read_text()  # the view holds it
+    assert bridge.record(job.field("JOB_ID")).marker == standby["marker"]
