@@ -369,6 +369,15 @@ MUTATIONS = (
     Mutation(81, "a job waits READIED_WAIT_S (15 s) for a standby that hangs while readied, whatever a start takes",
              'taking.py', 'began, limit = time.monotonic(), readied_wait_s(store)',
              'began, limit = time.monotonic(), READIED_WAIT_S', 'tests/test_standby.py', 'hangs_while_readied'),
+    Mutation(82, "Hermes' imports, run before a late-bound standby's job is known, see every root and its folders",
+             'late_binding.py', 'if call.mount(b"tmpfs", cover.encode(), b"tmpfs"',
+             'if call.mount(b"tmpfs", b"/dev/shm", b"tmpfs"', 'tests/test_late_binding.py'),
+    Mutation(83, "a late-bound job in a root inside the home cannot write its own folder",
+             'late_binding.py', 'sandbox.add_path_rules(ruleset, spec["covers"], sandbox.handled_rights(True))',
+             'pass', 'tests/test_late_binding.py'),
+    Mutation(84, "a late-bound job can read a sibling folder in a root inside the home, which a cold job cannot",
+             'late_binding.py', 'if grants is None or any(within(cover, grant) for grant in grants):',
+             'if True:', 'tests/test_late_binding.py'),
 )
 
 
