@@ -61,9 +61,11 @@ def late_refusal(cfg: Config, exe: str) -> str | None:
 
 
 def covers(cfg: Config, private_tmp: Path) -> list[str]:
-    """The folders covered until a job is bound: the allowed roots that exist, and the tool caches."""
+    """The folders covered until a job is bound: the allowed roots that exist, and the tool caches (made now)."""
     roots = [os.path.realpath(root) for root in cfg.roots if os.path.isdir(root)]
-    return list(dict.fromkeys([*roots, str(tool_cache(private_tmp))]))
+    caches = tool_cache(private_tmp)
+    caches.mkdir(parents=True, exist_ok=True)
+    return list(dict.fromkeys([*roots, str(caches)]))
 
 
 class LateHermes:
