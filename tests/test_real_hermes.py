@@ -8,6 +8,7 @@ import time
 import psutil
 import pytest
 
+from claude_hermes_bridge.hermes_acp import ACP_EXIT_GRACE_S
 from conftest import require_component
 from harness import REAL_HERMES_VERSIONS, hermes_answer, refused, wait_gone, wait_until
 from scripted_model import ScriptedModel, next_step
@@ -77,7 +78,8 @@ def assert_turn_ended(result, status="ok", exit_code="0"):
         assert result.field("REASON").startswith("Hermes crashed (SIGSEGV, 11)"), result.text
         assert result.field("EXIT_CODE") == "-11", result.text
         return
-    if status == "ok" and "then had not exited 10 s after its input was closed" in result.text:  # a loaded machine
+    stopped = f"then had not exited {ACP_EXIT_GRACE_S:g} s after its input was closed"
+    if status == "ok" and stopped in result.text:  # a loaded machine
         assert result.field("STATUS") == "ok" and result.field("EXIT_CODE") in ("-15", "-9"), result.text
         return
     assert result.field("STATUS") == status, result.text
