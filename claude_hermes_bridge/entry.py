@@ -19,10 +19,10 @@ def console_main() -> None:
         with preflight.bytecode_cached():
             from claude_hermes_bridge import supervisor
         sys.exit(supervisor.main(argv[1]))
-    if len(argv) == 2 and argv[0] == "--standby":
+    if len(argv) == 2 and argv[0] in ("--standby", "--standby-any"):
         with preflight.bytecode_cached():
             from claude_hermes_bridge import standby
-        sys.exit(standby.main(argv[1]))
+        sys.exit(standby.main(argv[1], any_folder=argv[0] == "--standby-any"))
     if len(argv) == 2 and argv[0] == "--offered":
         with preflight.bytecode_cached():
             from claude_hermes_bridge import taking

@@ -65,8 +65,8 @@ def warm_start_line(cfg: Config, store: JobStore) -> str:
     """Whether a warm Hermes waits for the next ACP job, and for which folder."""
     if not cfg.warm_start:
         return "off (setting warm_start: false)"
-    waiting = [ready for ready in (read_json(slot / "ready.json") for slot in standby_slots(store,
-                                                                                      cfg.warm_start_folders))
+    slots = standby_slots(store, cfg.warm_start_folders, cfg.warm_start_any_folder)
+    waiting = [ready for ready in (read_json(slot / "ready.json") for slot in slots)
                if is_alive_standby(ready) and isinstance(ready.get("folder"), str)]
     if waiting:
         return "; ".join(f"a warm Hermes waits for the next ACP job in {shown(ready['folder'])} (readied in "

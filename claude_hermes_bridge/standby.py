@@ -98,9 +98,15 @@ def standby_folder(store: JobStore) -> Path:
     return store.root / "standby"
 
 
-def standby_slots(store: JobStore, count: int) -> list[Path]:
-    """The folders of the slots a standby may wait in (warm_start_folders of them)."""
-    return [standby_folder(store), *(store.root / f"standby-{number}" for number in range(1, count))]
+def standby_slots(store: JobStore, count: int, any_folder: bool = False) -> list[Path]:
+    """The folders of the slots a standby may wait in (warm_start_folders of them), and with any_folder
+    (warm_start_any_folder) the one of the standby bound late, which takes no folder's place."""
+    return [standby_folder(store), *(store.root / f"standby-{number}" for number in range(1, count)),
+            *([late_slot(store)] if any_folder else [])]
+
+
+def late_slot(store: JobStore) -> Path:
+    return store.root / "standby-any"
 
 
 def slots_for(slots: list[Path], user_folder: str) -> list[Path]:
@@ -440,7 +446,8 @@ def wait_for_a_job(cfg: Config, store: JobStore, folder: Path, standby: Standby)
             stale = False
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + STALE_CHECK_S
-                kept = standby_slots(store, load_config().warm_start_folders)
+                now = load_config()
+                kept = standby_slots(store, now.warm_start_folders, now.warm_start_any_folder)
                 stale = not still_fits(cfg, standby) or folder not in kept or standby.folder_gone()
             wanted_key = (read_json(wanted) or {}).get("key")
             if (stale or time.monotonic() >= idle_until or standby.warm.hermes.proc.poll() is not None
@@ -566,9 +573,10 @@ def serve(cfg: Config, store: JobStore, slot: Path, job_id: str, standby: Standb
         sweep_own_links(store)
 
 
-def main(job_id: str) -> int:
-    """The standby's program, `--standby ID` (ID: the job whose folder it is prepared for): no MCP. While it
-    lives, standby-<pid>.pid in the standby folder names it (hermes_health, and tests that must stop it)."""
+def main(job_id: str, any_folder: bool = False) -> int:
+    """The standby's program, `--standby ID` (ID: the job whose folder it is prepared for), or `--standby-any ID`
+    (one bound late, for a default job in any folder: warm_start_any_folder): no MCP. While it lives,
+    standby-<pid>.pid in the standby folder names it (hermes_health, and tests that must stop it)."""
     cfg = load_config()
     store = JobStore.of(cfg)
     folder = standby_folder(store)
@@ -579,7 +587,7 @@ def main(job_id: str) -> int:
     except OSError:
         return 0  # the jobs folder refuses writes: no standby
     try:
-        return standby_main(cfg, store, job_id)
+        return standby_main(cfg, store, job_id, any_folder)
     finally:
         alive.unlink(missing_ok=True)
 
@@ -610,7 +618,7 @@ def worktree_plan(planned: dict[str, Any]) -> dict[str, Any] | None:
     return plan
 
 
-def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
+def standby_main(cfg: Config, store: JobStore, job_id: str, any_folder: bool = False) -> int:
     subreaper = become_subreaper()
     try:
         record = store.read(job_id)
@@ -627,15 +635,17 @@ def standby_main(cfg: Config, store: JobStore, job_id: str) -> int:
         return 0
     sweep_leftovers(store)
     wait_past_starts(store, job_id)
-    cwd = standby_place(planned or resumed, where) if planned or resumed or late_refusal(cfg, exe) else LATE_PLACE
+    if any_folder and (planned or resumed or late_refusal(cfg, exe)):
+        return 0  # the folder's own standby is readied beside it (taking.start_standby)
+    cwd = LATE_PLACE if any_folder else standby_place(planned or resumed, where)
     shape = confinement_shape(record.network_mode or cfg.network, planned or resumed)
     key = launch_key(cfg, cwd, exe, shape)
-    slots = standby_slots(store, cfg.warm_start_folders)
+    slots = [late_slot(store)] if any_folder else standby_slots(store, cfg.warm_start_folders)
     for slot in slots:
         published = read_json(slot / "ready.json")
         if is_alive_standby(published) and published.get("key") == key:
             return 0  # one is ready for this already
-    claimed = claim_slot(slots, {"key": key, "folder": cwd, "user_folder": where})
+    claimed = claim_slot(slots, {"key": key, "folder": cwd, "user_folder": cwd if any_folder else where})
     if claimed is None:
         return 0
     folder, held = claimed

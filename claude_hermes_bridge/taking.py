@@ -71,7 +71,9 @@ def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> tuple[Path
         place = standby_place(record.worktree, record.cwd or "")
         shape = confinement_shape(record.network_mode or "open", record.worktree)
         whys = []
-        for slot in standby_slots(store, cfg.warm_start_folders):
+        slots = standby_slots(store, cfg.warm_start_folders, cfg.warm_start_any_folder)
+        owns = [slot for slot in slots if published_folder(slot) == place]
+        for slot in owns + [slot for slot in slots if slot not in owns]:  # the folder's own standby first
             ready = read_json(slot / "ready.json")
             readied = being_readied(slot)
             published = ready.get("folder") if isinstance(ready, dict) else None
@@ -87,6 +89,12 @@ def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> tuple[Path
             whys.append(why)
         record.start = f"cold: {nearest_reason(whys)}"
     return None
+
+
+def published_folder(slot: Path) -> Any:
+    """The place the standby waiting in slot was readied for (None: none waits)."""
+    ready = read_json(slot / "ready.json")
+    return ready.get("folder") if isinstance(ready, dict) else None
 
 
 NONE_WAITING = "no warm Hermes is waiting (one is readied after a job starts, for the next in its folder)"
@@ -181,8 +189,9 @@ def standby_refusal(folder: Path, job_id: str) -> str:
 
 
 def start_standby(cfg: Config, store: JobStore, job_id: str) -> None:
-    """A standby for the next job in this job's folder, detached; it dedupes itself (standby.main). Best
-    effort: a job never waits for it or fails by it."""
+    """A standby for the next job in this job's folder, detached, and with warm_start_any_folder one bound late
+    beside it for a default job in any other folder; each dedupes itself (standby.main). Best effort: a job never
+    waits for them or fails by them."""
     folder = standby_folder(store)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -197,15 +206,16 @@ def start_standby(cfg: Config, store: JobStore, job_id: str) -> None:
         return
     env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path))
     with log:
-        for flags in supervisor_creation_flags(IS_WINDOWS):
-            try:
-                standby = subprocess.Popen(supervisor_argv(job_id, "--standby"), stdin=subprocess.DEVNULL, stdout=log,
-                                           stderr=log, cwd=str(SERVER_DIR), env=env, close_fds=True,
-                                           **popen_kwargs(flags))
-                threading.Thread(target=standby.wait, name=f"reap standby {job_id}", daemon=True).start()
-                return
-            except OSError:
-                continue
+        for program in ("--standby", "--standby-any") if cfg.warm_start_any_folder else ("--standby",):
+            for flags in supervisor_creation_flags(IS_WINDOWS):
+                try:
+                    standby = subprocess.Popen(supervisor_argv(job_id, program), stdin=subprocess.DEVNULL, stdout=log,
+                                               stderr=log, cwd=str(SERVER_DIR), env=env, close_fds=True,
+                                               **popen_kwargs(flags))
+                    threading.Thread(target=standby.wait, name=f"reap standby {job_id}", daemon=True).start()
+                    break
+                except OSError:
+                    continue
 
 
 def offered_main(job_id: str) -> int:

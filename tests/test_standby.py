@@ -514,14 +514,15 @@ def test_a_warm_job_gets_what_the_same_job_started_cold_gets(bridge: Bridge, net
     assert not outside.exists()
 
 
-def waiting_for(bridge: Bridge, folder: Path, slots: str = "standby*", timeout: float = 40) -> dict[str, Any]:
-    """The published description of a standby of these slots readied for folder (or bound late: for any folder,
-    where this machine binds late), once it is ready."""
+def waiting_for(bridge: Bridge, folder: Path, slots: str = "standby*", timeout: float = 40,
+                late_too: bool = True) -> dict[str, Any]:
+    """The published description of a standby of these slots readied for folder (or, late_too, one bound late:
+    for any folder), once it is ready."""
     def found() -> dict[str, Any] | None:
         for path in bridge.jobs.glob(f"{slots}/ready.json"):
             with contextlib.suppress(OSError, ValueError):
                 published = json.loads(path.read_text())
-                if published.get("folder") in (str(folder), LATE_PLACE):
+                if published.get("folder") in (str(folder), LATE_PLACE if late_too else str(folder)):
                     return cast(dict[str, Any], published)
         return None
     return wait_until(found, timeout, f"a standby ready for {folder}")
@@ -611,8 +612,9 @@ def test_a_queued_job_takes_the_warm_hermes_readied_while_it_waited(bridge: Brid
 
 def test_with_warm_start_any_folder_a_job_in_a_new_folder_takes_the_standby_bound_late(bridge: Bridge) -> None:
     """Issue 65 with the fake Hermes over ACP, as a Python console script like Hermes' own: with
-    warm_start_any_folder the standby readied after a job is bound late, and a job in a folder no job ran in
-    takes it warm, writes its own folder and cannot write the first one."""
+    warm_start_any_folder a job leaves its folder's standby and one bound late beside it; a job in a folder no job
+    ran in takes the late one warm, writes its own folder and cannot write the first one; the next job in the
+    first folder takes that folder's own."""
     require_sandbox()
     exe = make_fake_hermes(bridge.tmp / "console-venv", console_script=True)
     bridge.configure(hermes_exe=str(exe), hermes_driver="acp", warm_start=True, warm_start_any_folder=True)
@@ -623,12 +625,16 @@ def test_with_warm_start_any_folder_a_job_in_a_new_folder_takes_the_standby_boun
         assert final(client, task="first !write=one.txt:1", cwd=str(first)).field("STATUS") == "ok"
         standby = waiting_for(bridge, new)
         assert standby["folder"] == LATE_PLACE, standby
+        own = waiting_for(bridge, first, late_too=False)
         intrusion = bridge.tmp / "intrude.sh"
         intrusion.write_text(f"echo x > {first}/intruded.txt || true\n")
         job = final(client, task=f"second !write=two.txt:2 !shell={intrusion}", cwd=str(new))
+        again = final(client, task="third !write=three.txt:3", cwd=str(first))
     assert job.field("STATUS") == "ok", job.text
     assert job.field("START").startswith("warm (the task reached Hermes "), job.text
     assert (new / "two.txt").read_text() == "2"
     assert not (first / "intruded.txt").exists()
     assert "intruded.txt: Read-only file system" in Path(job.field("FULL_LOG")).read_text()  # the view holds it
     assert bridge.record(job.field("JOB_ID")).marker == standby["marker"]
+    assert again.field("START").startswith("warm"), again.text
+    assert bridge.record(again.field("JOB_ID")).marker == own["marker"] and (first / "three.txt").exists()
