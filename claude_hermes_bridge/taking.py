@@ -72,12 +72,12 @@ def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> tuple[Path
         shape = confinement_shape(record.network_mode or "open", record.worktree)
         whys = []
         slots = standby_slots(store, cfg.warm_start_folders, cfg.warm_start_any_folder)
-        owns = [slot for slot in slots if published_folder(slot) == place]
+        published = {slot: read_json(slot / "ready.json") for slot in slots}
+        owns = [slot for slot in slots if folder_of(published[slot]) == place]
         for slot in owns + [slot for slot in slots if slot not in owns]:  # the folder's own standby first
-            ready = read_json(slot / "ready.json")
+            ready = published[slot]
             readied = being_readied(slot)
-            published = ready.get("folder") if isinstance(ready, dict) else None
-            late = not record.worktree and LATE_PLACE in (readied, published)
+            late = not record.worktree and LATE_PLACE in (readied, folder_of(ready))
             why = (BEING_READIED if ready is None and readied == (LATE_PLACE if late else place)
                    else standby_mismatch(cfg, ready, LATE_PLACE if late else place, shape)
                    or (readied_mismatch(store, ready) if shape["worktree"] == "new" else None))
@@ -91,9 +91,8 @@ def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> tuple[Path
     return None
 
 
-def published_folder(slot: Path) -> Any:
-    """The place the standby waiting in slot was readied for (None: none waits)."""
-    ready = read_json(slot / "ready.json")
+def folder_of(ready: Any) -> Any:
+    """The place a published standby (ready.json) was readied for (None: none published)."""
     return ready.get("folder") if isinstance(ready, dict) else None
 
 

@@ -23,8 +23,8 @@ ROWS = ["server start: spawn to the initialize reply", "cold start: spawn, initi
         "hermes_jobs with 100 records",
         "hermes_jobs with 1,000 records",
         *(f"{kind} (network ask, the default) until the model's first request, Hermes {version} over ACP, warm"
-          for kind in ("hermes_run", "a worktree job", "jobs taking turns in 2 folders", "hermes_resume",
-                       "a resumed worktree job")
+          for kind in ("hermes_run", "a worktree job", "jobs taking turns in 2 folders",
+                       "hermes_run in a new folder, bound late", "hermes_resume", "a resumed worktree job")
           for version in TINY_ACP_VERSIONS),
         *(f"hermes_run (network model-only) until the model's first request, Hermes {version} over ACP, warm"
           for version in TINY_ACP_VERSIONS),

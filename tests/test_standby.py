@@ -17,6 +17,7 @@ from test_approvals import audit_lines
 from test_worktrees import final
 
 from claude_hermes_bridge.late_standby import LATE_PLACE
+from claude_hermes_bridge.standby import being_readied
 from conftest import require_sandbox
 from harness import Bridge, BridgeClient, live_standbys, make_fake_hermes, wait_until
 
@@ -429,7 +430,8 @@ def test_a_job_waits_about_a_cold_start_for_a_standby_that_hangs_while_readied_t
     client = acp_client(bridge)
     client.params.env = dict(client.params.env or {}, FAKE_ACP_INIT_DELAY="60")  # every Hermes from now on hangs
     with client:
-        wait_until(lambda: live_standbys(bridge.jobs) or None, 20, "a standby readied at the server's start")
+        wait_until(lambda: being_readied(bridge.jobs / "standby") == str(bridge.root) or None, 20,
+                   "a standby readied at the server's start to have claimed its slot")
         job_id = client.call("hermes_run", task="while it hangs !write=two.txt:2", cwd=str(bridge.root),
                              wait_s=0).field("JOB_ID")
         start = wait_until(lambda: s if (s := bridge.record(job_id).start or "").startswith("cold: waited") else None,
