@@ -18,8 +18,9 @@ IMPORT_AUDITED = ("open", "subprocess.Popen", "os.system", "os.exec", "os.posix_
 
 def record(modules_path: str) -> None:
     def write_modules(*_: Any) -> None:
-        with open(modules_path, "w") as handle:
+        with open(modules_path + ".tmp", "w") as handle:  # whole or absent: the bench kills this process next
             json.dump(sorted(sys.modules), handle)
+        os.rename(modules_path + ".tmp", modules_path)
     signal.signal(signal.SIGUSR1, write_modules)
 
 
