@@ -174,11 +174,17 @@ def sandbox_writable(cfg: Config, folder: str, private_tmp: Path, worktree: dict
     """Everything a sandboxed job may write, in this order: its folder (a worktree job's worktree), its private
     temporary folder, Hermes' home, its project's tool cache, what git needs for a worktree job's commits,
     sandbox_writable, devices."""
+    cache = project_cache(private_tmp, folder, worktree)
+    return [folder, *any_job_writable(cfg, private_tmp, [str(cache), *worktree_git_paths(worktree)])]
+
+
+def any_job_writable(cfg: Config, private_tmp: Path, own: list[str] | None = None) -> list[str]:
+    """What a sandboxed job here may write whatever its folder (a late standby's first layer): its private
+    temporary folder, Hermes' home (made now), then own (a job's project cache and git paths), sandbox_writable,
+    devices."""
     home = cfg.hermes_home_path
     home.mkdir(parents=True, exist_ok=True)
-    cache = project_cache(private_tmp, folder, worktree)
-    return [folder, str(private_tmp), str(home), str(cache), *worktree_git_paths(worktree), *sandbox_extra(cfg),
-            *sandbox_devices()]
+    return [str(private_tmp), str(home), *(own or []), *sandbox_extra(cfg), *sandbox_devices()]
 
 
 # Daemons that act for whoever connects to their socket (Docker, podman, containerd and buildkit are

@@ -8,6 +8,7 @@ import re
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -328,35 +329,32 @@ class WarmHermes:
         too slow. Anything else Hermes sends meanwhile is dropped: no job is listening yet."""
         self.next_id += 1
         send_message(self.proc, {"id": self.next_id, "method": method, "params": params})
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                message = self.inbox.get(timeout=min(left, 0.5))
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    raise OSError(f"Hermes exited ({self.proc.returncode}) before it answered {method}") from None
-                continue
-            if message.get("id") == self.next_id and "method" not in message:
-                return message
+        def is_reply(message: dict[str, Any]) -> bool:
             if "id" in message and isinstance(message.get("method"), str):  # a request: refused, nobody asked it
                 send_message(self.proc, {"id": message["id"], "error": {"code": -32601, "message": "no job yet"}})
-        raise OSError(f"Hermes did not answer {method} within {timeout_s:g} s")
+                return False
+            return message.get("id") == self.next_id
+        return next(message for message in self.messages(timeout_s, f"answer {method}") if is_reply(message))
 
     def notice(self, method: str, timeout_s: float) -> dict[str, Any]:
         """The params of the first notification of this method Hermes' process sends (the late step's); OSError
         when it exits or is too slow."""
+        said = next(message for message in self.messages(timeout_s, f"say {method}")
+                    if message.get("method") == method and "id" not in message)
+        params = said.get("params")
+        return params if isinstance(params, dict) else {}
+
+    def messages(self, timeout_s: float, awaited: str) -> Iterator[dict[str, Any]]:
+        """What Hermes' process sends, until timeout_s: then, or once it exits, OSError saying it did not do what
+        was awaited ("answer initialize")."""
         deadline = time.monotonic() + timeout_s
         while (left := deadline - time.monotonic()) > 0:
             try:
-                message = self.inbox.get(timeout=min(left, 0.5))
+                yield self.inbox.get(timeout=min(left, 0.5))
             except queue.Empty:
                 if self.proc.poll() is not None:
-                    raise OSError(f"its process exited ({self.proc.returncode}) before it said {method}") from None
-                continue
-            if message.get("method") == method and "id" not in message:
-                params = message.get("params")
-                return params if isinstance(params, dict) else {}
-        raise OSError(f"its process did not say {method} within {timeout_s:g} s")
+                    raise OSError(f"Hermes exited ({self.proc.returncode}) before it would {awaited}") from None
+        raise OSError(f"Hermes did not {awaited} within {timeout_s:g} s")
 
     def unresponsive(self, timeout_s: float) -> str | None:
         """Why this Hermes cannot take a job now (it exited, or is frozen or stuck: a request of a method no

@@ -58,13 +58,13 @@ def within(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
-def planned_view(covers: list[str], writable: list[str], grants: list[str] | None) -> list[tuple[str, bool]]:
+def planned_view(covers: list[str], writable: list[str], grants: list[str]) -> list[tuple[str, bool]]:
     """What to show beneath the covers for a job, as (path, writable), shallowest first: a cover that a read grant
-    holds (or all of it, with no read rules) whole and read-only, else the grants beneath it read-only; then the
+    holds whole and read-only, else the grants beneath it read-only; then the
     job's writable paths beneath it, writable. The same rules as the job's Landlock layer, held by mounts."""
     shown: dict[str, bool] = {}
     for cover in covers:
-        if grants is None or any(within(cover, grant) for grant in grants):
+        if any(within(cover, grant) for grant in grants):
             shown[cover] = False
         else:
             for grant in grants:
@@ -167,8 +167,7 @@ def helper(from_step: socket.socket, supervisor: int) -> None:
             request += chunk
         try:
             job = json.loads(request)
-            unreadable = job["unreadable"]
-            grants = sandbox.read_grants(unreadable) if unreadable is not None else None
+            grants = sandbox.read_grants(job["unreadable"])
             covers = dict(zip(json.loads(covered), descriptors[1:], strict=True))
             show(planned_view(list(covers), job["writable"], grants), covers, job["mounts"], descriptors[0])
             channel.sendall(b"bound\n")

@@ -12,6 +12,7 @@ from typing import Any
 
 from .config import Config
 from .drivers import (
+    any_job_writable,
     cache_environment,
     hermes_launch,
     job_unreadable,
@@ -28,7 +29,6 @@ from .jobs import JobStore
 from .late_binding import BIND_REPLY_MAX, IMPORTED, entry_python, late_step_argv, within
 from .network import JobProxy
 from .preflight import PACKAGE_DIR
-from .sandbox import devices as sandbox_devices
 from .sandbox import handed_descriptors, mechanism, private_devices_refusal
 
 LATE_PLACE = "any folder (bound late)"  # a late standby's place in its key and ready.json
@@ -117,9 +117,7 @@ def start_late(cfg: Config, exe: str, marker: str, private_tmp: Path, proxy: Job
     (the environment hermes_launch makes, the proxy, the job-independent mounts), waited for until its imports are
     done. The LateHermes and what the step said of its imports; OSError: not ready."""
     covered = covers(cfg, private_tmp)
-    home = cfg.hermes_home_path
-    home.mkdir(parents=True, exist_ok=True)
-    writable = [str(private_tmp), str(home), *sandbox_extra(cfg), *sandbox_devices(), *covered]
+    writable = [*any_job_writable(cfg, private_tmp), *covered]
     mounts = sandbox_mounts(exe, str(private_tmp), None, writable)
     argv, env = hermes_launch(cfg, [exe, "acp"], marker, writable, private_tmp, None, proxy, enforced, mounts=mounts,
                               cache=tool_cache(private_tmp))
