@@ -286,10 +286,12 @@ def late_binding_times(runs: int, exe: Path, model: ScriptedModel, root: Path) -
         return subprocess.Popen(argv, cwd=folder, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
 
-    def alive(proc: subprocess.Popen[bytes]) -> None:
+    def running(proc: subprocess.Popen[bytes]) -> bool:
+        """True while proc runs; once it exited, AssertionError with its stderr's end."""
         if proc.poll() is not None:
             raise AssertionError(f"the late-bound Hermes exited {proc.returncode}: "
                                  f"{(proc.stderr.read() if proc.stderr else b'').decode(errors='replace')[-3000:]}")
+        return True
 
     def bound() -> dict[str, Any] | None:
         found: dict[str, Any] = json.loads(report.read_text())
@@ -314,7 +316,8 @@ def late_binding_times(runs: int, exe: Path, model: ScriptedModel, root: Path) -
             root / f"late-{n}"
         folder.mkdir()
         try:
-            wait_until(lambda: report.exists() or alive(late), 120, "its imports, done before any job is known")
+            wait_until(lambda late=late: report.exists() or not running(late), 120,
+                       "its imports, done before any job is known")
             started = time.time()
             job = {"bridge": str(REPO), "folder": str(folder), "writable": [str(folder), str(root), "/dev/null"]}
             late.stdin.write((json.dumps(job) + "\n").encode())  # type: ignore[union-attr]

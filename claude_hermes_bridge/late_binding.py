@@ -9,6 +9,7 @@ import contextlib
 import ctypes
 import json
 import os
+import select
 import socket
 import sys
 import time
@@ -22,6 +23,7 @@ BIND_REPLY_MAX = 4096
 OPEN_TREE, MOVE_MOUNT, MOUNT_SETATTR = 428, 429, 442  # the new mount API's calls: one number on every architecture
 OPEN_TREE_CLONE, AT_RECURSIVE, AT_EMPTY_PATH, AT_FDCWD, MOVE_MOUNT_F_EMPTY_PATH = 1, 0x8000, 0x1000, -100, 4
 MOUNT_ATTR_RDONLY = 1
+THREAD_STARTERS_MAX = 8  # modules left out of what is imported ahead before it is given up
 COVER_FLAGS = sandbox.MS_NOSUID | sandbox.MS_NODEV  # then bound read-only (cover_read_only)
 
 
@@ -35,7 +37,8 @@ def late_step_argv(python: str, script: str, spec: dict[str, Any]) -> list[str]:
     (the first layer: what any job may write and read here, the covered folders included), "covers", "mounts"
     (the job-independent ones, sandbox.private_devices), "ports" (the proxy's, first), "own_network" (a
     descriptor, or None), "helper" (the descriptor of the supervisor's end of the helper's socket), "folder"
-    (where it waits), "modules" (to import ahead)."""
+    (where it waits), "modules" (to import ahead), "tested" (whether none of them starts a thread: else
+    without_thread_starters finds out, within "import_s" seconds a try)."""
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     boot = (f"import sys; sys.path.insert(0, sys.argv.pop(1)); from claude_hermes_bridge.late_binding import "
             f"{STEP_FUNCTION}; sys.path.pop(0); {STEP_FUNCTION}()")
@@ -235,6 +238,54 @@ def import_ahead(modules: list[str]) -> int:
     return len(sys.modules)
 
 
+def thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def first_thread_starter(modules: list[str], timeout_s: float) -> str | None:
+    """The first of modules whose import (in order, as import_ahead does) starts a thread, found in a forked child
+    so that this process starts none; None when none does. OSError: the child did not finish in time."""
+    reading, writing = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(reading)
+        os.dup2(os.open(os.devnull, os.O_RDWR), 1)  # this process's stdout is Hermes' protocol
+        for name in modules:
+            with contextlib.suppress(BaseException):  # a module that exits or fails: not a thread
+                __import__(name)
+            if thread_count() > 1:
+                os.write(writing, name.encode())
+                break
+        os._exit(0)
+    os.close(writing)
+    deadline, said = time.monotonic() + timeout_s, b""
+    try:
+        while (left := deadline - time.monotonic()) > 0 and select.select([reading], [], [], left)[0]:
+            chunk = os.read(reading, 4096)
+            if not chunk:
+                return said.decode() or None
+            said += chunk
+        raise OSError(f"importing ahead took over {timeout_s:g} s")
+    finally:
+        os.close(reading)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, 9)
+        os.waitpid(child, 0)
+
+
+def without_thread_starters(modules: list[str], timeout_s: float) -> tuple[list[str], list[str]]:
+    """modules less those whose import starts a thread, found one by one (first_thread_starter: a module left out
+    may be imported by a later one), and those left out. A thread would keep the first layer only: the job's is
+    entered by the calling thread (sandbox.confine)."""
+    left_out: list[str] = []
+    while starter := first_thread_starter(modules, timeout_s):
+        if len(left_out) >= THREAD_STARTERS_MAX:
+            raise OSError(f"more than {THREAD_STARTERS_MAX} modules start a thread at import: {', '.join(left_out)}")
+        left_out.append(starter)
+        modules = [name for name in modules if name != starter]
+    return modules, left_out
+
+
 def notify(params: dict[str, Any]) -> None:
     os.write(1, (json.dumps({"jsonrpc": "2.0", "method": IMPORTED, "params": params}) + "\n").encode())
 
@@ -271,12 +322,20 @@ def late_step() -> None:
     try:
         helper_pid = enter_unbound(spec)
     except OSError as exc:
-        notify({"refused": str(exc)})
+        notify({"refused": f"its sandbox could not be entered: {exc}"})
         sys.exit(126)
     started = time.monotonic()
-    loaded = import_ahead(spec["modules"])
-    threads = len(os.listdir("/proc/self/task"))
-    notify({"modules": loaded, "import_s": round(time.monotonic() - started, 3), "threads": threads})
+    modules, left_out = spec["modules"], list[str]()
+    if not spec["tested"]:
+        try:
+            modules, left_out = without_thread_starters(modules, spec["import_s"])
+        except OSError as exc:
+            notify({"refused": str(exc)})
+            sys.exit(126)
+    loaded = import_ahead(modules)
+    threads = thread_count()
+    notify({"modules": loaded, "import_s": round(time.monotonic() - started, 3), "threads": threads,
+            "left_out": left_out})
     job = wait_for_the_job()
     os.waitpid(helper_pid, 0)  # it answered the supervisor, then exits: Hermes keeps no child it did not start
     if threads != 1:  # a thread confine cannot reach would keep the first layer only

@@ -2,13 +2,20 @@
 (late_binding), imports Hermes' modules inside a first sandbox layer with the allowed roots and the tool caches
 covered, and is bound to the job that takes it: the job's folder, rules and mounts, computed by the same functions
 a cold start uses (drivers.sandbox_writable, sandbox_mounts, job_unreadable)."""
+import contextlib
 import json
 import os
+import re
+import secrets
+import shutil
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from .config import Config
 from .drivers import (
@@ -29,6 +36,7 @@ from .jobs import JobStore
 from .late_binding import BIND_REPLY_MAX, IMPORTED, entry_python, late_step_argv, within
 from .network import JobProxy
 from .preflight import PACKAGE_DIR
+from .processes import Ownership, started_process, stop_tree
 from .sandbox import handed_descriptors, mechanism, private_devices_refusal
 
 LATE_PLACE = "any folder (bound late)"  # a late standby's place in its key and ready.json
@@ -36,6 +44,11 @@ LATE_PLACE = "any folder (bound late)"  # a late standby's place in its key and 
 # half of a cold start's imports); Hermes' CLI entry is imported after binding (it loads Hermes' .env and starts a
 # thread). A name a version lacks is skipped.
 AHEAD_MODULES = ("acp_adapter.server", "run_agent", "model_tools")
+MODULE_NAME = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+# A line of Python's import-time report (PYTHONPROFILEIMPORTTIME): "import time: self | cumulative | module".
+IMPORT_TIME_RE = re.compile(rb"import time:\s*\d+\s*\|\s*\d+\s*\|\s*(" + MODULE_NAME.encode() + rb")\s*")
+REPORT_MAX = 8 << 20  # bytes of a recording Hermes' stderr read
+MODULES_MAX = 20000
 BIND_S = 10.0
 
 
@@ -111,11 +124,64 @@ class LateHermes:
         self.warm.agent = self.warm.request("initialize", INITIALIZE, timeout_s)
 
 
+def imported_names(report: bytes) -> list[str]:
+    """The modules an import-time report names, each once, in the order their imports finished (what a module
+    imports before it)."""
+    found = (match.group(1).decode() for line in report.splitlines() if (match := IMPORT_TIME_RE.fullmatch(line)))
+    return list(dict.fromkeys(found))[:MODULES_MAX]
+
+
+def module_names(value: Any) -> list[str] | None:
+    """value when it is a list of module names (of at most MODULES_MAX), else None."""
+    if isinstance(value, list) and len(value) <= MODULES_MAX and all(
+            isinstance(name, str) and re.fullmatch(MODULE_NAME, name, re.ASCII) for name in value):
+        return value
+    return None
+
+
+def record_ahead(cfg: Config, exe: str, private_tmp: Path, proxy: JobProxy | None, enforced: bool, policy: Path,
+                 timeout_s: float) -> tuple[list[str], str | None]:
+    """The modules a Hermes started as a default job's is, in a throw-away folder of private_tmp, imports through
+    initialize and its first session (as Python's import-time report on its stderr names them), and that
+    session's id: what a late standby imports ahead. It runs no task and sees no job's folder. OSError: it did
+    not answer."""
+    marker = "standby:" + secrets.token_hex(16)
+    folder = private_tmp / f"recording-{secrets.token_hex(4)}"
+    folder.mkdir()
+    writable = sandbox_writable(cfg, str(folder), private_tmp, None)
+    argv, env = hermes_launch(cfg, [exe, "acp"], marker, writable, private_tmp, None, proxy, enforced,
+                              mounts=sandbox_mounts(exe, str(folder), None, writable),
+                              cache=project_cache(private_tmp, str(folder), None))
+    proc = start_hermes(argv, str(folder), dict(env, HERMES_MANAGED_DIR=str(policy), PYTHONPROFILEIMPORTTIME="1"),
+                        subprocess.PIPE, subprocess.PIPE, subprocess.PIPE)
+    report = bytearray()
+
+    def read_report() -> None:
+        for line in proc.stderr or ():
+            if len(report) < REPORT_MAX:
+                report.extend(line)
+    reader = threading.Thread(target=read_report, name="import-report", daemon=True)
+    reader.start()
+    hermes = WarmHermes(proc)
+    try:
+        hermes.warm_up(str(folder), timeout_s)
+    finally:
+        with contextlib.suppress(psutil.Error):
+            stop_tree(Ownership(marker, frozenset({os.getpid()})), started_process(proc.pid), [], cfg.kill_grace_s)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+        reader.join(5)
+        shutil.rmtree(folder, ignore_errors=True)
+    return imported_names(bytes(report)), hermes.warm_session
+
+
 def start_late(cfg: Config, exe: str, marker: str, private_tmp: Path, proxy: JobProxy | None, enforced: bool,
-               policy: Path, timeout_s: float) -> tuple[LateHermes, dict[str, Any]]:
+               policy: Path, timeout_s: float, ahead: tuple[list[str], bool]) -> tuple[LateHermes, dict[str, Any]]:
     """Hermes' Python started on the late step with everything a default job here gets that is not its folder's
     (the environment hermes_launch makes, the proxy, the job-independent mounts), waited for until its imports are
-    done. The LateHermes and what the step said of its imports; OSError: not ready."""
+    done. ahead: the modules to import, and whether none of them is known to start a thread (else the step finds
+    out: late_binding.without_thread_starters). The LateHermes and what the step said of its imports; OSError: not
+    ready."""
     covered = covers(cfg, private_tmp)
     writable = [*any_job_writable(cfg, private_tmp), *covered]
     mounts = sandbox_mounts(exe, str(private_tmp), None, writable)
@@ -126,14 +192,14 @@ def start_late(cfg: Config, exe: str, marker: str, private_tmp: Path, proxy: Job
     spec = {"writable": writable, "unreadable": job_unreadable(cfg, writable, exe), "covers": covered,
             "mounts": mounts, "ports": [proxy.port] if proxy and enforced else [],
             "own_network": channel[0] if channel else None, "helper": helpers.fileno(), "folder": str(private_tmp),
-            "modules": list(AHEAD_MODULES)}
+            "modules": ahead[0], "tested": ahead[1], "import_s": timeout_s / 2}
     python = entry_python(exe) or sys.executable
     proc = start_hermes(late_step_argv(python, exe, spec), str(private_tmp), dict(env, HERMES_MANAGED_DIR=str(policy)),
                         subprocess.PIPE, subprocess.PIPE, subprocess.PIPE, handed=(*channel, helpers.detach()))
     warm = WarmHermes(proc)
     said = warm.notice(IMPORTED, timeout_s)
     if "refused" in said:
-        raise OSError(f"its sandbox could not be entered: {said['refused']}")
+        raise OSError(str(said["refused"]))
     if said.get("threads") != 1:
         raise OSError(f"its imports left {said.get('threads')} threads")
     return LateHermes(warm, ours, covered, exe), said

@@ -46,7 +46,15 @@ from .hermes_cli import confined_call, hermes_env
 from .hermes_store import StoreUnavailable, read_store
 from .home_guard import GUARDED_NAMES, walk
 from .jobs import FINAL_STATES, JOB_ID_RE, JobRecord, JobState, JobStore
-from .late_standby import LATE_PLACE, LateHermes, late_refusal, start_late
+from .late_standby import (
+    AHEAD_MODULES,
+    LATE_PLACE,
+    LateHermes,
+    late_refusal,
+    module_names,
+    record_ahead,
+    start_late,
+)
 from .network import JobProxy, enforcement, job_policy
 from .preflight import PACKAGE_DIR, VERSION
 from .processes import JOB_MARKER, Ownership, become_subreaper, held_in_job_object, started_process, stop_tree
@@ -90,6 +98,7 @@ WARM_UP_S = 90.0
 STALE_CHECK_S = 5.0
 LOOK_S = 1.0  # how often a waiting standby looks at its Hermes, its idle time and whether another is wanted
 FORGET_S = 120.0  # how long Hermes' own `sessions delete` may take (a Hermes CLI start; slowest on Windows)
+AHEAD_RECORD = "ahead-modules.json"  # in the late standby's slot: what it imports ahead (ahead_modules)
 STANDBY_SETTINGS = ("warm_start", "standby_idle_s", "warm_start_folders")  # the standby's own: not Hermes' start
 
 
@@ -304,9 +313,16 @@ def prepare_late(cfg: Config, store: JobStore, exe: str, key: str, shape: dict[s
         proxy = JobProxy(job_policy(shape["network"], cfg.network_allow, cfg.hermes_home_path))
         enforced = enforcement(True)[0]
     policy = approval_policy_dir(int(cfg.approval_timeout_s), store.policy_path(owned))
+    recorded = late_slot(store) / AHEAD_RECORD
+    ahead = ahead_modules(cfg, recorded, key, exe, private_tmp, proxy, enforced, policy)
     try:
-        late, said = start_late(cfg, exe, marker, private_tmp, proxy, enforced, policy, WARM_UP_S)
+        late, said = start_late(cfg, exe, marker, private_tmp, proxy, enforced, policy, WARM_UP_S, ahead)
+        if not ahead[1]:
+            modules = [name for name in ahead[0] if name not in said.get("left_out", [])]
+            write_atomic(recorded, json.dumps({"key": key, "modules": modules, "tested": True}).encode())
     except OSError:
+        if ahead[1]:  # the next one finds out again which of them start a thread
+            recorded.unlink(missing_ok=True)
         if proxy:
             proxy.close()
         shutil.rmtree(private_tmp, ignore_errors=True)
@@ -317,6 +333,25 @@ def prepare_late(cfg: Config, store: JobStore, exe: str, key: str, shape: dict[s
     warm = WarmStart(late.warm, policy, private_tmp, None, proxy, enforced)
     return Standby(key, LATE_PLACE, shape, marker, warm, round(time.monotonic() - started, 3), None,
                    (str(private_tmp), folder_identity(str(private_tmp))), late)
+
+
+def ahead_modules(cfg: Config, recorded: Path, key: str, exe: str, private_tmp: Path, proxy: JobProxy | None,
+                  enforced: bool, policy: Path) -> tuple[list[str], bool]:
+    """What a late standby of this key imports ahead, and whether none of it is known to start a thread: as
+    recorded (late_standby.record_ahead) once per key, in its slot; Hermes' ACP server, agent and tools when no
+    Hermes could be recorded."""
+    found = read_json(recorded)
+    if isinstance(found, dict) and found.get("key") == key and (modules := module_names(found.get("modules"))):
+        return modules, found.get("tested") is True
+    try:
+        modules, session = record_ahead(cfg, exe, private_tmp, proxy, enforced, policy, WARM_UP_S)
+    except OSError as exc:
+        sys.stderr.write(f"[bridge] late standby: no Hermes recorded what it imports ({exc})\n")
+        return list(AHEAD_MODULES), False
+    forget_warm_up(cfg, session)
+    with contextlib.suppress(OSError):
+        write_atomic(recorded, json.dumps({"key": key, "modules": modules, "tested": False}).encode())
+    return modules, False
 
 
 def sweep_leftovers(store: JobStore) -> None:

@@ -216,6 +216,7 @@ class Agent:
                 send({"id": message["id"], "error": {"code": -32603, "message": "Internal error", "data": {
                     "details": "provider 'custom' resolved without credentials (no endpoint or API key configured)."}}})
             elif method == "session/new":
+                import colorsys  # noqa: F401  (a module imported at the first session, as Hermes imports its agent's)
                 session = str(uuid.uuid4())
                 self.cwd = params.get("cwd") or self.cwd
                 self.store.new_session(session, None)  # Hermes 0.19 records no folder for an ACP session

@@ -97,7 +97,7 @@ def test_the_late_step_hides_the_roots_until_bound_then_runs_the_job_in_its_fold
     spec = {"writable": first_layer,
             "unreadable": sandbox.unreadable_paths(user_home, [], [*first_layer, *prefixes, str(script)]),
             "covers": [str(root), str(cache)], "mounts": [], "ports": [], "own_network": None,
-            "helper": helpers.fileno(), "folder": str(tmp), "modules": ["probe_ahead"]}
+            "helper": helpers.fileno(), "folder": str(tmp), "modules": ["probe_ahead"], "tested": False, "import_s": 30}
     as_user = [] if user == "this user" else ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     argv = late_binding.late_step_argv(sys.executable, str(script), spec)
     argv[3] = str(package_parent)
@@ -130,3 +130,42 @@ def test_the_late_step_hides_the_roots_until_bound_then_runs_the_job_in_its_fold
         assert found["read"] != "the sibling's" and found["listed"] == ["job"], found
     else:
         assert found["read"] == "the sibling's" and found["listed"] == ["job", "sibling"], found
+
+
+def test_the_modules_python_reports_importing_are_read_in_order_and_nothing_else_is() -> None:
+    """What a late standby imports ahead comes from a recording Hermes' stderr (late_standby.record_ahead): Python's
+    own import-time report is read, a module before the package that imported it, and no other line counts."""
+    from claude_hermes_bridge.late_standby import imported_names
+
+    report = subprocess.run([sys.executable, "-X", "importtime", "-c", "import json"], capture_output=True,
+                            check=True).stderr
+    forged = b"import time: 1 | 2 | os; rm -rf ~\nimport time: 1 | 2 |   ../evil\nHermes says: import time: 1 | 2 | x\n"
+    names = imported_names(report + forged)
+    assert names.index("json.decoder") < names.index("json") and "json.scanner" in names
+    assert not [name for name in names if not name.replace("_", "a").replace(".", "a").isalnum()], names
+    assert "x" not in names
+
+
+THREAD_STARTERS = """import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from claude_hermes_bridge.late_binding import without_thread_starters, thread_count
+kept, left_out = without_thread_starters(["plain", "uses_starter", "starter", "fails"], 30)
+print(json.dumps({"kept": kept, "left_out": left_out, "threads": thread_count(),
+                  "imported": sorted(name for name in ("plain", "uses_starter", "starter") if name in sys.modules)}))
+"""
+
+
+def test_modules_that_start_a_thread_at_import_are_left_out_without_this_process_starting_one(
+        tmp_path: Path) -> None:
+    """A thread started before the job is known would keep only the first layer (the job's is entered by the
+    calling thread): the step finds, in forked children, each module whose import starts one, directly or through
+    a module it imports, and imports neither in itself."""
+    (tmp_path / "plain.py").write_text("VALUE = 1\n")
+    (tmp_path / "starter.py").write_text("import threading, time\nthreading.Thread(target=time.sleep, args=(60,), "
+                                         "daemon=True).start()\n")
+    (tmp_path / "uses_starter.py").write_text("import starter\n")
+    (tmp_path / "fails.py").write_text("raise SystemExit(3)\n")
+    done = subprocess.run([sys.executable, "-c", THREAD_STARTERS, str(Path(__file__).resolve().parent.parent)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(done.stdout) == {"kept": ["plain", "fails"], "left_out": ["uses_starter", "starter"],
+                                       "threads": 1, "imported": []}

@@ -17,7 +17,7 @@ from test_standby import gone, hermes_of, ready, waiting_for
 
 from claude_hermes_bridge.drivers import project_cache
 from claude_hermes_bridge.late_standby import LATE_PLACE
-from claude_hermes_bridge.standby import being_readied
+from claude_hermes_bridge.standby import AHEAD_RECORD, being_readied
 from conftest import require_component, require_sandbox
 from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, live_standbys, wait_gone, wait_until
 from scripted_model import ScriptedModel
@@ -303,6 +303,8 @@ def test_a_job_in_a_folder_no_job_ran_in_starts_warm_bound_late_and_writes_only_
     project = project_cache(bridge.jobs / "tmp" / "any", str(new), None)
     assert (new / "cache.txt").read_text().strip() == str(project / "uv")
     assert not (sibling / "was-here.txt").exists()
+    recorded = json.loads((bridge.jobs / "standby-any" / AHEAD_RECORD).read_text())  # what it imported ahead:
+    assert recorded["tested"] and "agent.errors" in recorded["modules"], recorded  # not imported by AHEAD_MODULES
 
 
 def test_jobs_started_together_leave_a_warm_hermes_in_each_slot_and_the_next_pair_starts_warm(

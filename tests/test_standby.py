@@ -17,7 +17,7 @@ from test_approvals import audit_lines
 from test_worktrees import final
 
 from claude_hermes_bridge.late_standby import LATE_PLACE
-from claude_hermes_bridge.standby import being_readied
+from claude_hermes_bridge.standby import AHEAD_RECORD, being_readied
 from conftest import require_sandbox
 from harness import Bridge, BridgeClient, live_standbys, make_fake_hermes, wait_until
 
@@ -640,3 +640,5 @@ def test_with_warm_start_any_folder_a_job_in_a_new_folder_takes_the_standby_boun
     assert bridge.record(job.field("JOB_ID")).marker == standby["marker"]
     assert again.field("START").startswith("warm"), again.text
     assert bridge.record(again.field("JOB_ID")).marker == own["marker"] and (first / "three.txt").exists()
+    recorded = json.loads((bridge.jobs / "standby-any" / AHEAD_RECORD).read_text())
+    assert recorded["tested"] and "colorsys" in recorded["modules"], recorded  # what its first session imported
