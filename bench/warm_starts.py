@@ -293,6 +293,9 @@ def late_binding_times(runs: int, exe: Path, model: ScriptedModel, root: Path) -
                                  f"{(proc.stderr.read() if proc.stderr else b'').decode(errors='replace')[-3000:]}")
         return True
 
+    def imported(proc: subprocess.Popen[bytes]) -> bool:
+        return report.exists() or not running(proc)
+
     def bound() -> dict[str, Any] | None:
         found: dict[str, Any] = json.loads(report.read_text())
         return found if "namespace" in found else None
@@ -316,8 +319,7 @@ def late_binding_times(runs: int, exe: Path, model: ScriptedModel, root: Path) -
             root / f"late-{n}"
         folder.mkdir()
         try:
-            wait_until(lambda late=late: report.exists() or not running(late), 120,
-                       "its imports, done before any job is known")
+            wait_until(functools.partial(imported, late), 120, "its imports, done before any job is known")
             started = time.time()
             job = {"bridge": str(REPO), "folder": str(folder), "writable": [str(folder), str(root), "/dev/null"]}
             late.stdin.write((json.dumps(job) + "\n").encode())  # type: ignore[union-attr]

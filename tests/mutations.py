@@ -376,8 +376,14 @@ MUTATIONS = (
              'late_binding.py', 'sandbox.add_path_rules(ruleset, spec["covers"], sandbox.handled_rights(True))',
              'pass', 'tests/test_late_binding.py'),
     Mutation(84, "a late-bound job can read a sibling folder in a root inside the home, which a cold job cannot",
-             'late_binding.py', 'if grants is None or any(within(cover, grant) for grant in grants):',
+             'late_binding.py', 'if any(within(cover, grant) for grant in grants):',
              'if True:', 'tests/test_late_binding.py'),
+    Mutation(85, "a module imported ahead starts a thread that the job's Landlock layer never confines",
+             'late_binding.py', 'if thread_count() > 1:', 'if thread_count() > 99:', 'tests/test_late_binding.py'),
+    Mutation(86, "a late standby imports only Hermes' ACP server, agent and tools: a new folder's job waits for the "
+             "rest of its first session's imports", 'standby.py',
+             'ahead = ahead_modules(cfg, recorded, key, exe, private_tmp, proxy, enforced, policy)',
+             'ahead = (list(AHEAD_MODULES), False)', 'tests/test_standby.py', 'any_folder'),
 )
 
 
