@@ -31,10 +31,10 @@ from .drivers import (
     tool_cache,
 )
 from .hermes_acp import INITIALIZE, WarmHermes
-from .hermes_cli import sandbox_extra
+from .hermes_cli import locate_hermes, sandbox_extra
 from .jobs import JobStore
 from .late_binding import BIND_REPLY_MAX, IMPORTED, entry_python, late_step_argv, within
-from .network import JobProxy
+from .network import JobProxy, NetworkPolicy, enforcement
 from .preflight import PACKAGE_DIR
 from .processes import Ownership, started_process, stop_tree
 from .sandbox import handed_descriptors, mechanism, private_devices_refusal
@@ -49,6 +49,7 @@ MODULE_NAME = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 IMPORT_TIME_RE = re.compile(rb"import time:\s*\d+\s*\|\s*\d+\s*\|\s*(" + MODULE_NAME.encode() + rb")\s*")
 REPORT_MAX = 8 << 20  # bytes of a recording Hermes' stderr read
 MODULES_MAX = 20000
+RECORDING_PROMPT = "claude-hermes-bridge: recording what Hermes imports; no model is reached"
 BIND_S = 10.0
 
 
@@ -71,6 +72,15 @@ def late_refusal(cfg: Config, exe: str) -> str | None:
             return (f"the allowed root {root} holds Hermes' home, its install, the jobs folder or the bridge, "
                     "which must stay seen")
     return None
+
+
+def may_bind_late(cfg: Config) -> bool:
+    """Whether a standby bound late is worth its start here, as far as the server tells without starting a process
+    (the standby's late_refusal says the rest)."""
+    if not cfg.warm_start_any_folder or not sys.platform.startswith("linux") or cfg.sandbox == "off":
+        return False
+    exe = locate_hermes(cfg).usable
+    return exe is not None and entry_python(exe) is not None
 
 
 def covers(cfg: Config, private_tmp: Path) -> list[str]:
@@ -139,16 +149,18 @@ def module_names(value: Any) -> list[str] | None:
     return None
 
 
-def record_ahead(cfg: Config, exe: str, private_tmp: Path, proxy: JobProxy | None, enforced: bool, policy: Path,
-                 timeout_s: float) -> tuple[list[str], str | None]:
+def record_ahead(cfg: Config, exe: str, private_tmp: Path, policy: Path, timeout_s: float
+                 ) -> tuple[list[str], str | None]:
     """The modules a Hermes started as a default job's is, in a throw-away folder of private_tmp, imports through
-    initialize and its first session (as Python's import-time report on its stderr names them), and that
-    session's id: what a late standby imports ahead. It runs no task and sees no job's folder. OSError: it did
-    not answer."""
+    initialize, its first session and, where the operating system holds its network, its first prompt up to its
+    first model request (RECORDING_PROMPT, refused with every other request by a proxy that allows nothing), as
+    Python's import-time report on its stderr names them; and that session's id: what a late standby imports
+    ahead. It runs no task, reaches no host and sees no job's folder. OSError: it did not answer."""
     marker = "standby:" + secrets.token_hex(16)
     folder = private_tmp / f"recording-{secrets.token_hex(4)}"
     folder.mkdir()
     writable = sandbox_writable(cfg, str(folder), private_tmp, None)
+    proxy, enforced = JobProxy(NetworkPolicy("model-only", (), None)), enforcement(True)[0]  # no host, no model
     argv, env = hermes_launch(cfg, [exe, "acp"], marker, writable, private_tmp, None, proxy, enforced,
                               mounts=sandbox_mounts(exe, str(folder), None, writable),
                               cache=project_cache(private_tmp, str(folder), None))
@@ -165,12 +177,17 @@ def record_ahead(cfg: Config, exe: str, private_tmp: Path, proxy: JobProxy | Non
     hermes = WarmHermes(proc)
     try:
         hermes.warm_up(str(folder), timeout_s)
+        if enforced and hermes.warm_session:  # its model request refused by the operating system too: never sent
+            with contextlib.suppress(OSError):  # what it imported until then is recorded whatever it answers
+                hermes.answer("session/prompt", {"sessionId": hermes.warm_session,
+                                                 "prompt": [{"type": "text", "text": RECORDING_PROMPT}]}, timeout_s)
     finally:
         with contextlib.suppress(psutil.Error):
             stop_tree(Ownership(marker, frozenset({os.getpid()})), started_process(proc.pid), [], cfg.kill_grace_s)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(5)
         reader.join(5)
+        proxy.close()
         shutil.rmtree(folder, ignore_errors=True)
     return imported_names(bytes(report)), hermes.warm_session
 

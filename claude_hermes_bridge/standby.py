@@ -49,6 +49,7 @@ from .jobs import FINAL_STATES, JOB_ID_RE, JobRecord, JobState, JobStore
 from .late_standby import (
     AHEAD_MODULES,
     LATE_PLACE,
+    RECORDING_PROMPT,
     LateHermes,
     late_refusal,
     module_names,
@@ -97,6 +98,7 @@ PAST_START_S = 30.0  # a standby is prepared once the job that asked for it is p
 WARM_UP_S = 90.0
 STALE_CHECK_S = 5.0
 LOOK_S = 1.0  # how often a waiting standby looks at its Hermes, its idle time and whether another is wanted
+FORGET_MESSAGES_MAX = 8  # a recording's session holds its prompt and Hermes' answers
 FORGET_S = 120.0  # how long Hermes' own `sessions delete` may take (a Hermes CLI start; slowest on Windows)
 AHEAD_RECORD = "ahead-modules.json"  # in the late standby's slot: what it imports ahead (ahead_modules)
 STANDBY_SETTINGS = ("warm_start", "standby_idle_s", "warm_start_folders")  # the standby's own: not Hermes' start
@@ -314,7 +316,7 @@ def prepare_late(cfg: Config, store: JobStore, exe: str, key: str, shape: dict[s
         enforced = enforcement(True)[0]
     policy = approval_policy_dir(int(cfg.approval_timeout_s), store.policy_path(owned))
     recorded = late_slot(store) / AHEAD_RECORD
-    ahead = ahead_modules(cfg, recorded, key, exe, private_tmp, proxy, enforced, policy)
+    ahead = ahead_modules(cfg, recorded, key, exe, private_tmp, policy)
     try:
         late, said = start_late(cfg, exe, marker, private_tmp, proxy, enforced, policy, WARM_UP_S, ahead)
         if not ahead[1]:
@@ -335,20 +337,23 @@ def prepare_late(cfg: Config, store: JobStore, exe: str, key: str, shape: dict[s
                    (str(private_tmp), folder_identity(str(private_tmp))), late)
 
 
-def ahead_modules(cfg: Config, recorded: Path, key: str, exe: str, private_tmp: Path, proxy: JobProxy | None,
-                  enforced: bool, policy: Path) -> tuple[list[str], bool]:
+def ahead_modules(cfg: Config, recorded: Path, key: str, exe: str, private_tmp: Path, policy: Path
+                  ) -> tuple[list[str], bool]:
     """What a late standby of this key imports ahead, and whether none of it is known to start a thread: as
     recorded (late_standby.record_ahead) once per key, in its slot; Hermes' ACP server, agent and tools when no
     Hermes could be recorded."""
     found = read_json(recorded)
     if isinstance(found, dict) and found.get("key") == key and (modules := module_names(found.get("modules"))):
         return modules, found.get("tested") is True
+    started = time.monotonic()
     try:
-        modules, session = record_ahead(cfg, exe, private_tmp, proxy, enforced, policy, WARM_UP_S)
+        modules, session = record_ahead(cfg, exe, private_tmp, policy, WARM_UP_S)
     except OSError as exc:
         sys.stderr.write(f"[bridge] late standby: no Hermes recorded what it imports ({exc})\n")
         return list(AHEAD_MODULES), False
-    forget_warm_up(cfg, session)
+    sys.stderr.write(f"[bridge] late standby: a Hermes recorded {len(modules)} modules it imports in "
+                     f"{time.monotonic() - started:.1f} s\n")
+    forget_warm_up(cfg, session, RECORDING_PROMPT)
     with contextlib.suppress(OSError):
         write_atomic(recorded, json.dumps({"key": key, "modules": modules, "tested": False}).encode())
     return modules, False
@@ -399,19 +404,28 @@ def dismiss(cfg: Config, warm: WarmStart, marker: str, worktree: dict[str, Any] 
     forget_warm_up(cfg, warm.hermes.warm_session)
 
 
-def forget_warm_up(cfg: Config, session_id: str | None) -> None:
+def forget_warm_up(cfg: Config, session_id: str | None, prompt: str | None = None) -> None:
     """The throw-away session out of Hermes' session list, once its Hermes has exited: through Hermes' own
     `hermes sessions delete` (the bridge never writes Hermes' store), and only while the store shows it holding
-    no message, so nothing a person or a job said is ever deleted; audited. Best effort: it stays listed, empty."""
+    no message but the bridge's own prompt (a recording's: late_standby.record_ahead) and Hermes' answers to it
+    without a tool call, so nothing a person or a job said is ever deleted; audited. Best effort: it stays
+    listed."""
     if not session_id or not ACP_SESSION_RE.fullmatch(session_id):
         return
+
+    def held(db: Any) -> list[Any] | None:
+        if db.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+            return None
+        return list(db.execute("SELECT role, content, tool_calls FROM messages WHERE session_id = ? LIMIT ?",
+                               (session_id, FORGET_MESSAGES_MAX + 1)))
     try:
-        held = read_store(cfg, lambda db: db.execute("SELECT (SELECT COUNT(*) FROM messages WHERE session_id = s.id) "
-                                                     "FROM sessions s WHERE s.id = ?", (session_id,)).fetchone())
+        messages = read_store(cfg, held)
         exe = usable_hermes(cfg)
     except (StoreUnavailable, Refused):
         return
-    if held is None or held[0] != 0:
+    if messages is None or len(messages) > FORGET_MESSAGES_MAX or not all(
+            prompt is not None and ((role == "user" and content == prompt) or (role == "assistant" and not calls))
+            for role, content, calls in messages):
         return
     try:
         with confined_call(cfg, [exe, "sessions", "delete", session_id, "--yes"], (str(cfg.hermes_home_path),)

@@ -16,7 +16,7 @@ from .drivers import confinement_shape
 from .hermes_cli import locate_hermes
 from .job_queue import supervisor_argv
 from .jobs import JobRecord, JobStore, is_standby_marker, validate_job_id
-from .late_standby import LATE_PLACE
+from .late_standby import LATE_PLACE, may_bind_late
 from .preflight import SERVER_DIR
 from .processes import popen_kwargs, supervisor_creation_flags
 from .safe_io import (
@@ -205,7 +205,7 @@ def start_standby(cfg: Config, store: JobStore, job_id: str) -> None:
         return
     env = dict(os.environ, HERMES_BRIDGE_CONFIG=str(cfg.path))
     with log:
-        for program in ("--standby", "--standby-any") if cfg.warm_start_any_folder else ("--standby",):
+        for program in ("--standby", "--standby-any") if may_bind_late(cfg) else ("--standby",):
             for flags in supervisor_creation_flags(IS_WINDOWS):
                 try:
                     standby = subprocess.Popen(supervisor_argv(job_id, program), stdin=subprocess.DEVNULL, stdout=log,

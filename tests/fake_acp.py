@@ -216,7 +216,6 @@ class Agent:
                 send({"id": message["id"], "error": {"code": -32603, "message": "Internal error", "data": {
                     "details": "provider 'custom' resolved without credentials (no endpoint or API key configured)."}}})
             elif method == "session/new":
-                import colorsys  # noqa: F401  (a module imported at the first session, as Hermes imports its agent's)
                 session = str(uuid.uuid4())
                 self.cwd = params.get("cwd") or self.cwd
                 self.store.new_session(session, None)  # Hermes 0.19 records no folder for an ACP session
@@ -228,6 +227,7 @@ class Agent:
                 else:
                     send({"id": message["id"], "result": {}})
             elif method == "session/prompt":
+                import colorsys  # noqa: F401  (imported at the first prompt, as Hermes imports its model client)
                 prompt = "".join(block.get("text", "") for block in params.get("prompt") or [])
                 if prompt.startswith("/steer "):  # idle: the guidance runs as the prompt
                     prompt = prompt[len("/steer "):]

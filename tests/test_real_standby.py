@@ -16,7 +16,7 @@ from test_real_network import served
 from test_standby import gone, hermes_of, ready, waiting_for
 
 from claude_hermes_bridge.drivers import project_cache
-from claude_hermes_bridge.late_standby import LATE_PLACE
+from claude_hermes_bridge.late_standby import LATE_PLACE, RECORDING_PROMPT
 from claude_hermes_bridge.standby import AHEAD_RECORD, being_readied
 from conftest import require_component, require_sandbox
 from harness import REAL_ACP_VERSIONS, REAL_HERMES_VERSIONS, Bridge, live_standbys, wait_gone, wait_until
@@ -304,7 +304,10 @@ def test_a_job_in_a_folder_no_job_ran_in_starts_warm_bound_late_and_writes_only_
     assert (new / "cache.txt").read_text().strip() == str(project / "uv")
     assert not (sibling / "was-here.txt").exists()
     recorded = json.loads((bridge.jobs / "standby-any" / AHEAD_RECORD).read_text())  # what it imported ahead:
-    assert recorded["tested"] and "agent.errors" in recorded["modules"], recorded  # not imported by AHEAD_MODULES
+    assert recorded["tested"] and "agent.conversation_loop" in recorded["modules"], recorded  # by its first prompt
+    with contextlib.closing(sqlite3.connect(f"file:{bridge.tmp / 'real-home' / 'state.db'}?mode=ro", uri=True)) as db:
+        assert not db.execute("SELECT COUNT(*) FROM messages WHERE content = ?", (RECORDING_PROMPT,)).fetchone()[0]
+    assert RECORDING_PROMPT not in (bridge.tmp / "requests.jsonl").read_text()  # the model never saw it
 
 
 def test_jobs_started_together_leave_a_warm_hermes_in_each_slot_and_the_next_pair_starts_warm(

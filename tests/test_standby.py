@@ -3,6 +3,7 @@ by exactly one job, which its standby supervises as a cold one is; and every way
 job to a cold start, no process behind and no second standby."""
 import contextlib
 import json
+import sys
 import socketserver
 import sqlite3
 import threading
@@ -16,7 +17,7 @@ import pytest
 from test_approvals import audit_lines
 from test_worktrees import final
 
-from claude_hermes_bridge.late_standby import LATE_PLACE
+from claude_hermes_bridge.late_standby import LATE_PLACE, RECORDING_PROMPT
 from claude_hermes_bridge.standby import AHEAD_RECORD, being_readied
 from conftest import require_sandbox
 from harness import Bridge, BridgeClient, live_standbys, make_fake_hermes, wait_until
@@ -642,3 +643,52 @@ def test_with_warm_start_any_folder_a_job_in_a_new_folder_takes_the_standby_boun
     assert bridge.record(again.field("JOB_ID")).marker == own["marker"] and (first / "three.txt").exists()
     recorded = json.loads((bridge.jobs / "standby-any" / AHEAD_RECORD).read_text())
     assert recorded["tested"] and "colorsys" in recorded["modules"], recorded  # what its first session imported
+
+
+@pytest.mark.parametrize(("messages", "prompt", "deleted"), [
+    ([], None, True),  # a warm-up session
+    ([("user", RECORDING_PROMPT, None), ("assistant", "Your request was not processed.", None)], RECORDING_PROMPT,
+     True),  # a recording's, as Hermes 0.22.2 keeps it
+    ([("user", "what a person said", None)], RECORDING_PROMPT, False),
+    ([("user", RECORDING_PROMPT, None), ("assistant", None, '[{"id": "call_1"}]')], RECORDING_PROMPT, False),
+    ([("user", RECORDING_PROMPT, None)], None, False),
+])
+def test_a_throw_away_session_is_deleted_only_while_it_holds_nothing_but_the_bridges_own_prompt(
+        bridge: Bridge, monkeypatch: pytest.MonkeyPatch, messages: list[tuple[str, str | None, str | None]],
+        prompt: str | None, deleted: bool) -> None:
+    """A standby's warm-up session and a late standby's recording session leave Hermes' session list through
+    Hermes' own command; a session holding anything a person, a job or a tool call made stays."""
+    from claude_hermes_bridge.config import load_config
+    from claude_hermes_bridge.standby import forget_warm_up
+
+    home = bridge.tmp / "hermes-home"
+    home.mkdir(exist_ok=True)
+    session = "0f4b2a1c-5d6e-4f70-8a9b-0c1d2e3f4a5b"
+    monkeypatch.setenv("HERMES_HOME", str(home))
+    from fake_hermes import session_store
+
+    with closing(session_store()) as db, db:
+        db.execute("INSERT INTO sessions (id, source, started_at) VALUES (?, 'acp', 0)", (session,))
+        db.executemany("INSERT INTO messages (session_id, role, content, tool_calls, timestamp) VALUES (?, ?, ?, ?, 0)",
+                       [(session, *message) for message in messages])
+    for name, value in bridge.env.items():
+        monkeypatch.setenv(name, value)
+    forget_warm_up(load_config(), session, prompt)
+    assert (session not in sessions(bridge)) is deleted
+
+
+def test_a_standby_bound_late_is_started_only_for_a_hermes_that_is_a_python_console_script(bridge: Bridge) -> None:
+    """The server starts the late standby's program only where it could bind: not for a Hermes that is a shell
+    script (the fast tier's fake), nor with the setting or the sandbox off."""
+    from claude_hermes_bridge.config import load_config
+    from claude_hermes_bridge.late_standby import may_bind_late
+
+    console = make_fake_hermes(bridge.tmp / "console-venv", console_script=True)
+    shell = make_fake_hermes(bridge.tmp / "shell-venv")
+    found = {}
+    for name, settings in {"console": {"hermes_exe": str(console)}, "shell": {"hermes_exe": str(shell)},
+                           "off": {"hermes_exe": str(console), "warm_start_any_folder": False},
+                           "unsandboxed": {"hermes_exe": str(console), "sandbox": "off"}}.items():
+        bridge.configure(**{"warm_start_any_folder": True, "sandbox": "auto", **settings})
+        found[name] = may_bind_late(load_config(bridge.config))
+    assert found == {"console": sys.platform.startswith("linux"), "shell": False, "off": False, "unsandboxed": False}
