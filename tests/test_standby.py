@@ -3,9 +3,9 @@ by exactly one job, which its standby supervises as a cold one is; and every way
 job to a cold start, no process behind and no second standby."""
 import contextlib
 import json
-import sys
 import socketserver
 import sqlite3
+import sys
 import threading
 import time
 from contextlib import closing
@@ -686,9 +686,11 @@ def test_a_standby_bound_late_is_started_only_for_a_hermes_that_is_a_python_cons
     console = make_fake_hermes(bridge.tmp / "console-venv", console_script=True)
     shell = make_fake_hermes(bridge.tmp / "shell-venv")
     found = {}
-    for name, settings in {"console": {"hermes_exe": str(console)}, "shell": {"hermes_exe": str(shell)},
-                           "off": {"hermes_exe": str(console), "warm_start_any_folder": False},
-                           "unsandboxed": {"hermes_exe": str(console), "sandbox": "off"}}.items():
+    cases: dict[str, dict[str, Any]] = {
+        "console": {"hermes_exe": str(console)}, "shell": {"hermes_exe": str(shell)},
+        "off": {"hermes_exe": str(console), "warm_start_any_folder": False},
+        "unsandboxed": {"hermes_exe": str(console), "sandbox": "off"}}
+    for name, settings in cases.items():
         bridge.configure(**{"warm_start_any_folder": True, "sandbox": "auto", **settings})
         found[name] = may_bind_late(load_config(bridge.config))
     assert found == {"console": sys.platform.startswith("linux"), "shell": False, "off": False, "unsandboxed": False}
