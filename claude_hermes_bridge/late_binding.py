@@ -249,7 +249,8 @@ def first_thread_starter(modules: list[str], timeout_s: float) -> str | None:
     child = os.fork()
     if child == 0:
         os.close(reading)
-        os.dup2(os.open(os.devnull, os.O_RDWR), 1)  # this process's stdout is Hermes' protocol
+        for descriptor in (0, 1):  # this process's stdin and stdout are Hermes' protocol
+            os.dup2(os.open(os.devnull, os.O_RDWR), descriptor)
         for name in modules:
             with contextlib.suppress(BaseException):  # a module that exits or fails: not a thread
                 __import__(name)

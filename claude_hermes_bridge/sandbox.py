@@ -166,14 +166,15 @@ def handled_rights(readable: bool) -> int:
 
 
 def add_path_rules(ruleset: int, paths: list[str], rights: int) -> None:
-    """A rule for each path that exists now (a file's rule carries a file's rights alone); a missing path to write
-    is an error, a missing one to read is nothing to read."""
+    """A rule for each path that exists now (a file's rule carries a file's rights alone); a path to write that
+    cannot be opened is an error, a path to read that is gone or out of this user's reach (a link into a folder it
+    cannot enter) is nothing it could read."""
     add_rule = SYSCALLS[os.uname().machine][1]
     for path in paths:
         try:
             descriptor = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except FileNotFoundError:
-            if rights == READ_FILE:  # gone since the list was made: nothing to read there
+        except OSError:
+            if rights == READ_FILE:
                 continue
             raise
         try:

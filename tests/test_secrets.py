@@ -178,3 +178,26 @@ def test_another_processs_environment_is_unreadable_inside_the_sandbox_and_reada
     assert b"OUTSIDER_TOKEN=secret" in outside.stdout, outside
     assert inside.returncode != 0 and b"OUTSIDER" not in inside.stdout, inside
     assert b"Permission denied" in inside.stderr, inside
+
+
+def test_a_link_into_a_folder_the_user_cannot_enter_does_not_stop_a_job_as_that_user() -> None:
+    """A granted folder (the system's temporary one, shared with every user) may hold a symbolic link into a folder
+    this user cannot enter (another user's, or another job's private one): nothing it could read, so the step
+    confines the job without it, as another user, rather than refusing to start."""
+    require_sandbox()
+    if os.geteuid() != 0:
+        pytest.skip("setpriv to another user needs root (CI runs as root)")
+    shared = Path(tempfile.mkdtemp(prefix="bridge-test-"))  # beside /tmp: tmp_path is root's alone
+    try:
+        shared.chmod(0o755)
+        (shared / "private").mkdir(mode=0o700)
+        (shared / "private" / "target").write_text("root's")
+        (shared / "link").symlink_to(shared / "private" / "target")
+        (shared / "kept.txt").write_text("readable")
+        (shared / "kept.txt").chmod(0o644)
+        read = [shutil.which("cat") or "/bin/cat", str(shared / "kept.txt")]
+        inside = subprocess.run(step_as("nobody", step_argv(["/dev/null"], read, [str(shared / "secret")]),
+                                        shared), capture_output=True, timeout=30)
+    finally:
+        shutil.rmtree(shared)
+    assert inside.returncode == 0 and inside.stdout == b"readable", inside
