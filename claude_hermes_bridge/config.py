@@ -137,7 +137,7 @@ class Config:
     standby_idle_s: float = setting(600, *SECONDS, "how long a warm Hermes waits for a job before it exits", low=5)
     warm_start_folders: int = setting(2, *WHOLE, "how many folders keep a warm Hermes waiting at once (those of the "
                                       "last jobs; each costs about 100-170 MB while it waits)", low=1, high=4)
-    warm_start_any_folder: bool = setting(False, *FLAG, "Linux, with the sandbox: one more warm Hermes waits, "
+    warm_start_any_folder: bool = setting(True, *FLAG, "Linux, with the sandbox: one more warm Hermes waits, "
                                           "bound late to the folder of the next default job that has no standby "
                                           "of its own (docs/performance.md)")
     retention_days: float = setting(30, "a number of days", (int, float), "how long finished jobs are kept",

@@ -46,6 +46,9 @@ from .worktrees import STANDBY_NAME_RE, is_own_folder, standby_place, warm_workt
 
 STANDBY_LOG_BYTES = 1 << 20
 BEING_READIED = "a warm Hermes is still being readied for this folder (it was not ready when this job started)"
+# Not waited for: its first readying records what Hermes imports, and each imports them all, which may take longer
+# than a cold start.
+LATE_BEING_READIED = "the warm Hermes for any folder is still being readied (it was not ready when this job started)"
 READIED_WAIT_S = 15.0  # the most an offered job waits for a standby being readied for it (a cold start: 3-5 s)
 MIN_READIED_WAIT_S = 2.0
 
@@ -78,7 +81,8 @@ def ready_standby(cfg: Config, store: JobStore, record: JobRecord) -> tuple[Path
             ready = published[slot]
             readied = being_readied(slot)
             late = not record.worktree and LATE_PLACE in (readied, folder_of(ready))
-            why = (BEING_READIED if ready is None and readied == (LATE_PLACE if late else place)
+            why = (LATE_BEING_READIED if late and ready is None and readied == LATE_PLACE
+                   else BEING_READIED if ready is None and readied == place
                    else standby_mismatch(cfg, ready, LATE_PLACE if late else place, shape)
                    or (readied_mismatch(store, ready) if shape["worktree"] == "new" else None))
             if why is None:

@@ -52,6 +52,7 @@ def test_the_next_job_takes_the_warm_hermes_and_runs_in_its_own_folder(warm: Any
     assert first.field("START").startswith("cold ("), first.text
     standby = ready(bridge, timeout=120)
     late = standby["folder"] == LATE_PLACE  # bound late: no warm-up session, which would need a folder
+    waiting_for(bridge, bridge.root / "elsewhere", slots="standby-any", timeout=120)  # its recording's session gone
     before = sessions(home)
     warm_ups = {name for name, count in before.items() if count == 0}  # the standby's throw-away session: 0.22.2
     assert len(warm_ups) == (0 if version == "0.22.2" or late else 1), before  # writes none without messages
@@ -188,6 +189,7 @@ def test_a_standby_whose_hermes_is_frozen_lets_the_job_start_cold_at_once_and_sa
 
 def test_a_killed_a_stale_and_a_serverless_standby_lose_no_job_and_leave_no_process(warm_022: Bridge) -> None:
     bridge = warm_022
+    bridge.configure(warm_start_any_folder=False)  # the folder's own standby alone (a stale late one: test_standby)
     with bridge.client() as client:
         assert_turn_ended(finish(client, client.call("hermes_run", task="First.\nRUN: pwd", wait_s=45), timeout=180))
         killed = ready(bridge, timeout=120)

@@ -642,7 +642,15 @@ def test_with_warm_start_any_folder_a_job_in_a_new_folder_takes_the_standby_boun
     assert again.field("START").startswith("warm"), again.text
     assert bridge.record(again.field("JOB_ID")).marker == own["marker"] and (first / "three.txt").exists()
     recorded = json.loads((bridge.jobs / "standby-any" / AHEAD_RECORD).read_text())
-    assert recorded["tested"] and "colorsys" in recorded["modules"], recorded  # what its first session imported
+    assert recorded["tested"] and "colorsys" in recorded["modules"], recorded  # what its first prompt imported
+    late = waiting_for(bridge, bridge.root / "third", timeout=60)  # the next one bound late, readied after the job
+    bridge.configure(max_output_chars=12345)  # other settings: it no longer fits
+    (bridge.root / "third").mkdir()
+    with acp_client(bridge) as client:
+        stale = final(client, task="fourth !write=four.txt:4", cwd=str(bridge.root / "third"))
+    assert stale.field("START").endswith("was started with other settings (config, Hermes, its home or "
+                                         "environment))"), stale.text
+    assert wait_until(lambda: gone(late["pid"]) or None, 30, "the stale late standby to retire")
 
 
 @pytest.mark.parametrize(("messages", "prompt", "deleted"), [
