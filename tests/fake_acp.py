@@ -229,6 +229,8 @@ class Agent:
             elif method == "session/prompt":
                 import colorsys  # noqa: F401  (imported at the first prompt, as Hermes imports its model client)
                 prompt = "".join(block.get("text", "") for block in params.get("prompt") or [])
+                if prompt.startswith("claude-hermes-bridge: recording"):  # a late standby's recording, held up
+                    time.sleep(float(os.environ.get("FAKE_ACP_RECORDING_DELAY", "0")))
                 if prompt.startswith("/steer "):  # idle: the guidance runs as the prompt
                     prompt = prompt[len("/steer "):]
                 self.linger = self.linger or "!linger" in prompt

@@ -382,8 +382,13 @@ MUTATIONS = (
              'late_binding.py', 'if thread_count() > 1:', 'if thread_count() > 99:', 'tests/test_late_binding.py'),
     Mutation(86, "a late standby imports only Hermes' ACP server, agent and tools: a new folder's job waits for the "
              "rest of its first session's imports", 'standby.py',
-             'ahead = ahead_modules(cfg, recorded, key, exe, private_tmp, proxy, enforced, policy)',
+             'ahead = ahead_modules(cfg, recorded, key, exe, private_tmp, policy)',
              'ahead = (list(AHEAD_MODULES), False)', 'tests/test_standby.py', 'any_folder'),
+    Mutation(87, "a job in a new folder waits for the late standby while it records what Hermes imports, longer "
+             "than a cold start", 'taking.py',
+             'why = (LATE_BEING_READIED if late and ready is None and readied == LATE_PLACE',
+             'why = (BEING_READIED if late and ready is None and readied == LATE_PLACE', 'tests/test_standby.py',
+             'does_not_wait_for_the_late'),
 )
 
 

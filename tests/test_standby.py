@@ -653,6 +653,28 @@ def test_with_warm_start_any_folder_a_job_in_a_new_folder_takes_the_standby_boun
     assert wait_until(lambda: gone(late["pid"]) or None, 30, "the stale late standby to retire")
 
 
+def test_a_job_does_not_wait_for_the_late_standby_while_it_is_being_readied(bridge: Bridge) -> None:
+    """A late standby's first readying records what Hermes imports and then imports it all, which can take
+    longer than a cold start: a job in a folder without a standby of its own starts cold at once meanwhile, and
+    says why."""
+    require_sandbox()
+    exe = make_fake_hermes(bridge.tmp / "console-venv", console_script=True)
+    bridge.configure(hermes_exe=str(exe), hermes_driver="acp", warm_start=True)  # the late standby: the default
+    first, new = bridge.root / "first", bridge.root / "new"
+    for folder in (first, new):
+        folder.mkdir()
+    client = acp_client(bridge)
+    client.params.env = dict(client.params.env or {}, FAKE_ACP_RECORDING_DELAY="60")
+    with client:
+        assert final(client, task="first !write=one.txt:1", cwd=str(first)).field("STATUS") == "ok"
+        waiting_for(bridge, first, late_too=False)
+        assert being_readied(bridge.jobs / "standby-any") == LATE_PLACE
+        job = final(client, task="second !write=two.txt:2", cwd=str(new))
+    assert job.field("STATUS") == "ok" and (new / "two.txt").read_text() == "2", job.text
+    assert job.field("START").endswith("the warm Hermes for any folder is still being readied (it was not ready "
+                                       "when this job started))"), job.text
+
+
 @pytest.mark.parametrize(("messages", "prompt", "deleted"), [
     ([], None, True),  # a warm-up session
     ([("user", RECORDING_PROMPT, None), ("assistant", "Your request was not processed.", None)], RECORDING_PROMPT,
