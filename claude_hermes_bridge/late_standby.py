@@ -40,9 +40,9 @@ from .processes import Ownership, started_process, stop_tree
 from .sandbox import handed_descriptors, mechanism, private_devices_refusal
 
 LATE_PLACE = "any folder (bound late)"  # a late standby's place in its key and ready.json
-# What Hermes imports ahead, before any job is known: its ACP server, agent and tools (docs/performance.md: about
-# half of a cold start's imports); Hermes' CLI entry is imported after binding (it loads Hermes' .env and starts a
-# thread). A name a version lacks is skipped.
+# What a late standby imports ahead when no Hermes could record what it imports (record_ahead): Hermes' ACP
+# server, agent and tools (docs/performance.md: about half of a cold start's imports). A name a version lacks is
+# skipped.
 AHEAD_MODULES = ("acp_adapter.server", "run_agent", "model_tools")
 MODULE_NAME = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 # A line of Python's import-time report (PYTHONPROFILEIMPORTTIME): "import time: self | cumulative | module".
